@@ -1,0 +1,212 @@
+"""The configuration file: the ``mcpServers`` shape hosts already use.
+
+::
+
+    {
+      "mcpServers": {
+        "NAME": {"command": "...", "args": ["..."], "env": {"K": "V"}, "cwd": "..."},
+        "REMOTE": {"url": "https://...", "headers": {"Authorization": "..."}}
+      },
+      "broker": {"maxMessageBytes": 16777216}
+    }
+
+The file is structured with cattrs into frozen attrs classes. Whatever is
+wrong is reported as :class:`ConfigError` naming the key and what was wrong
+with it. Keys that hosts add for their own use (``type``, ``disabled``,
+``autoApprove``, ...) are accepted; keys nobody knows are returned as
+warnings, not errors, so one host's config file works unchanged here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import orjson
+
+from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
+
+# Keys of a server entry that hosts use and the broker reads or tolerates.
+HOST_SERVER_KEYS = frozenset(
+    {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "transport", "description"}
+)
+TRANSPORTS = frozenset({"stdio", "http", "sse", "streamable-http", "streamableHttp", "ws"})
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; the message says where and why."""
+
+
+@attrs.frozen
+class ServerConfig:
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = attrs.field(factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = attrs.field(factory=dict)
+    type: str | None = None
+    disabled: bool = False
+
+    @property
+    def is_stdio(self) -> bool:
+        return self.command is not None
+
+
+@attrs.frozen
+class BrokerSettings:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+@attrs.frozen
+class Config:
+    servers: dict[str, ServerConfig]
+    broker: BrokerSettings = BrokerSettings()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def enabled_servers(self) -> dict[str, ServerConfig]:
+        return {name: server for name, server in self.servers.items() if not server.disabled}
+
+
+def _strict_converter() -> cattrs.Converter:
+    """A converter that checks JSON types instead of coercing them (no 1 -> "1")."""
+    converter = cattrs.Converter(forbid_extra_keys=False)
+
+    def exact(kind: type, label: str) -> Any:
+        def check(value: Any, _: Any) -> Any:
+            if type(value) is not kind:
+                raise TypeError(f"expected {label}, got {_json_type(value)}")
+            return value
+
+        return check
+
+    converter.register_structure_hook(str, exact(str, "a string"))
+    converter.register_structure_hook(bool, exact(bool, "true or false"))
+    converter.register_structure_hook(int, exact(int, "an integer"))
+
+    def string_list(value: Any, _: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list of strings, got {_json_type(value)}")
+        for index, item in enumerate(value):
+            if type(item) is not str:
+                raise TypeError(f"item {index}: expected a string, got {_json_type(item)}")
+        return tuple(value)
+
+    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], string_list)
+
+    def string_map(value: Any, _: Any) -> dict[str, str]:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object of strings, got {_json_type(value)}")
+        for key, item in value.items():
+            if type(item) is not str:
+                raise TypeError(f"key {key!r}: expected a string, got {_json_type(item)}")
+        return dict(value)
+
+    converter.register_structure_hook_func(lambda t: t == dict[str, str], string_map)
+    return converter
+
+
+def _json_type(value: Any) -> str:
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number",
+             list: "a list", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+_converter = _strict_converter()
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a configuration file."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+
+
+def parse_config(data: Any) -> Config:
+    """Check an already decoded configuration."""
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a JSON object")
+    warnings = [f"unknown top-level key {key!r} ignored" for key in data if key not in
+                ("mcpServers", "broker", "$schema")]
+    servers_raw = data.get("mcpServers", {})
+    if not isinstance(servers_raw, dict):
+        raise ConfigError('"mcpServers" must be an object mapping server names to entries')
+    servers = {}
+    for name, entry in servers_raw.items():
+        servers[name] = _server(name, entry, warnings)
+    broker = _structure(data.get("broker", {}), BrokerSettings, "broker", _BROKER_KEYS)
+    if broker.max_message_bytes < 1024:
+        raise ConfigError('"broker.maxMessageBytes" must be at least 1024')
+    return Config(servers=servers, broker=broker, warnings=tuple(warnings))
+
+
+_BROKER_KEYS = {"maxMessageBytes": "max_message_bytes"}
+_SERVER_KEYS = {
+    "command": "command",
+    "args": "args",
+    "env": "env",
+    "cwd": "cwd",
+    "url": "url",
+    "headers": "headers",
+    "type": "type",
+    "disabled": "disabled",
+}
+
+
+def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
+    where = f"mcpServers.{name}"
+    if not name:
+        raise ConfigError("a server name must not be empty")
+    if not isinstance(entry, dict):
+        raise ConfigError(f'"{where}" must be an object')
+    for key in entry:
+        if key not in _SERVER_KEYS and key not in HOST_SERVER_KEYS:
+            warnings.append(f'unknown key "{where}.{key}" ignored')
+    server = _structure(entry, ServerConfig, where, _SERVER_KEYS)
+    if (server.command is None) == (server.url is None):
+        raise ConfigError(f'"{where}" needs exactly one of "command" (stdio) or "url" (remote)')
+    if server.command is not None and not server.command.strip():
+        raise ConfigError(f'"{where}.command" must not be empty')
+    if server.type is not None and server.type not in TRANSPORTS:
+        raise ConfigError(
+            f'"{where}.type" must be one of {", ".join(sorted(TRANSPORTS))}, not {server.type!r}'
+        )
+    return server
+
+
+def _structure(raw: Any, cls: type[Any], where: str, keys: dict[str, str]) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f'"{where}" must be an object')
+    fields = {keys[key]: value for key, value in raw.items() if key in keys}
+    try:
+        return _converter.structure(fields, cls)
+    except cattrs.ClassValidationError as exc:
+        reasons = cattrs.transform_error(exc, path=where, format_exception=_reason)
+        raise ConfigError("; ".join(_camel_paths(reasons, keys))) from None
+
+
+def _reason(exc: BaseException, _type: Any) -> str:
+    return str(exc) if isinstance(exc, TypeError) else cattrs.v.format_exception(exc, _type)
+
+
+def _camel_paths(reasons: list[str], keys: dict[str, str]) -> list[str]:
+    """cattrs names attrs fields; say the config's own (camelCase) keys instead."""
+    fixed = []
+    for reason in reasons:
+        for config_key, field in keys.items():
+            reason = reason.replace(f".{field}", f".{config_key}")
+        fixed.append(reason)
+    return fixed

@@ -1,0 +1,138 @@
+"""JSON-RPC 2.0 as MCP uses it: decoding, validation, error objects.
+
+A message is kept as the plain ``dict`` orjson decodes it into; the broker
+reads the few fields it routes on and passes everything else through. What is
+wrong with a message is raised as :class:`JsonRpcError`, which carries the
+error object to send back (in the spirit of h11's ``error_status_hint``), so
+an actor can answer and go on.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+RequestId = int | str
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Server-defined codes, the same numbers the official MCP SDKs use.
+CONNECTION_CLOSED = -32000  # the upstream server went away (or never came up)
+REQUEST_TIMEOUT = -32001
+
+
+class JsonRpcError(Exception):
+    """A JSON-RPC error, with the id of the request it answers (if known)."""
+
+    def __init__(
+        self, code: int, message: str, *, data: Any = None, id: RequestId | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.id = id
+
+    def error_object(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+    def to_response(self) -> Message:
+        return {"jsonrpc": "2.0", "id": self.id, "error": self.error_object()}
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+
+
+def error_response(
+    id: RequestId | None, code: int, message: str, data: Any = None
+) -> Message:
+    return JsonRpcError(code, message, data=data, id=id).to_response()
+
+
+def result_response(id: RequestId, result: Any) -> Message:
+    return {"jsonrpc": "2.0", "id": id, "result": result}
+
+
+def notification(method: str, params: dict[str, Any] | None = None) -> Message:
+    message: Message = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def decode(line: bytes) -> Any:
+    """Parse one line of JSON, or raise a -32700 :class:`JsonRpcError`."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise JsonRpcError(PARSE_ERROR, f"Parse error: {exc}") from None
+
+
+def encode(message: Any) -> bytes:
+    """One message as one line, newline included."""
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def is_valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def id_key(value: RequestId) -> tuple[type, RequestId]:
+    """A dict key that keeps ``1`` and ``"1"`` apart (they are different ids)."""
+    return (type(value), value)
+
+
+def classify(message: Any) -> Kind:
+    """Say what a decoded message is, or raise -32600 for one that is none."""
+    if not isinstance(message, dict):
+        raise JsonRpcError(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
+    raw_id = message.get("id")
+    echo_id = raw_id if is_valid_id(raw_id) else None
+    if message.get("jsonrpc") != "2.0":
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id=echo_id)
+    if "method" in message:
+        return _classify_call(message, echo_id)
+    if "result" in message or "error" in message:
+        return _classify_response(message)
+    raise JsonRpcError(
+        INVALID_REQUEST,
+        'Invalid Request: neither a request ("method") nor a response ("result"/"error")',
+        id=echo_id,
+    )
+
+
+def _classify_call(message: Message, echo_id: RequestId | None) -> Kind:
+    if not isinstance(message["method"], str):
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a string', id=echo_id)
+    params = message.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise JsonRpcError(
+            INVALID_REQUEST, 'Invalid Request: "params" must be an object', id=echo_id
+        )
+    if "id" not in message:
+        return Kind.NOTIFICATION
+    if echo_id is None:
+        raise JsonRpcError(
+            INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer'
+        )
+    return Kind.REQUEST
+
+
+def _classify_response(message: Message) -> Kind:
+    if "result" in message and "error" in message:
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: both "result" and "error"')
+    if "id" not in message:
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: a response needs an "id"')
+    return Kind.RESPONSE

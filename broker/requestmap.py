@@ -1,0 +1,143 @@
+"""The id map of one upstream server: the heart of multiplexing.
+
+Many sessions share one upstream connection, and each picks its request ids
+on its own, so two sessions may both send id 1 at once. :class:`RequestMap`
+gives every forwarded request a fresh upstream id (an int from one counter),
+remembers whose request it was, and puts the client's own id back on the
+response, exactly as the client sent it (a string stays a string). A
+``progressToken`` is swapped the same way (the upstream id doubles as the
+upstream token, unique on this upstream), and restored on every
+``notifications/progress``.
+
+Sessions are opaque keys here: anything hashable. The map never decides where
+a message goes beyond "this session"; the actor delivers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import attrs
+
+from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, Message, RequestId, id_key
+
+
+@attrs.define(slots=True)
+class InFlight:
+    """A request forwarded upstream and not yet answered."""
+
+    session: Hashable
+    client_id: RequestId
+    method: str
+    client_token: Any = None  # the client's progressToken, if it sent one
+
+
+class RequestMap:
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._by_upstream: dict[int, InFlight] = {}
+        self._by_client: dict[tuple[Hashable, tuple[type, RequestId]], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_upstream)
+
+    def count(self, session: Hashable) -> int:
+        return sum(1 for entry in self._by_upstream.values() if entry.session == session)
+
+    def open(self, session: Hashable, request: Message) -> int:
+        """Record a client's request and rewrite it, in place, for upstream.
+
+        Returns the upstream id. Raises -32600 if the session already has a
+        request in flight with the same id (MCP forbids reusing one).
+        """
+        client_id = request["id"]
+        key = (session, id_key(client_id))
+        if key in self._by_client:
+            raise JsonRpcError(
+                INVALID_REQUEST, f"Request id {client_id!r} is already in use", id=client_id
+            )
+        upstream_id = self._next_id
+        self._next_id += 1
+        entry = InFlight(session, client_id, request["method"])
+        meta = _meta_of(request)
+        if meta is not None and "progressToken" in meta:
+            entry.client_token = meta["progressToken"]
+            request["params"]["_meta"] = {**meta, "progressToken": upstream_id}
+        request["id"] = upstream_id
+        self._by_upstream[upstream_id] = entry
+        self._by_client[key] = upstream_id
+        return upstream_id
+
+    def close(self, response: Message) -> InFlight | None:
+        """Match a server's response, restoring the client's id in place.
+
+        Returns the entry it answered, or None for an id nobody waits for (a
+        request that was cancelled, or a server's mistake): such a response
+        is dropped.
+        """
+        upstream_id = response.get("id")
+        if not isinstance(upstream_id, int) or isinstance(upstream_id, bool):
+            return None
+        entry = self._pop(upstream_id)
+        if entry is not None:
+            response["id"] = entry.client_id
+        return entry
+
+    def progress(self, notification: Message) -> InFlight | None:
+        """Match ``notifications/progress``, restoring the client's token in place.
+
+        Progress for a request already answered (or never made) gives None and
+        is dropped.
+        """
+        params = notification.get("params")
+        if not isinstance(params, dict):
+            return None
+        token = params.get("progressToken")
+        if not isinstance(token, int) or isinstance(token, bool):
+            return None
+        entry = self._by_upstream.get(token)
+        if entry is None or entry.client_token is None:
+            return None
+        notification["params"] = {**params, "progressToken": entry.client_token}
+        return entry
+
+    def cancel(self, session: Hashable, client_id: Any) -> int | None:
+        """Forget a request the client cancelled; returns its upstream id.
+
+        Its late response, if the server still sends one, will be dropped.
+        """
+        if not isinstance(client_id, (int, str)):
+            return None
+        upstream_id = self._by_client.get((session, id_key(client_id)))
+        if upstream_id is not None:
+            self._pop(upstream_id)
+        return upstream_id
+
+    def drop_session(self, session: Hashable) -> list[int]:
+        """Forget every request of a session that went away; their upstream ids."""
+        gone = [uid for uid, entry in self._by_upstream.items() if entry.session == session]
+        for upstream_id in gone:
+            self._pop(upstream_id)
+        return gone
+
+    def drain(self) -> list[InFlight]:
+        """Forget everything (the server died): the requests to fail."""
+        entries = list(self._by_upstream.values())
+        self._by_upstream.clear()
+        self._by_client.clear()
+        return entries
+
+    def _pop(self, upstream_id: int) -> InFlight | None:
+        entry = self._by_upstream.pop(upstream_id, None)
+        if entry is not None:
+            del self._by_client[(entry.session, id_key(entry.client_id))]
+        return entry
+
+
+def _meta_of(request: Message) -> dict[str, Any] | None:
+    params = request.get("params")
+    if not isinstance(params, dict):
+        return None
+    meta = params.get("_meta")
+    return meta if isinstance(meta, dict) else None

@@ -1,0 +1,173 @@
+"""One upstream server's side of the broker, sans-I/O.
+
+:class:`UpstreamProtocol` holds the handshake state and the id map of one
+server connection. The Upstream actor feeds it what clients send and what the
+server writes, and carries out the actions it returns:
+
+- :class:`SendUpstream`: write this message to the server;
+- :class:`Deliver`: put this message in that session's outbound queue;
+- :class:`Broadcast`: give this notification to every session using the server;
+- :class:`Ready`: the handshake is done (the server's identity attached).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from typing import Any
+
+import attrs
+
+from broker import jsonrpc
+from broker.jsonrpc import CONNECTION_CLOSED, METHOD_NOT_FOUND, JsonRpcError, Kind, Message
+from broker.lifecycle import (
+    HandshakeError,
+    ServerIdentity,
+    initialize_request,
+    read_initialize_result,
+)
+from broker.requestmap import InFlight, RequestMap
+
+HANDSHAKE_ID = "mcpbroker-initialize"
+
+
+@attrs.frozen
+class SendUpstream:
+    message: Message
+
+
+@attrs.frozen
+class Deliver:
+    session: Hashable
+    message: Message
+
+
+@attrs.frozen
+class Broadcast:
+    message: Message
+
+
+@attrs.frozen
+class Ready:
+    identity: ServerIdentity
+
+
+Action = SendUpstream | Deliver | Broadcast | Ready
+
+
+class Phase(enum.Enum):
+    HANDSHAKE = "handshake"
+    READY = "ready"
+    GONE = "gone"
+
+
+class UpstreamProtocol:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.phase = Phase.HANDSHAKE
+        self.identity: ServerIdentity | None = None
+        self.requests = RequestMap()
+
+    # -- the handshake ------------------------------------------------------
+
+    def start(self) -> Message:
+        """The first message to write to a freshly started server."""
+        return initialize_request(HANDSHAKE_ID)
+
+    # -- from clients -------------------------------------------------------
+
+    def client_request(self, session: Hashable, request: Message) -> Message:
+        """Rewrite a client's request for the server (raises JsonRpcError)."""
+        if self.phase is not Phase.READY:
+            raise JsonRpcError(
+                CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
+            )
+        self.requests.open(session, request)
+        return request
+
+    def client_cancelled(self, session: Hashable, params: dict[str, Any]) -> Message | None:
+        """Translate a client's ``notifications/cancelled``; None if nothing to cancel."""
+        upstream_id = self.requests.cancel(session, params.get("requestId"))
+        if upstream_id is None:
+            return None
+        return _cancelled(upstream_id, params.get("reason"))
+
+    def session_closed(self, session: Hashable) -> list[Message]:
+        """A session went away: cancel what it still had in flight."""
+        return [
+            _cancelled(upstream_id, "client disconnected")
+            for upstream_id in self.requests.drop_session(session)
+        ]
+
+    # -- from the server ----------------------------------------------------
+
+    def server_message(self, message: Any) -> list[Action]:
+        """Everything a decoded line from the server leads to."""
+        kind = jsonrpc.classify(message)
+        if kind is Kind.RESPONSE:
+            return self._response(message)
+        if kind is Kind.NOTIFICATION:
+            return self._notification(message)
+        return self._server_request(message)
+
+    def server_gone(self, reason: str) -> list[Deliver]:
+        """The server exited or its pipe broke: fail every request in flight."""
+        self.phase = Phase.GONE
+        return [self._fail(entry, reason) for entry in self.requests.drain()]
+
+    def _fail(self, entry: InFlight, reason: str) -> Deliver:
+        error = jsonrpc.error_response(
+            entry.client_id,
+            CONNECTION_CLOSED,
+            f"MCP server {self.name!r} {reason}",
+            data={"server": self.name},
+        )
+        return Deliver(entry.session, error)
+
+    def _response(self, message: Message) -> list[Action]:
+        if self.phase is Phase.HANDSHAKE and message.get("id") == HANDSHAKE_ID:
+            return self._handshake_done(message)
+        entry = self.requests.close(message)
+        return [] if entry is None else [Deliver(entry.session, message)]
+
+    def _handshake_done(self, message: Message) -> list[Action]:
+        self.identity = read_initialize_result(message)  # may raise HandshakeError
+        self.phase = Phase.READY
+        initialized = jsonrpc.notification("notifications/initialized")
+        return [SendUpstream(initialized), Ready(self.identity)]
+
+    def _notification(self, message: Message) -> list[Action]:
+        method = message["method"]
+        if method == "notifications/progress":
+            entry = self.requests.progress(message)
+            return [] if entry is None else [Deliver(entry.session, message)]
+        if method == "notifications/cancelled":
+            return []  # the server gave up on a request of its own; none are routed yet
+        return [Broadcast(message)]
+
+    def _server_request(self, message: Message) -> list[Action]:
+        if message["method"] == "ping":
+            return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
+        error = jsonrpc.error_response(
+            message["id"], METHOD_NOT_FOUND, f"Method not found: {message['method']}"
+        )
+        return [SendUpstream(error)]
+
+
+def _cancelled(upstream_id: int, reason: Any) -> Message:
+    params: dict[str, Any] = {"requestId": upstream_id}
+    if isinstance(reason, str):
+        params["reason"] = reason
+    return jsonrpc.notification("notifications/cancelled", params)
+
+
+__all__ = [
+    "Action",
+    "Broadcast",
+    "Deliver",
+    "HandshakeError",
+    "Phase",
+    "Ready",
+    "SendUpstream",
+    "UpstreamProtocol",
+]
