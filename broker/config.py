@@ -111,8 +111,15 @@ def _strict_converter() -> cattrs.Converter:
 
 
 def _json_type(value: Any) -> str:
-    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number",
-             list: "a list", dict: "an object", type(None): "null"}
+    names = {
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -139,8 +146,11 @@ def parse_config(data: Any) -> Config:
     """Check an already decoded configuration."""
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a JSON object")
-    warnings = [f"unknown top-level key {key!r} ignored" for key in data if key not in
-                ("mcpServers", "broker", "$schema")]
+    warnings = [
+        f"unknown top-level key {key!r} ignored"
+        for key in data
+        if key not in ("mcpServers", "broker", "$schema")
+    ]
     servers_raw = data.get("mcpServers", {})
     if not isinstance(servers_raw, dict):
         raise ConfigError('"mcpServers" must be an object mapping server names to entries')
@@ -175,7 +185,7 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
     for key in entry:
         if key not in _SERVER_KEYS and key not in HOST_SERVER_KEYS:
             warnings.append(f'unknown key "{where}.{key}" ignored')
-    server = _structure(entry, ServerConfig, where, _SERVER_KEYS)
+    server: ServerConfig = _structure(entry, ServerConfig, where, _SERVER_KEYS)
     if (server.command is None) == (server.url is None):
         raise ConfigError(f'"{where}" needs exactly one of "command" (stdio) or "url" (remote)')
     if server.command is not None and not server.command.strip():

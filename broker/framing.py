@@ -36,7 +36,7 @@ class LineFramer:
         # While skipping an oversize line: how many bytes it has had so far.
         self._skipped: int | None = None
 
-    def feed(self, chunk: bytes) -> list[bytes | Oversize]:
+    def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversize]:
         out: list[bytes | Oversize] = []
         start = 0
         while True:
@@ -52,7 +52,7 @@ class LineFramer:
         """Bytes held of a line not yet finished (0 between lines)."""
         return len(self._buffer) if self._skipped is None else self._skipped
 
-    def _keep(self, chunk: bytes, start: int) -> None:
+    def _keep(self, chunk: bytes | bytearray, start: int) -> None:
         if self._skipped is not None:
             self._skipped += len(chunk) - start
             return
@@ -61,7 +61,9 @@ class LineFramer:
             self._skipped = len(self._buffer)
             self._buffer.clear()
 
-    def _finish(self, chunk: bytes, start: int, end: int, out: list[bytes | Oversize]) -> None:
+    def _finish(
+        self, chunk: bytes | bytearray, start: int, end: int, out: list[bytes | Oversize]
+    ) -> None:
         if self._skipped is not None:
             out.append(Oversize(self._skipped + end - start))
             self._skipped = None
@@ -71,7 +73,7 @@ class LineFramer:
             line = bytes(self._buffer)
             self._buffer.clear()
         else:
-            line = chunk[start:end]
+            line = bytes(chunk[start:end])
         if line.endswith(b"\r"):
             line = line[:-1]
         if len(line) > self.max_bytes:

@@ -10,7 +10,7 @@ an actor can answer and go on.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -55,9 +55,7 @@ class Kind(enum.Enum):
     RESPONSE = "response"
 
 
-def error_response(
-    id: RequestId | None, code: int, message: str, data: Any = None
-) -> Message:
+def error_response(id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
     return JsonRpcError(code, message, data=data, id=id).to_response()
 
 
@@ -85,7 +83,7 @@ def encode(message: Any) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def is_valid_id(value: Any) -> bool:
+def is_valid_id(value: Any) -> TypeGuard[RequestId]:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
@@ -115,7 +113,9 @@ def classify(message: Any) -> Kind:
 
 def _classify_call(message: Message, echo_id: RequestId | None) -> Kind:
     if not isinstance(message["method"], str):
-        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a string', id=echo_id)
+        raise JsonRpcError(
+            INVALID_REQUEST, 'Invalid Request: "method" must be a string', id=echo_id
+        )
     params = message.get("params")
     if params is not None and not isinstance(params, dict):
         raise JsonRpcError(
@@ -124,9 +124,7 @@ def _classify_call(message: Message, echo_id: RequestId | None) -> Kind:
     if "id" not in message:
         return Kind.NOTIFICATION
     if echo_id is None:
-        raise JsonRpcError(
-            INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer'
-        )
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer')
     return Kind.REQUEST
 
 

@@ -27,6 +27,7 @@ import attrs
 from broker import jsonrpc
 from broker.jsonrpc import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     JsonRpcError,
@@ -91,9 +92,14 @@ class Phase(enum.Enum):
 
 
 class SessionProtocol:
-    def __init__(self, view: tuple[str, ...]) -> None:
+    def __init__(self, view: tuple[str, ...], *, refusal: str | None = None) -> None:
         self.view = view
+        # Set when the session cannot be served at all (a hello naming unknown
+        # servers): every request is then answered with this error message.
+        self.refusal = refusal
         self.phase = Phase.NEW
+        # Ids of requests forwarded and not yet answered (the session's in-flight table).
+        self.inflight: set[tuple[type, RequestId]] = set()
         self.protocol_version: str | None = None
         self.client_capabilities: dict[str, Any] = {}
         self.client_info: Any = None
@@ -120,6 +126,8 @@ class SessionProtocol:
 
     def _request(self, request: Message) -> list[Action]:
         method, id = request["method"], request["id"]
+        if self.refusal is not None:
+            raise JsonRpcError(INVALID_PARAMS, f"mcpbroker: {self.refusal}", id=id)
         if method == "ping":
             return [Reply(jsonrpc.result_response(id, {}))]
         if method == "initialize":
@@ -162,6 +170,7 @@ class SessionProtocol:
     def _route(self, request: Message) -> Action:
         method = request["method"]
         if len(self.view) == 1:
+            self.inflight.add(id_key(request["id"]))
             return Forward(self.view[0], request)
         if not self.view:
             if method in EMPTY_LISTS:
@@ -178,8 +187,10 @@ class SessionProtocol:
         method = message["method"]
         if method == "notifications/cancelled":
             params = message.get("params") or {}
-            if params.get("requestId") is None:
+            request_id = params.get("requestId")
+            if not jsonrpc.is_valid_id(request_id):
                 return []
+            self.inflight.discard(id_key(request_id))
             return [CancelUpstream(params)]
         return []  # initialized, progress, roots/list_changed: nothing to do yet
 
@@ -212,8 +223,12 @@ class SessionProtocol:
 
     def outgoing(self, message: Message | list[Message]) -> Message | list[Message] | None:
         """What to write for a message bound for the client (None: hold it)."""
-        if self.batches.pending and isinstance(message, dict) and "method" not in message:
-            return self.batches.collect(message)
+        if isinstance(message, dict) and "method" not in message:
+            id = message.get("id")
+            if self.inflight and jsonrpc.is_valid_id(id):
+                self.inflight.discard(id_key(id))
+            if self.batches.pending:
+                return self.batches.collect(message)
         return message
 
 
@@ -238,8 +253,9 @@ class BatchCollector:
         actions: list[Action] = []
         for item in items:
             for action in receive(item):
-                if isinstance(action, Reply) and action.message.get("id") is None:
-                    batch.responses.append(action.message)  # an error with no id to match
+                message = action.message if isinstance(action, Reply) else None
+                if isinstance(message, dict) and message.get("id") is None:
+                    batch.responses.append(message)  # an error with no id to match
                 else:
                     actions.append(action)
             if isinstance(item, dict) and "method" in item and jsonrpc.is_valid_id(item.get("id")):

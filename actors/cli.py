@@ -1,0 +1,120 @@
+"""The ``mcpbroker`` command line.
+
+``mcpbroker connect`` is dispatched before anything else is imported: it is
+the shim hosts launch once per window and must stay standard-library only.
+Everything else (the daemon) imports Trio and friends lazily.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+DEMO_SERVER_NAME = "demo"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["connect"]:
+        from actors import shim
+
+        return shim.main(argv[1:])
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    from actors.logs import LEVELS
+    from actors.paths import default_socket_path
+
+    parser = argparse.ArgumentParser(
+        prog="mcpbroker", description="Share MCP servers among many MCP clients."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the daemon")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", metavar="FILE", help="mcpServers JSON config file")
+    source.add_argument(
+        "--demo",
+        action="store_true",
+        help="serve the built-in demo configuration (one demo server)",
+    )
+    serve.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=None,
+        help=f"unix socket to listen on (default: {default_socket_path()})",
+    )
+    serve.add_argument("--log-level", choices=LEVELS, default="info")
+    serve.add_argument(
+        "--log-format",
+        choices=("auto", "console", "json"),
+        default="auto",
+        help="auto: human-readable on a terminal, JSON otherwise",
+    )
+    commands.add_parser("connect", help="stdio shim for MCP hosts (see 'mcpbroker connect --help')")
+    commands.add_parser("demo-config", help="print the built-in demo configuration")
+    args = parser.parse_args(argv)
+    if args.command == "demo-config":
+        import json
+
+        print(json.dumps(demo_config(), indent=2))
+        return 0
+    return _serve(args)
+
+
+def demo_config() -> dict[str, Any]:
+    return {
+        "mcpServers": {
+            DEMO_SERVER_NAME: {"command": sys.executable, "args": ["-m", "actors.demo_server"]}
+        }
+    }
+
+
+def _serve(args: Any) -> int:
+    import trio
+
+    from actors.listener import AlreadyRunning
+    from actors.logs import configure_logging, get_logger
+    from actors.paths import default_socket_path
+    from broker.config import ConfigError, load_config, parse_config
+
+    json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
+    configure_logging(args.log_level, json=json_logs)
+    log = get_logger()
+    try:
+        config = parse_config(demo_config()) if args.demo else load_config(args.config)
+    except ConfigError as exc:
+        print(f"mcpbroker: {exc}", file=sys.stderr)
+        return 2
+    socket_path = args.socket or default_socket_path()
+    try:
+        trio.run(_run_daemon, config, socket_path)
+    except AlreadyRunning as exc:
+        print(f"mcpbroker: {exc}", file=sys.stderr)
+        return 1
+    log.info("daemon.stopped")
+    return 0
+
+
+async def _run_daemon(config: Any, socket_path: str) -> None:
+    import signal
+
+    import trio
+
+    from actors.daemon import Daemon
+    from actors.logs import get_logger
+
+    daemon = Daemon(config, socket_path)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            async for signum in signals:
+                get_logger().info("daemon.stopping", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The Supervisor: the daemon's nursery tree, start order and shutdown.
+
+Start order: the lock on the socket (so two daemons never fight over it),
+then every Upstream (each starts its server in the background; sessions that
+need it wait for its handshake), then the Listener. Shutdown is cancellation
+of the whole tree: sessions close, and each Upstream stops its server the
+way the spec says (close stdin, wait, SIGTERM, SIGKILL) before the socket
+file is removed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from actors.listener import hold_socket_lock, serve_unix
+from actors.logs import get_logger
+from actors.paths import ensure_private_dir
+from actors.session import Session
+from actors.upstream import Upstream, UpstreamStatistics
+from broker.config import Config
+
+
+class Daemon:
+    def __init__(self, config: Config, socket_path: str) -> None:
+        self.config = config
+        self.socket_path = socket_path
+        self.upstreams = {
+            name: Upstream(name, server, config.broker)
+            for name, server in config.enabled_servers.items()
+        }
+        self._log = get_logger()
+
+    def statistics(self) -> list[UpstreamStatistics]:
+        return [upstream.statistics() for upstream in self.upstreams.values()]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled. Raises AlreadyRunning if another daemon has the socket."""
+        ensure_private_dir(os.path.dirname(self.socket_path) or ".")
+        with hold_socket_lock(self.socket_path):
+            for warning in self.config.warnings:
+                self._log.warning("config.warning", detail=warning)
+            async with trio.open_nursery() as nursery:
+                for upstream in self.upstreams.values():
+                    await nursery.start(upstream.run)
+                await nursery.start(serve_unix, self.socket_path, self._serve_client)
+                self._log.info(
+                    "daemon.listening",
+                    socket=self.socket_path,
+                    servers=list(self.upstreams),
+                    pid=os.getpid(),
+                )
+                task_status.started()
+
+    async def _serve_client(self, stream: trio.abc.Stream) -> None:
+        try:
+            await Session(stream, self.upstreams, self.config.broker).run()
+        except Exception:
+            # The session's state dies with it; nothing else shares it.
+            self._log.exception("session.crashed")

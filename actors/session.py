@@ -1,0 +1,191 @@
+"""The Session actor: one downstream client connection and its MCP session.
+
+Two tasks per client. The reader frames and decodes what the client sends,
+runs it through :class:`SessionProtocol` and carries out the actions: local
+replies go into the session's own outbound queue, requests go to the inbox of
+the Upstream that owns them. The writer drains the outbound queue (where the
+Upstreams also deliver responses and notifications), encodes, and writes
+whatever is ready in one ``send_all``.
+
+When the client closes its side, the session stops reading, lets the requests
+it still has in flight finish for up to :data:`LINGER_SECONDS` (so
+``printf '...' | socat - UNIX-CONNECT:...`` gets its answers), then detaches
+from its servers, which cancel whatever it still had in flight upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import trio
+
+from actors.errors import TransportClosed, map_transport_errors
+from actors.logs import get_logger
+from actors.mailbox import SessionHandle, open_outbox
+from actors.upstream import Attach, ClientCancelled, ClientRequest, Detach, Upstream
+from broker import jsonrpc
+from broker.config import BrokerSettings
+from broker.framing import LineFramer, Oversize
+from broker.hello import HelloError, read_hello, resolve_view
+from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, JsonRpcError, Message
+from broker.session import Action, CancelUpstream, Forward, Phase, Reply, SessionProtocol
+
+READ_CHUNK = 256 * 1024
+WRITE_BATCH_BYTES = 1024 * 1024
+LINGER_SECONDS = 5.0
+DETACH_TIMEOUT = 5.0
+
+
+class Session:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        upstreams: Mapping[str, Upstream],
+        settings: BrokerSettings,
+    ) -> None:
+        self._stream = stream
+        self._upstreams = upstreams
+        self._settings = settings
+        self._outbox_send, self._outbox = open_outbox()
+        self._handle = SessionHandle(self._outbox_send, trio.CancelScope())
+        self._protocol = SessionProtocol(tuple(upstreams))
+        self._attached: list[Upstream] = []
+        self._client_closed = False
+        self._drained = trio.Event()
+        self._log = get_logger(session=self._handle.id)
+
+    @property
+    def handle(self) -> SessionHandle:
+        return self._handle
+
+    async def run(self) -> None:
+        self._log.info("session.opened")
+        try:
+            with self._handle.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop)
+                    await self._read_loop()
+                    await self._linger()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._detach()
+                await self._stream.aclose()
+            self._log.info("session.closed", reason=self._handle.close_reason or "client left")
+
+    # -- reading ------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        framer = LineFramer(self._settings.max_message_bytes)
+        first = True
+        while True:
+            try:
+                with map_transport_errors():
+                    data = await self._stream.receive_some(READ_CHUNK)
+            except TransportClosed:
+                return
+            if not data:
+                return
+            for line in framer.feed(data):
+                if isinstance(line, Oversize):
+                    await self._reply(self._oversize(line.size))
+                    continue
+                try:
+                    message = jsonrpc.decode(line)
+                except JsonRpcError as exc:
+                    await self._reply(exc.to_response())
+                    continue
+                if first:
+                    first = False
+                    if self._take_hello(message):
+                        continue
+                for action in self._protocol.receive(message):
+                    await self._execute(action)
+
+    def _oversize(self, size: int) -> Message:
+        limit = self._settings.max_message_bytes
+        return jsonrpc.error_response(
+            None, INVALID_REQUEST, f"Message too large: {size} bytes (the limit is {limit})"
+        )
+
+    def _take_hello(self, message: object) -> bool:
+        """Apply a first-line hello; True if the line was one."""
+        try:
+            hello = read_hello(message)
+            if hello is None:
+                return False
+            view = resolve_view(hello, self._upstreams)
+            self._protocol = SessionProtocol(view)
+        except HelloError as exc:
+            self._log.warning("session.bad_hello", error=str(exc))
+            self._protocol = SessionProtocol((), refusal=str(exc))
+        return True
+
+    async def _execute(self, action: Action) -> None:
+        if isinstance(action, Reply):
+            await self._reply(action.message)
+            if self._protocol.phase is Phase.OPERATING and not self._attached:
+                await self._attach()
+        elif isinstance(action, Forward):
+            upstream = self._upstreams.get(action.server)
+            if upstream is None:  # a routing bug, not a client error: say so
+                await self._reply(
+                    jsonrpc.error_response(
+                        action.message["id"], CONNECTION_CLOSED, f"No server {action.server!r}"
+                    )
+                )
+                return
+            await upstream.send(ClientRequest(self._handle, action.message))
+        elif isinstance(action, CancelUpstream):
+            for upstream in self._attached:
+                await upstream.send(ClientCancelled(self._handle, action.params))
+
+    async def _reply(self, message: Message | list[Message]) -> None:
+        await self._outbox_send.send(message)
+
+    async def _attach(self) -> None:
+        for name in self._protocol.view:
+            upstream = self._upstreams[name]
+            self._attached.append(upstream)
+            await upstream.send(Attach(self._handle))
+
+    async def _detach(self) -> None:
+        with trio.move_on_after(DETACH_TIMEOUT):
+            for upstream in self._attached:
+                await upstream.send(Detach(self._handle))
+
+    async def _linger(self) -> None:
+        self._client_closed = True
+        if self._protocol.inflight:
+            with trio.move_on_after(LINGER_SECONDS):
+                await self._drained.wait()
+
+    # -- writing ------------------------------------------------------------
+
+    async def _write_loop(self) -> None:
+        async for message in self._outbox:
+            chunks: list[bytes] = []
+            size = self._add(chunks, message)
+            while size < WRITE_BATCH_BYTES:
+                try:
+                    message = self._outbox.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                size += self._add(chunks, message)
+            if chunks:
+                try:
+                    with map_transport_errors():
+                        await self._stream.send_all(b"".join(chunks))
+                except TransportClosed:
+                    self._handle.disconnect("client closed the connection")
+                    return
+            if self._client_closed and not self._protocol.inflight:
+                self._drained.set()
+
+    def _add(self, chunks: list[bytes], message: Message | list[Message]) -> int:
+        out = self._protocol.outgoing(message)
+        if out is None:
+            return 0
+        data = jsonrpc.encode(out)
+        chunks.append(data)
+        return len(data)

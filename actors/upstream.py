@@ -1,0 +1,353 @@
+"""The Upstream actor: one stdio MCP server process, shared by every session.
+
+Three kinds of task serve it:
+
+- the dispatcher takes client requests, cancellations and session arrivals
+  and departures from the inbox (one bounded channel, so a session that
+  outpaces the server waits), rewrites them with :class:`UpstreamProtocol`
+  and writes whatever is ready in one ``send_all``;
+- the reader turns the server's stdout into responses and notifications and
+  delivers them with :meth:`SessionHandle.deliver`, which never waits;
+- the supervisor starts the process, runs the ``initialize`` handshake, and
+  when the process dies fails every request in flight with an error naming
+  the server, then restarts it with exponential backoff.
+
+A request that arrives while the server is starting waits for the handshake;
+one that arrives while it is down is answered at once with an error.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, cast
+
+import attrs
+import trio
+
+from actors import process as processes
+from actors.errors import TransportClosed, map_transport_errors
+from actors.logs import get_logger
+from actors.mailbox import SessionHandle
+from broker import jsonrpc
+from broker.config import BrokerSettings, ServerConfig
+from broker.framing import LineFramer, Oversize
+from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
+from broker.lifecycle import HandshakeError
+from broker.upstream import Action, Broadcast, Deliver, Ready, SendUpstream, UpstreamProtocol
+
+INBOX_SIZE = 256
+READ_CHUNK = 256 * 1024
+STDERR_LINE_LIMIT = 64 * 1024
+STARTUP_TIMEOUT = 30.0
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 30.0
+EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
+STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
+
+
+@attrs.frozen
+class ClientRequest:
+    session: SessionHandle
+    message: Message
+
+
+@attrs.frozen
+class ClientCancelled:
+    session: SessionHandle
+    params: dict[str, Any]
+
+
+@attrs.frozen
+class Attach:
+    """A session now uses this server: it gets the server's notifications."""
+
+    session: SessionHandle
+
+
+@attrs.frozen
+class Detach:
+    """A session went away: cancel what it had in flight here."""
+
+    session: SessionHandle
+
+
+InboxItem = ClientRequest | ClientCancelled | Attach | Detach
+
+
+class Status(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DOWN = "down"
+
+
+@attrs.frozen
+class UpstreamStatistics:
+    name: str
+    status: str
+    pid: int | None
+    restarts: int
+    sessions: int
+    in_flight: int
+    inbox: int
+    last_error: str | None
+
+
+class Upstream:
+    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+        self.name = name
+        self.config = config
+        self.settings = settings
+        self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
+        self._protocol = UpstreamProtocol(name)
+        self._sessions: set[SessionHandle] = set()
+        self._status = Status.STARTING
+        self._status_changed = trio.Event()
+        self._stdin: trio.abc.SendStream | None = None
+        self._write_lock = trio.StrictFIFOLock()
+        self._process_nursery: trio.Nursery | None = None
+        self._pid: int | None = None
+        self._restarts = 0
+        self._last_error: str | None = None
+        self._log = get_logger(server=name)
+
+    # -- the actor's public face -------------------------------------------
+
+    async def send(self, item: InboxItem) -> None:
+        await self._inbox_send.send(item)
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    @property
+    def identity(self) -> Any:
+        return self._protocol.identity
+
+    def statistics(self) -> UpstreamStatistics:
+        return UpstreamStatistics(
+            name=self.name,
+            status=self._status.value,
+            pid=self._pid,
+            restarts=self._restarts,
+            sessions=len(self._sessions),
+            in_flight=len(self._protocol.requests),
+            inbox=self._inbox.statistics().current_buffer_used,
+            last_error=self._last_error,
+        )
+
+    async def wait_ready(self) -> None:
+        """Wait until the server has finished its handshake (for tests and tools)."""
+        while self._status is not Status.READY:
+            await self._status_changed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._dispatch)
+            task_status.started()
+            await self._supervise()
+
+    # -- dispatcher ---------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        async for first in self._inbox:
+            batch = [first]
+            while len(batch) < INBOX_SIZE:
+                try:
+                    batch.append(self._inbox.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            out: list[Message] = []
+            for item in batch:
+                if isinstance(item, ClientRequest) and self._status is Status.STARTING:
+                    await self._write(out)
+                    out = []
+                    await self._wait_not_starting()
+                out.extend(self._handle(item))
+            await self._write(out)
+
+    def _handle(self, item: InboxItem) -> list[Message]:
+        if isinstance(item, ClientRequest):
+            return self._forward(item.session, item.message)
+        if isinstance(item, ClientCancelled):
+            cancelled = self._protocol.client_cancelled(item.session, item.params)
+            return [] if cancelled is None else [cancelled]
+        if isinstance(item, Attach):
+            self._sessions.add(item.session)
+            return []
+        self._sessions.discard(item.session)
+        return self._protocol.session_closed(item.session)
+
+    def _forward(self, session: SessionHandle, request: Message) -> list[Message]:
+        if self._status is not Status.READY:
+            message = f"MCP server {self.name!r} is not running"
+            if self._last_error:
+                message += f" (it {self._last_error}; restarting)"
+            session.deliver(
+                jsonrpc.error_response(
+                    request["id"], CONNECTION_CLOSED, message, data={"server": self.name}
+                )
+            )
+            return []
+        try:
+            return [self._protocol.client_request(session, request)]
+        except JsonRpcError as exc:
+            session.deliver(exc.to_response())
+            return []
+
+    async def _write(self, messages: list[Message]) -> None:
+        if not messages:
+            return
+        data = b"".join(map(jsonrpc.encode, messages))
+        async with self._write_lock:
+            stdin = self._stdin
+            if stdin is None:
+                return  # the process is gone; the reader has failed what was in flight
+            try:
+                with map_transport_errors():
+                    await stdin.send_all(data)
+            except TransportClosed:
+                pass  # likewise: the reader sees the exit
+
+    async def _wait_not_starting(self) -> None:
+        while self._status is Status.STARTING:
+            await self._status_changed.wait()
+
+    def _set_status(self, status: Status) -> None:
+        self._status = status
+        self._status_changed.set()
+        self._status_changed = trio.Event()
+
+    # -- supervisor ---------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        if not self.config.is_stdio:
+            self._went_down("is a remote (url) server, which this version cannot reach yet")
+            await trio.sleep_forever()
+        backoff = BACKOFF_INITIAL
+        while True:
+            started = trio.current_time()
+            await self._run_process()
+            if trio.current_time() - started >= STABLE_AFTER:
+                backoff = BACKOFF_INITIAL
+            self._log.warning("server.restart_scheduled", delay=backoff, error=self._last_error)
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            self._restarts += 1
+
+    async def _run_process(self) -> None:
+        self._protocol = UpstreamProtocol(self.name)
+        self._set_status(Status.STARTING)
+        assert self.config.command is not None
+        try:
+            process = await processes.spawn(
+                self.config.command, self.config.args, self.config.env, self.config.cwd
+            )
+        except OSError as exc:
+            self._went_down(f"could not be started ({exc.strerror or exc}: {self.config.command})")
+            return
+        self._pid = process.pid
+        self._log.info("server.started", pid=process.pid, command=self.config.command)
+        try:
+            reason = await self._serve_process(process)
+            self._stdin = None
+            with trio.move_on_after(EXIT_CODE_WAIT):
+                await process.wait()
+            if process.returncode is not None:
+                reason += f" with code {process.returncode}"
+            self._went_down(reason)
+        finally:
+            self._stdin = None
+            with trio.CancelScope(shield=True):
+                await processes.stop(process)
+            self._pid = None
+
+    async def _serve_process(self, process: trio.Process) -> str:
+        assert process.stdin and process.stdout and process.stderr
+        reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
+        async with trio.open_nursery() as nursery:
+            self._process_nursery = nursery
+            self._stdin = process.stdin
+            nursery.start_soon(self._pump_stderr, process.stderr)
+            nursery.start_soon(self._watch_startup, nursery.cancel_scope)
+            await self._write([self._protocol.start()])
+            reason = await self._read(process.stdout)
+            nursery.cancel_scope.cancel()
+        self._process_nursery = None
+        return reason
+
+    async def _watch_startup(self, scope: trio.CancelScope) -> None:
+        with trio.move_on_after(STARTUP_TIMEOUT):
+            await self._wait_not_starting()
+            return
+        scope.cancel()
+
+    def _went_down(self, reason: str) -> None:
+        self._last_error = reason
+        self._set_status(Status.DOWN)
+        failed = self._protocol.server_gone(reason)
+        self._log.error("server.down", reason=reason, failed_requests=len(failed))
+        for delivery in failed:
+            cast(SessionHandle, delivery.session).deliver(delivery.message)
+
+    # -- reader -------------------------------------------------------------
+
+    async def _read(self, stdout: trio.abc.ReceiveStream) -> str:
+        framer = LineFramer(self.settings.max_message_bytes)
+        while True:
+            try:
+                with map_transport_errors():
+                    data = await stdout.receive_some(READ_CHUNK)
+            except TransportClosed:
+                data = b""
+            if not data:
+                return "exited" if self._status is Status.READY else "exited during startup"
+            for line in framer.feed(data):
+                if isinstance(line, Oversize):
+                    self._log.error("server.message_too_large", size=line.size)
+                    continue
+                try:
+                    self._apply(self._protocol.server_message(jsonrpc.decode(line)))
+                except JsonRpcError as exc:
+                    self._log.warning(
+                        "server.invalid_message",
+                        error=exc.message,
+                        line=line[:200].decode(errors="replace"),
+                    )
+                except HandshakeError as exc:
+                    return f"failed the initialize handshake: {exc}"
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Deliver):
+                cast(SessionHandle, action.session).deliver(action.message)
+            elif isinstance(action, Broadcast):
+                for session in self._sessions:
+                    session.deliver(action.message)
+            elif isinstance(action, SendUpstream):
+                assert self._process_nursery is not None
+                self._process_nursery.start_soon(self._write, [action.message])
+            elif isinstance(action, Ready):
+                self._log.info(
+                    "server.ready",
+                    server_info=action.identity.server_info,
+                    protocol_version=action.identity.protocol_version,
+                )
+                self._set_status(Status.READY)
+
+    async def _pump_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
+        framer = LineFramer(STDERR_LINE_LIMIT)
+        while True:
+            try:
+                with map_transport_errors():
+                    data = await stderr.receive_some(READ_CHUNK)
+            except TransportClosed:
+                return
+            if not data:
+                return
+            for line in framer.feed(data):
+                text = (
+                    f"<{line.size} bytes>"
+                    if isinstance(line, Oversize)
+                    else line.decode(errors="replace")
+                )
+                self._log.info("server.stderr", line=text)

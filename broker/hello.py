@@ -1,0 +1,58 @@
+"""The optional hello line a client may send before any MCP message.
+
+The daemon's socket speaks plain newline-delimited MCP, so any program that
+can open a unix socket is a client. ``mcpbroker connect`` may send one extra
+first line to say which servers its session should see::
+
+    {"mcpbroker": {"servers": ["github", "files"]}}
+
+A hello has no ``"jsonrpc"`` key, so it can never be mistaken for MCP. Without
+one, a session sees every configured server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+HELLO_KEY = "mcpbroker"
+
+
+class HelloError(Exception):
+    """A hello the daemon cannot honour; the message is meant for the user."""
+
+
+@attrs.frozen
+class Hello:
+    servers: tuple[str, ...] | None = None  # None: every configured server
+
+
+def read_hello(message: Any) -> Hello | None:
+    """The hello in a first line, or None if the line is plain MCP."""
+    if not isinstance(message, dict) or "jsonrpc" in message or HELLO_KEY not in message:
+        return None
+    body = message[HELLO_KEY]
+    if not isinstance(body, dict):
+        raise HelloError('the "mcpbroker" hello must be an object')
+    servers = body.get("servers")
+    if servers is None:
+        return Hello()
+    if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+        raise HelloError('"servers" in the hello must be a list of server names')
+    return Hello(tuple(dict.fromkeys(servers)))
+
+
+def resolve_view(hello: Hello | None, configured: Iterable[str]) -> tuple[str, ...]:
+    """The servers a session sees, in configuration order unless it named them."""
+    configured = tuple(configured)
+    if hello is None or hello.servers is None:
+        return configured
+    unknown = [name for name in hello.servers if name not in configured]
+    if unknown:
+        listed = ", ".join(configured) or "none"
+        raise HelloError(
+            f"unknown server {', '.join(map(repr, unknown))} (configured servers: {listed})"
+        )
+    return hello.servers
