@@ -1,16 +1,13 @@
 """A small, fast MCP server on stdio, for mcpbroker's demo config, tests and benchmarks.
 
-Run it as ``python -m actors.demo_server``. It speaks newline-delimited JSON-RPC
-2.0 (the MCP stdio transport, legacy era) and serves a handful of tools
-(``echo``, ``add``, ``pid``, ``slow``, ``fail``, ``crash``, ``payload``), two
-resources (``demo://readme`` and the template ``demo://greeting/{name}``), one
-prompt (``greet``) and completions for the greeting name. Only the standard
-library, trio, orjson and the broker's sans-I/O helpers are used, so it starts
-quickly. Quick requests are answered inline by the reader task, the replies to
-one chunk of input leave in one write; only ``slow`` gets a task of its own,
-which ``notifications/cancelled`` can cancel. On stdin EOF the server lets
-requests in flight finish, then exits with code 0. ``MCPBROKER_DEMO_NAME``
-overrides the name in ``serverInfo``.
+Run as ``python -m actors.demo_server``: newline-delimited JSON-RPC 2.0 on
+stdin/stdout (legacy-era MCP), with tools ``echo``, ``add``, ``pid``, ``slow``,
+``fail``, ``crash`` and ``payload``, resources ``demo://readme`` and
+``demo://greeting/{name}``, the prompt ``greet`` and completions for names.
+Quick requests are answered inline by the reader, all replies to one chunk of
+input in one write; only ``slow`` runs in a task, which ``notifications/cancelled``
+cancels. On stdin EOF it lets running requests finish and exits with code 0.
+``MCPBROKER_DEMO_NAME`` overrides ``serverInfo.name``.
 """
 
 from __future__ import annotations
@@ -27,31 +24,28 @@ import trio
 
 from broker import jsonrpc, lifecycle
 from broker.framing import LineFramer, Oversize
-from broker.jsonrpc import JsonRpcError, Kind, Message, RequestId
+from broker.jsonrpc import INVALID_PARAMS, JsonRpcError, Kind, Message, RequestId
 
 Params = dict[str, Any]
 Result = dict[str, Any]
-# A method handler answers with a result, or with None when a task answers later.
+# A method handler returns its result, or None when a task will answer later.
 Handler = Callable[[RequestId, Params], Result | None]
 
 READ_SIZE = 64 * 1024
 OUTPUT_QUEUE = 64
 MAX_PAYLOAD = 64 * 1024 * 1024
+RESOURCE_NOT_FOUND = -32002
 LOG_LEVELS = frozenset(
     {"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"}
 )
 NAMES = ("Ada", "Alan", "Alice", "Barbara", "Bob", "Grace", "Linus", "Margaret")
-
 README_URI = "demo://readme"
 GREETING_PREFIX = "demo://greeting/"
 GREETING_TEMPLATE = GREETING_PREFIX + "{name}"
-README_TEXT = (
-    "mcpbroker demo server: a small MCP server for trying out, testing and "
-    "benchmarking the broker.\n"
-)
+README_TEXT = "mcpbroker demo server: a small MCP server to try, test and benchmark the broker.\n"
 INSTRUCTIONS = (
     "Demo server for mcpbroker: echo, add, pid, slow, fail, crash and payload tools, "
-    "a readme and greeting resources, and a greet prompt."
+    "readme and greeting resources, and a greet prompt."
 )
 CAPABILITIES: Params = {
     "tools": {"listChanged": True},
@@ -72,27 +66,19 @@ def _tool(name: str, description: str, properties: Params, *required: str) -> Pa
 
 
 NUMBER: Params = {"type": "number"}
+ADD_OUTPUT: Params = {"type": "object", "properties": {"result": NUMBER}, "required": ["result"]}
+SLOW_ARGS: Params = {
+    "seconds": {"type": "number", "minimum": 0, "default": 1},
+    "steps": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 5},
+}
 TOOLS: dict[str, Params] = {
     tool["name"]: tool
     for tool in (
         _tool("echo", "Return the text unchanged.", {"text": {"type": "string"}}, "text"),
         _tool("add", "Add two numbers.", {"a": NUMBER, "b": NUMBER}, "a", "b")
-        | {
-            "outputSchema": {
-                "type": "object",
-                "properties": {"result": NUMBER},
-                "required": ["result"],
-            }
-        },
+        | {"outputSchema": ADD_OUTPUT},
         _tool("pid", "Return the server's process id.", {}),
-        _tool(
-            "slow",
-            "Sleep for `seconds` in `steps` parts, reporting progress after each part.",
-            {
-                "seconds": {"type": "number", "minimum": 0, "default": 1},
-                "steps": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 5},
-            },
-        ),
+        _tool("slow", "Sleep `seconds` in `steps` parts, reporting progress.", SLOW_ARGS),
         _tool(
             "fail",
             "Return a tool error with the given message.",
@@ -107,37 +93,26 @@ TOOLS: dict[str, Params] = {
         ),
     )
 }
-TOOL_LIST: Result = {"tools": list(TOOLS.values())}
 
 
 class ArgumentError(Exception):
     """Arguments a tool cannot run with; reported as a tool result with isError."""
 
 
-def _type_ok(kind: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return kind == "boolean"
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "number":
-        return isinstance(value, int | float)
-    return kind == "integer" and isinstance(value, int)
-
-
 def _check(key: str, rules: Params, value: Any) -> Any:
-    if isinstance(value, float) and rules["type"] == "integer" and value.is_integer():
+    kind = rules["type"]
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not _type_ok(rules["type"], value):
-        raise ArgumentError(f"argument {key!r} must be of type {rules['type']}")
-    if "minimum" in rules and value < rules["minimum"]:
-        raise ArgumentError(f"argument {key!r} must be at least {rules['minimum']}")
-    if "maximum" in rules and value > rules["maximum"]:
-        raise ArgumentError(f"argument {key!r} must be at most {rules['maximum']}")
+    python_type = {"string": str, "number": int | float, "integer": int}[kind]
+    if isinstance(value, bool) or not isinstance(value, python_type):
+        raise ArgumentError(f"argument {key!r} must be of type {kind}")
+    if value < rules.get("minimum", value) or value > rules.get("maximum", value):
+        raise ArgumentError(f"argument {key!r} is out of range")
     return value
 
 
 def bind_arguments(schema: Params, arguments: Any) -> Params:
-    """Check arguments against a tool's (simple) input schema and fill in defaults."""
+    """Check arguments against a tool's (simple) input schema; fill in defaults."""
     if arguments is None:
         arguments = {}
     elif not isinstance(arguments, dict):
@@ -177,96 +152,77 @@ QUICK_TOOLS: dict[str, Callable[[Params], Result]] = {
     "payload": lambda args: text_result("x" * args["size"]),
 }
 
-
-def _progress_token(params: Params) -> RequestId | None:
-    meta = params.get("_meta")
-    token = meta.get("progressToken") if isinstance(meta, dict) else None
-    return token if jsonrpc.is_valid_id(token) else None
-
-
-# --- resources, prompts, completions -----------------------------------------
-
-
-def _read_resource(uri: str) -> str | None:
-    if uri == README_URI:
-        return README_TEXT
-    if uri.startswith(GREETING_PREFIX) and (name := unquote(uri[len(GREETING_PREFIX) :])):
-        return f"Hello, {name}!"
-    return None
+# --- resources, prompts, completions, logging ---------------------------------
 
 
 def read_resource(rid: RequestId, params: Params) -> Result:
     uri = params.get("uri")
     if not isinstance(uri, str):
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, "resources/read needs params.uri (a string)")
-    text = _read_resource(uri)
-    if text is None:
-        raise JsonRpcError(-32002, "Resource not found", data={"uri": uri})
+        raise JsonRpcError(INVALID_PARAMS, "resources/read needs params.uri (a string)")
+    name = unquote(uri.removeprefix(GREETING_PREFIX)) if uri.startswith(GREETING_PREFIX) else ""
+    if uri == README_URI:
+        text = README_TEXT
+    elif name:
+        text = f"Hello, {name}!"
+    else:
+        raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", data={"uri": uri})
     return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}
 
 
 def get_prompt(rid: RequestId, params: Params) -> Result:
     if params.get("name") != "greet":
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, f"Unknown prompt: {params.get('name')}")
+        raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {params.get('name')}")
     arguments = params.get("arguments")
     name = arguments.get("name") if isinstance(arguments, dict) else None
     if not isinstance(name, str):
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, "Missing required argument: name")
+        raise JsonRpcError(INVALID_PARAMS, "Missing required argument: name")
+    text = f"Please greet {name} warmly."
     return {
         "description": "Ask the model to greet someone.",
-        "messages": [
-            {"role": "user", "content": {"type": "text", "text": f"Please greet {name} warmly."}}
-        ],
+        "messages": [{"role": "user", "content": {"type": "text", "text": text}}],
     }
 
 
 def complete(rid: RequestId, params: Params) -> Result:
     ref, argument = params.get("ref"), params.get("argument")
     if not isinstance(ref, dict) or not isinstance(argument, dict):
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, "completion/complete needs ref and argument")
+        raise JsonRpcError(INVALID_PARAMS, "completion/complete needs params.ref and .argument")
     value = argument.get("value")
     if not isinstance(value, str):
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, "argument.value must be a string")
-    names_ref = (ref.get("type"), ref.get("name", ref.get("uri"))) in {
-        ("ref/prompt", "greet"),
-        ("ref/resource", GREETING_TEMPLATE),
-    }
-    values = (
-        [name for name in NAMES if name.startswith(value)]
-        if names_ref and argument.get("name") == "name"
-        else []
-    )
+        raise JsonRpcError(INVALID_PARAMS, "params.argument.value must be a string")
+    target = (ref.get("type"), ref.get("name", ref.get("uri")), argument.get("name"))
+    names = target in {("ref/prompt", "greet", "name"), ("ref/resource", GREETING_TEMPLATE, "name")}
+    values = [name for name in NAMES if name.startswith(value)] if names else []
     return {"completion": {"values": values, "total": len(values), "hasMore": False}}
 
 
 def set_level(rid: RequestId, params: Params) -> Result:
     if params.get("level") not in LOG_LEVELS:
-        raise JsonRpcError(jsonrpc.INVALID_PARAMS, "params.level must be a logging level")
+        raise JsonRpcError(INVALID_PARAMS, "params.level must be a logging level")
     return {}
-
-
-PROMPT_LIST: Result = {
-    "prompts": [
-        {
-            "name": "greet",
-            "description": "Ask the model to greet someone.",
-            "arguments": [{"name": "name", "description": "Who to greet", "required": True}],
-        }
-    ]
-}
-RESOURCE_LIST: Result = {
-    "resources": [{"uri": README_URI, "name": "readme", "mimeType": "text/plain"}]
-}
-TEMPLATE_LIST: Result = {
-    "resourceTemplates": [
-        {"uriTemplate": GREETING_TEMPLATE, "name": "greeting", "mimeType": "text/plain"}
-    ]
-}
 
 
 def _constant(result: Result) -> Handler:
     return lambda rid, params: result
 
+
+GREET_ARGUMENT = {"name": "name", "description": "Who to greet", "required": True}
+LISTINGS: dict[str, Result] = {
+    "tools/list": {"tools": list(TOOLS.values())},
+    "resources/list": {
+        "resources": [{"uri": README_URI, "name": "readme", "mimeType": "text/plain"}]
+    },
+    "resources/templates/list": {
+        "resourceTemplates": [
+            {"uriTemplate": GREETING_TEMPLATE, "name": "greeting", "mimeType": "text/plain"}
+        ]
+    },
+    "prompts/list": {
+        "prompts": [
+            {"name": "greet", "description": "Greet someone.", "arguments": [GREET_ARGUMENT]}
+        ]
+    },
+}
 
 # --- the server ----------------------------------------------------------------
 
@@ -283,18 +239,15 @@ class DemoServer:
             "initialize": self._initialize,
             "ping": _constant({}),
             "logging/setLevel": set_level,
-            "tools/list": _constant(TOOL_LIST),
             "tools/call": self._call_tool,
-            "resources/list": _constant(RESOURCE_LIST),
-            "resources/templates/list": _constant(TEMPLATE_LIST),
             "resources/read": read_resource,
-            "prompts/list": _constant(PROMPT_LIST),
             "prompts/get": get_prompt,
             "completion/complete": complete,
         }
+        self._handlers.update((method, _constant(r)) for method, r in LISTINGS.items())
 
     async def read_loop(self, stdin: trio.abc.ReceiveStream) -> None:
-        """Serve until stdin ends; requests still running are left to the nursery."""
+        """Serve until stdin ends, then wait for the requests still running."""
         framer = LineFramer()
         async with trio.open_nursery() as self._nursery:
             while True:
@@ -304,18 +257,16 @@ class DemoServer:
                     break
                 if not chunk:
                     break
-                replies = [reply for line in framer.feed(chunk) if (reply := self.on_line(line))]
+                lines = framer.feed(bytes(chunk))  # no copy: FdStream gives bytes
+                replies = [reply for line in lines if (reply := self.on_line(line))]
                 if replies:
                     await self._send.send(b"".join(replies))
 
     def on_line(self, line: bytes | Oversize) -> bytes | None:
         """The reply to one line of input, if it gets one right away."""
         if isinstance(line, Oversize):
-            return _encode(
-                jsonrpc.error_response(
-                    None, jsonrpc.INVALID_REQUEST, f"Message too large ({line.size} bytes)"
-                )
-            )
+            error = f"Invalid Request: message too large ({line.size} bytes)"
+            return _encode(jsonrpc.error_response(None, jsonrpc.INVALID_REQUEST, error))
         try:
             message = jsonrpc.decode(line)
             kind = jsonrpc.classify(message)
@@ -329,16 +280,15 @@ class DemoServer:
 
     def _on_request(self, message: Message) -> bytes | None:
         rid: RequestId = message["id"]
-        handler = self._handlers.get(message["method"])
+        method = message["method"]
         try:
+            handler = self._handlers.get(method)
             if handler is None:
-                raise JsonRpcError(
-                    jsonrpc.METHOD_NOT_FOUND, f"Method not found: {message['method']}"
-                )
+                raise JsonRpcError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
             result = handler(rid, message.get("params") or {})
         except JsonRpcError as exc:
             return _encode(jsonrpc.error_response(rid, exc.code, exc.message, exc.data))
-        except Exception as exc:  # a bug here must not take the server down
+        except Exception as exc:  # a bug must cost one request, not the server
             return _encode(jsonrpc.error_response(rid, jsonrpc.INTERNAL_ERROR, repr(exc)))
         return None if result is None else _encode(jsonrpc.result_response(rid, result))
 
@@ -353,81 +303,73 @@ class DemoServer:
 
     def _call_tool(self, rid: RequestId, params: Params) -> Result | None:
         name = params.get("name")
-        tool = TOOLS.get(name) if isinstance(name, str) else None
-        if tool is None:
-            raise JsonRpcError(jsonrpc.INVALID_PARAMS, f"Unknown tool: {name}")
+        if not isinstance(name, str) or name not in TOOLS:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
         try:
-            args = bind_arguments(tool["inputSchema"], params.get("arguments"))
+            args = bind_arguments(TOOLS[name]["inputSchema"], params.get("arguments"))
         except ArgumentError as exc:
-            return text_result(f"Invalid arguments for {name}: {exc}", error=True)
+            return text_result(f"Invalid arguments for tool {name}: {exc}", error=True)
         if name != "slow":
             return QUICK_TOOLS[name](args)
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
         assert self._nursery is not None
-        self._nursery.start_soon(self._slow, rid, args, _progress_token(params))
+        self._nursery.start_soon(self._slow, rid, args, token)
         return None
 
-    async def _slow(self, rid: RequestId, args: Params, token: RequestId | None) -> None:
-        """Run one ``slow`` call; a cancelled call sends no response."""
+    async def _slow(self, rid: RequestId, args: Params, token: Any) -> None:
+        """Run one ``slow`` call; once cancelled it sends nothing more."""
         key = jsonrpc.id_key(rid)
+        steps: int = args["steps"]
         with trio.CancelScope() as scope:
             self._in_flight[key] = scope
             try:
-                steps: int = args["steps"]
                 for step in range(1, steps + 1):
                     await trio.sleep(args["seconds"] / steps)
-                    if token is not None:
+                    if jsonrpc.is_valid_id(token):  # a progress token has an id's type
                         await self._send.send(_encode(_progress(token, step, steps)))
-                reply = jsonrpc.result_response(rid, text_result(f"done after {steps} steps"))
-                await self._send.send(_encode(reply))
+                result = text_result(f"done after {steps} steps")
+                await self._send.send(_encode(jsonrpc.result_response(rid, result)))
             finally:
                 if self._in_flight.get(key) is scope:
                     del self._in_flight[key]
 
     def _cancel(self, params: Params) -> None:
         rid = params.get("requestId")
-        if jsonrpc.is_valid_id(rid) and (scope := self._in_flight.get(jsonrpc.id_key(rid))):
+        if isinstance(rid, str | int) and (scope := self._in_flight.get(jsonrpc.id_key(rid))):
             scope.cancel()
 
 
 def _progress(token: RequestId, step: int, steps: int) -> Message:
+    params = {"progressToken": token, "progress": step, "total": steps}
     return jsonrpc.notification(
-        "notifications/progress",
-        {
-            "progressToken": token,
-            "progress": step,
-            "total": steps,
-            "message": f"step {step} of {steps}",
-        },
+        "notifications/progress", params | {"message": f"step {step} of {steps}"}
     )
 
 
 def _encode(message: Message) -> bytes:
     try:
         return jsonrpc.encode(message)
-    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
-        error = jsonrpc.error_response(
-            message.get("id"), jsonrpc.INTERNAL_ERROR, f"Cannot encode reply: {exc}"
-        )
-        return jsonrpc.encode(error) if "id" in message else b""
+    except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits in a result
+        if "id" not in message:
+            return b""
+        error = f"Internal error: cannot encode the result ({exc})"
+        return jsonrpc.encode(jsonrpc.error_response(message["id"], jsonrpc.INTERNAL_ERROR, error))
 
 
-async def write_loop(
-    stdout: trio.abc.SendStream, receive: trio.MemoryReceiveChannel[bytes]
-) -> None:
-    """The only writer of stdout: whatever is queued when it wakes goes out in one write."""
-    async with receive:
-        async for data in receive:
+async def write_loop(stdout: trio.abc.SendStream, queue: trio.MemoryReceiveChannel[bytes]) -> None:
+    """The one writer of stdout: whatever is queued when it wakes leaves in one write."""
+    async with queue:
+        async for data in queue:
             batch = [data]
-            while True:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel):
+                while len(batch) < OUTPUT_QUEUE:
+                    batch.append(queue.receive_nowait())
             await stdout.send_all(b"".join(batch) if len(batch) > 1 else data)
 
 
 async def serve(stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream) -> None:
-    """Serve one client on a pair of streams until its input ends (or output breaks)."""
+    """Serve one client on a pair of streams until its input ends (or its output breaks)."""
     send, receive = trio.open_memory_channel[bytes](OUTPUT_QUEUE)
     server = DemoServer(os.environ.get("MCPBROKER_DEMO_NAME") or "mcpbroker-demo", send)
     async with trio.open_nursery() as nursery:

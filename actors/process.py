@@ -1,34 +1,102 @@
-"""Child processes for stdio servers: spawn, and stop them the way the spec says.
+"""Links to upstream servers: child processes for stdio servers.
 
-MCP's stdio shutdown: close the server's stdin, wait for it to exit, then
-SIGTERM, then SIGKILL. Every wait is bounded, and the whole of it runs
-shielded, so a daemon being cancelled still leaves no process behind.
+A :class:`ServerLink` is what an Upstream talks through: a stream to write
+to, a stream to read from, optionally the server's stderr, and a way to stop
+it. :func:`launch_stdio` makes one from a config entry by starting the
+server as a child process; tests pass the Upstream links over memory
+streams instead.
+
+Stopping a process follows MCP's stdio shutdown: close the server's stdin,
+wait for it to exit, then SIGTERM, then SIGKILL. Every wait is bounded, and
+the whole of it runs shielded, so a daemon being cancelled still leaves no
+process behind.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
+import attrs
 import trio
+
+from broker.config import ServerConfig
 
 STOP_GRACE_SECONDS = 2.0
 
 
-async def spawn(
-    command: str, args: Sequence[str], env: Mapping[str, str], cwd: str | None
-) -> trio.Process:
-    """Start a server with piped stdio, in its own session (no terminal signals)."""
-    return await trio.lowlevel.open_process(
-        [command, *args],
+class ServerLink(Protocol):
+    @property
+    def send_stream(self) -> trio.abc.SendStream: ...
+    @property
+    def receive_stream(self) -> trio.abc.ReceiveStream: ...
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
+    @property
+    def pid(self) -> int | None: ...
+
+    async def wait(self) -> int | None:
+        """Wait for the server to end; its exit code if it has one."""
+
+    async def close(self) -> int | None:
+        """Stop the server (shielded, bounded); its exit code if it has one."""
+
+
+class LaunchError(Exception):
+    """A server that cannot be started as configured, however often one tries."""
+
+
+Launcher = Callable[[], Awaitable[ServerLink]]
+
+
+@attrs.define
+class ProcessLink:
+    process: trio.Process
+
+    @property
+    def send_stream(self) -> trio.abc.SendStream:
+        assert self.process.stdin is not None
+        return self.process.stdin
+
+    @property
+    def receive_stream(self) -> trio.abc.ReceiveStream:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None:
+        return self.process.stderr
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    async def close(self) -> int | None:
+        return await stop(self.process)
+
+
+async def launch_stdio(config: ServerConfig) -> ProcessLink:
+    """Start a stdio server with piped stdio, in its own session (no terminal signals).
+
+    The server gets the daemon's environment with the config's ``env`` on top.
+    """
+    if config.command is None:
+        raise LaunchError("is a remote (url) server, which this version cannot reach yet")
+    process = await trio.lowlevel.open_process(
+        [config.command, *config.args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-        cwd=cwd,
+        env={**os.environ, **config.env},
+        cwd=config.cwd,
         start_new_session=True,
     )
+    return ProcessLink(process)
 
 
 async def stop(process: trio.Process, grace: float = STOP_GRACE_SECONDS) -> int | None:

@@ -19,15 +19,16 @@ one that arrives while it is down is answered at once with an error.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, cast
 
 import attrs
 import trio
 
-from actors import process as processes
 from actors.errors import TransportClosed, map_transport_errors
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
+from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
@@ -93,10 +94,17 @@ class UpstreamStatistics:
 
 
 class Upstream:
-    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: BrokerSettings,
+        launch: Launcher | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.settings = settings
+        self._launch: Launcher = launch or functools.partial(launch_stdio, config)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         self._protocol = UpstreamProtocol(name)
         self._sessions: set[SessionHandle] = set()
@@ -220,13 +228,14 @@ class Upstream:
     # -- supervisor ---------------------------------------------------------
 
     async def _supervise(self) -> None:
-        if not self.config.is_stdio:
-            self._went_down("is a remote (url) server, which this version cannot reach yet")
-            await trio.sleep_forever()
         backoff = BACKOFF_INITIAL
         while True:
             started = trio.current_time()
-            await self._run_process()
+            try:
+                await self._run_process()
+            except LaunchError as exc:  # retrying cannot help: say so once, then wait
+                self._went_down(str(exc))
+                await trio.sleep_forever()
             if trio.current_time() - started >= STABLE_AFTER:
                 backoff = BACKOFF_INITIAL
             self._log.warning("server.restart_scheduled", delay=backoff, error=self._last_error)
@@ -237,40 +246,37 @@ class Upstream:
     async def _run_process(self) -> None:
         self._protocol = UpstreamProtocol(self.name)
         self._set_status(Status.STARTING)
-        assert self.config.command is not None
         try:
-            process = await processes.spawn(
-                self.config.command, self.config.args, self.config.env, self.config.cwd
-            )
+            link = await self._launch()
         except OSError as exc:
             self._went_down(f"could not be started ({exc.strerror or exc}: {self.config.command})")
             return
-        self._pid = process.pid
-        self._log.info("server.started", pid=process.pid, command=self.config.command)
+        self._pid = link.pid
+        self._log.info("server.started", pid=link.pid, command=self.config.command)
         try:
-            reason = await self._serve_process(process)
+            reason = await self._serve_link(link)
             self._stdin = None
             with trio.move_on_after(EXIT_CODE_WAIT):
-                await process.wait()
-            if process.returncode is not None:
-                reason += f" with code {process.returncode}"
+                code = await link.wait()
+                if code is not None:
+                    reason += f" with code {code}"
             self._went_down(reason)
         finally:
             self._stdin = None
             with trio.CancelScope(shield=True):
-                await processes.stop(process)
+                await link.close()
             self._pid = None
 
-    async def _serve_process(self, process: trio.Process) -> str:
-        assert process.stdin and process.stdout and process.stderr
+    async def _serve_link(self, link: ServerLink) -> str:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
         async with trio.open_nursery() as nursery:
             self._process_nursery = nursery
-            self._stdin = process.stdin
-            nursery.start_soon(self._pump_stderr, process.stderr)
+            self._stdin = link.send_stream
+            if link.stderr is not None:
+                nursery.start_soon(self._pump_stderr, link.stderr)
             nursery.start_soon(self._watch_startup, nursery.cancel_scope)
             await self._write([self._protocol.start()])
-            reason = await self._read(process.stdout)
+            reason = await self._read(link.receive_stream)
             nursery.cancel_scope.cancel()
         self._process_nursery = None
         return reason
