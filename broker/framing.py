@@ -17,7 +17,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 @attrs.frozen
 class Oversize:
-    """A line that exceeded the limit; ``size`` is how many bytes it had."""
+    """A line that exceeded the limit; ``size`` is how many bytes it had.
+
+    ``size`` counts every byte before the ``\\n`` (a ``\\r`` included), so it
+    does not depend on how the line was chunked.
+    """
 
     size: int
 
@@ -57,7 +61,8 @@ class LineFramer:
             self._skipped += len(chunk) - start
             return
         self._buffer += chunk[start:] if start else chunk
-        if len(self._buffer) > self.max_bytes:
+        # One byte over the limit may still be the "\r" of a "\r\n".
+        if len(self._buffer) > self.max_bytes + 1:
             self._skipped = len(self._buffer)
             self._buffer.clear()
 
@@ -74,9 +79,10 @@ class LineFramer:
             self._buffer.clear()
         else:
             line = bytes(chunk[start:end])
+        size = len(line)
         if line.endswith(b"\r"):
             line = line[:-1]
         if len(line) > self.max_bytes:
-            out.append(Oversize(len(line)))
+            out.append(Oversize(size))
         elif line.strip():
             out.append(line)

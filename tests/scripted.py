@@ -1,0 +1,123 @@
+"""A scripted MCP server on memory streams, for actor tests.
+
+:class:`MemoryLink` is a :class:`actors.process.ServerLink` whose far end is a
+:class:`ScriptedServer` task instead of a process: it answers ``initialize``,
+``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
+``seconds`` first, ``die`` makes the "process" exit), and records everything
+it received so a test can assert on what crossed the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+import trio.testing
+
+from broker import jsonrpc
+from broker.framing import LineFramer
+
+
+class ScriptedServer:
+    def __init__(self, nursery: trio.Nursery, *, answer_initialize: bool = True) -> None:
+        self.nursery = nursery
+        self.answer_initialize = answer_initialize
+        self.received: list[Any] = []
+        self.launches = 0
+        self.links: list[MemoryLink] = []
+
+    async def launch(self) -> MemoryLink:
+        self.launches += 1
+        link = MemoryLink(self)
+        self.links.append(link)
+        self.nursery.start_soon(link.serve)
+        return link
+
+    def requests(self, method: str) -> list[Any]:
+        return [m for m in self.received if isinstance(m, dict) and m.get("method") == method]
+
+
+class MemoryLink:
+    def __init__(self, script: ScriptedServer) -> None:
+        self.script = script
+        self._ours, self._theirs = trio.testing.memory_stream_pair()
+        self.exited = trio.Event()
+        self.exit_code: int | None = None
+        self.pid: int | None = 4242
+        self.stderr = None
+        self._write_lock = trio.StrictFIFOLock()
+
+    @property
+    def send_stream(self) -> trio.abc.SendStream:
+        return self._ours
+
+    @property
+    def receive_stream(self) -> trio.abc.ReceiveStream:
+        return self._ours
+
+    async def wait(self) -> int | None:
+        await self.exited.wait()
+        return self.exit_code
+
+    async def close(self) -> int | None:
+        await self._ours.aclose()
+        self.exited.set()
+        return self.exit_code
+
+    async def serve(self) -> None:
+        """The far end: run until the broker closes the link or ``die`` is called."""
+        framer = LineFramer()
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    data = await self._theirs.receive_some()
+                except trio.ClosedResourceError:
+                    data = b""
+                if not data:
+                    break
+                for line in framer.feed(data):
+                    assert isinstance(line, bytes)
+                    message = jsonrpc.decode(line)
+                    self.script.received.append(message)
+                    if "id" in message and "method" in message:
+                        nursery.start_soon(self._answer, message, nursery)
+            nursery.cancel_scope.cancel()
+
+    async def die(self, code: int = 1) -> None:
+        self.exit_code = code
+        await self._theirs.aclose()
+        self.exited.set()
+
+    async def send(self, message: Any) -> None:
+        async with self._write_lock:
+            await self._theirs.send_all(jsonrpc.encode(message))
+
+    async def _answer(self, request: dict[str, Any], nursery: trio.Nursery) -> None:
+        method, params = request["method"], request.get("params") or {}
+        if method == "initialize":
+            if not self.script.answer_initialize:
+                return
+            result: Any = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "scripted", "version": "1"},
+            }
+        elif method == "tools/call" and params.get("name") == "die":
+            await self.die()
+            return
+        elif method == "tools/call":
+            arguments = params.get("arguments") or {}
+            if params.get("name") == "sleep":
+                await trio.sleep(arguments.get("seconds", 1))
+            token = (params.get("_meta") or {}).get("progressToken")
+            if params.get("name") == "progress" and token is not None:
+                for step in (1, 2):
+                    progress = {"progressToken": token, "progress": step, "total": 2}
+                    await self.send(jsonrpc.notification("notifications/progress", progress))
+            result = {"content": [{"type": "text", "text": str(arguments)}], "echo": arguments}
+        else:
+            result = {}
+        try:
+            await self.send(jsonrpc.result_response(request["id"], result))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass

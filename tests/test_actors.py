@@ -1,0 +1,278 @@
+"""Session and Upstream actors on memory streams, with a scripted server.
+
+Timeouts and restart backoff run on pytest-trio's ``autojump_clock``, so a
+30-second startup timeout takes no time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actors.mailbox import OUTBOX_SIZE
+from actors.session import Session
+from actors.upstream import Status, Upstream
+from broker import jsonrpc
+from broker.config import BrokerSettings, ServerConfig
+from broker.framing import LineFramer
+from tests.scripted import ScriptedServer
+
+SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
+
+
+async def start_upstream(nursery: trio.Nursery, script: ScriptedServer, name: str = "s") -> Upstream:
+    upstream = Upstream(name, ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+    await nursery.start(upstream.run)
+    return upstream
+
+
+class Client:
+    """The test's end of a Session: sends lines, reads messages."""
+
+    def __init__(self, stream: trio.abc.Stream, session: Session) -> None:
+        self.stream = stream
+        self.session = session
+        self._framer = LineFramer(1 << 30)
+        self._pending: list[Any] = []
+        self._ids = 0
+
+    async def send(self, message: Any) -> None:
+        await self.stream.send_all(jsonrpc.encode(message))
+
+    async def receive(self) -> Any:
+        while not self._pending:
+            data = await self.stream.receive_some()
+            assert data, "session closed the connection"
+            self._pending.extend(jsonrpc.decode(line) for line in self._framer.feed(data))
+        return self._pending.pop(0)
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, id: Any = None) -> Any:
+        if id is None:
+            self._ids += 1
+            id = self._ids
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        return await self.receive()
+
+    async def initialize(self, version: str = "2025-11-25") -> Any:
+        params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t"}}
+        response = await self.request("initialize", params)
+        await self.send(jsonrpc.notification("notifications/initialized"))
+        return response
+
+
+async def open_client(
+    nursery: trio.Nursery, upstreams: Mapping[str, Upstream], *, lockstep: bool = False
+) -> Client:
+    pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+    ours, theirs = pair()
+    session = Session(theirs, upstreams, SETTINGS)
+    nursery.start_soon(session.run)
+    return Client(ours, session)
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
+
+
+async def test_two_sessions_with_the_same_id_each_get_their_own_answer(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    upstreams = {"s": await start_upstream(nursery, script)}
+    a, b = await open_client(nursery, upstreams), await open_client(nursery, upstreams)
+    await a.initialize()
+    await b.initialize()
+    await a.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=0.05, who="a")})
+    await b.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo", who="b")})
+    answer_b, answer_a = await b.receive(), await a.receive()
+    assert answer_a["id"] == 1 and answer_a["result"]["echo"]["who"] == "a"
+    assert answer_b["id"] == 1 and answer_b["result"]["echo"]["who"] == "b"
+    upstream_ids = [m["id"] for m in script.requests("tools/call")]
+    assert len(set(upstream_ids)) == 2
+
+
+async def test_ids_come_back_exactly_as_sent(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    await client.initialize()
+    for id in ("1", 1, "a-string", 2**53, -7, ""):
+        response = await client.request("tools/call", call("echo"), id=id)
+        assert response["id"] == id and type(response["id"]) is type(id)
+
+
+async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    await client.initialize()
+    line = jsonrpc.encode({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": call("echo", x="é")})
+    for i in range(len(line)):
+        await client.stream.send_all(line[i : i + 1])
+    response = await client.receive()
+    assert response["id"] == 9 and response["result"]["echo"] == {"x": "é"}
+
+
+async def test_requests_wait_for_the_handshake(nursery: trio.Nursery, autojump_clock: Any) -> None:
+    script = ScriptedServer(nursery)
+    upstream = Upstream("s", ServerConfig(command="x"), SETTINGS, launch=script.launch)
+    client = await open_client(nursery, {"s": upstream})
+    await client.initialize()
+    await client.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": call("echo")})
+    await trio.sleep(1)  # the upstream has not even been started yet
+    await nursery.start(upstream.run)
+    assert (await client.receive())["id"] == 5
+
+
+async def test_server_death_fails_requests_in_flight_then_restarts(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery)
+    upstream = await start_upstream(nursery, script, name="flaky")
+    client = await open_client(nursery, {"flaky": upstream})
+    await client.initialize()
+    await client.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": call("sleep", seconds=60)})
+    await client.send({"jsonrpc": "2.0", "id": "kill", "method": "tools/call", "params": call("die")})
+    errors = {m["id"]: m["error"] for m in [await client.receive(), await client.receive()]}
+    assert set(errors) == {"long", "kill"}
+    for error in errors.values():
+        assert error["code"] == jsonrpc.CONNECTION_CLOSED
+        assert "'flaky'" in error["message"] and "exited" in error["message"]
+        assert error["data"] == {"server": "flaky"}
+    # While it is down, requests are answered at once, not queued.
+    response = await client.request("tools/call", call("echo"))
+    assert response["error"]["code"] == jsonrpc.CONNECTION_CLOSED
+    await upstream.wait_ready()
+    assert script.launches == 2
+    assert (await client.request("tools/call", call("echo", again=True)))["result"]["echo"] == {"again": True}
+
+
+async def test_server_that_never_answers_initialize(nursery: trio.Nursery, autojump_clock: Any) -> None:
+    script = ScriptedServer(nursery, answer_initialize=False)
+    upstream = await start_upstream(nursery, script, name="mute")
+    client = await open_client(nursery, {"mute": upstream})
+    await client.initialize()
+    started = trio.current_time()
+    response = await client.request("tools/list")
+    assert "did not answer initialize within 30 s" in response["error"]["message"]
+    assert trio.current_time() - started >= 30
+    assert upstream.status is Status.DOWN
+
+
+async def test_client_cancellation_reaches_the_server_and_late_answer_is_dropped(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    await client.initialize()
+    await client.send({"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": call("sleep", seconds=5)})
+    await trio.sleep(1)
+    await client.send(jsonrpc.notification("notifications/cancelled", {"requestId": "c", "reason": "bored"}))
+    await trio.sleep(10)  # the server answers at t=5 anyway
+    upstream_id = script.requests("tools/call")[0]["id"]
+    assert script.requests("notifications/cancelled")[0]["params"] == {"requestId": upstream_id, "reason": "bored"}
+    assert (await client.request("ping", id="p")) == {"jsonrpc": "2.0", "id": "p", "result": {}}
+
+
+async def test_disconnect_cancels_what_the_session_had_in_flight(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery)
+    upstream = await start_upstream(nursery, script)
+    client = await open_client(nursery, {"s": upstream})
+    await client.initialize()
+    await client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=600)})
+    await trio.sleep(1)
+    await client.stream.aclose()
+    await trio.sleep(30)  # past the session's linger
+    upstream_id = script.requests("tools/call")[0]["id"]
+    cancelled = script.requests("notifications/cancelled")
+    assert [m["params"]["requestId"] for m in cancelled] == [upstream_id]
+    assert upstream.statistics().in_flight == 0 and upstream.statistics().sessions == 0
+
+
+async def test_progress_tokens_are_rewritten_per_session(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    upstreams = {"s": await start_upstream(nursery, script)}
+    a, b = await open_client(nursery, upstreams), await open_client(nursery, upstreams)
+    await a.initialize()
+    await b.initialize()
+    for client in (a, b):
+        params = {**call("progress"), "_meta": {"progressToken": "tok"}}
+        await client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    for client in (a, b):
+        seen = [await client.receive() for _ in range(3)]
+        progress = [m["params"] for m in seen if m.get("method") == "notifications/progress"]
+        assert progress == [{"progressToken": "tok", "progress": 1, "total": 2},
+                            {"progressToken": "tok", "progress": 2, "total": 2}]
+        assert seen[-1]["id"] == 1
+    upstream_tokens = {m["params"]["_meta"]["progressToken"] for m in script.requests("tools/call")}
+    assert len(upstream_tokens) == 2 and "tok" not in upstream_tokens
+
+
+async def test_notifications_fan_out_to_every_attached_session(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    upstream = await start_upstream(nursery, script)
+    clients = [await open_client(nursery, {"s": upstream}) for _ in range(3)]
+    for client in clients:
+        await client.initialize()
+    await client.request("ping")  # attached once the session has handled this
+    await trio.testing.wait_all_tasks_blocked()
+    await script.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
+    for client in clients:
+        assert (await client.receive())["method"] == "notifications/tools/list_changed"
+
+
+async def test_a_client_that_stops_reading_is_cut_off_and_others_carry_on(
+    nursery: trio.Nursery,
+) -> None:
+    script = ScriptedServer(nursery)
+    upstreams = {"s": await start_upstream(nursery, script)}
+    stuck = await open_client(nursery, upstreams, lockstep=True)
+    healthy = await open_client(nursery, upstreams)
+    await stuck.initialize()
+    await healthy.initialize()
+    request = jsonrpc.encode({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo")})
+    with trio.fail_after(10):
+        async with trio.open_nursery() as flood:
+            async def flood_stuck() -> None:
+                with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
+                    for i in range(OUTBOX_SIZE * 3):
+                        await stuck.stream.send_all(request.replace(b'"id":1', f'"id":{i}'.encode()))
+            flood.start_soon(flood_stuck)
+            for i in range(200):
+                assert (await healthy.request("tools/call", call("echo", i=i)))["result"]["echo"] == {"i": i}
+    assert "outbound queue full" in (stuck.session.handle.close_reason or "")
+
+
+async def test_bad_input_gets_errors_and_the_session_goes_on(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    await client.initialize()
+    await client.stream.send_all(b"{not json\n")
+    assert (await client.receive())["error"]["code"] == jsonrpc.PARSE_ERROR
+    await client.stream.send_all(b'[1, 2]\n')  # a batch, but 2025-11-25 has none
+    assert (await client.receive())["error"]["code"] == jsonrpc.INVALID_REQUEST
+    await client.send({"jsonrpc": "2.0", "id": 3, "method": "no/such"})
+    assert (await client.receive()) ["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    await client.stream.send_all(b'{"jsonrpc": "2.0", "id": 4, "pad": "' + b"x" * 70_000 + b'"}\n')
+    error = (await client.receive())["error"]
+    assert error["code"] == jsonrpc.INVALID_REQUEST and "too large" in error["message"]
+    assert (await client.request("tools/call", call("echo", ok=1)))["result"]["echo"] == {"ok": 1}
+
+
+async def test_batches_from_2025_03_26_clients(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    await client.initialize("2025-03-26")
+    await client.send([
+        {"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": call("sleep", seconds=0.05)},
+        {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
+    ])
+    batch = await client.receive()
+    assert isinstance(batch, list)
+    assert sorted(m["id"] for m in batch) == ["ping", "slow"]
