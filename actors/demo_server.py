@@ -71,6 +71,8 @@ SLOW_ARGS: Params = {
     "seconds": {"type": "number", "minimum": 0, "default": 1},
     "steps": {"type": "integer", "minimum": 1, "maximum": 10_000, "default": 5},
 }
+FAIL_ARGS: Params = {"message": {"type": "string", "default": "failure requested"}}
+PAYLOAD_ARGS: Params = {"size": {"type": "integer", "minimum": 0, "maximum": MAX_PAYLOAD}}
 TOOLS: dict[str, Params] = {
     tool["name"]: tool
     for tool in (
@@ -79,18 +81,9 @@ TOOLS: dict[str, Params] = {
         | {"outputSchema": ADD_OUTPUT},
         _tool("pid", "Return the server's process id.", {}),
         _tool("slow", "Sleep `seconds` in `steps` parts, reporting progress.", SLOW_ARGS),
-        _tool(
-            "fail",
-            "Return a tool error with the given message.",
-            {"message": {"type": "string", "default": "failure requested"}},
-        ),
+        _tool("fail", "Return a tool error with the given message.", FAIL_ARGS),
         _tool("crash", "Exit the server process at once, with code 3.", {}),
-        _tool(
-            "payload",
-            "Return a text of exactly `size` 'x' characters.",
-            {"size": {"type": "integer", "minimum": 0, "maximum": MAX_PAYLOAD}},
-            "size",
-        ),
+        _tool("payload", "Return a text of exactly `size` 'x' characters.", PAYLOAD_ARGS, "size"),
     )
 }
 
@@ -206,22 +199,15 @@ def _constant(result: Result) -> Handler:
     return lambda rid, params: result
 
 
+README = {"uri": README_URI, "name": "readme", "mimeType": "text/plain"}
+GREETING = {"uriTemplate": GREETING_TEMPLATE, "name": "greeting", "mimeType": "text/plain"}
 GREET_ARGUMENT = {"name": "name", "description": "Who to greet", "required": True}
+GREET = {"name": "greet", "description": "Greet someone.", "arguments": [GREET_ARGUMENT]}
 LISTINGS: dict[str, Result] = {
     "tools/list": {"tools": list(TOOLS.values())},
-    "resources/list": {
-        "resources": [{"uri": README_URI, "name": "readme", "mimeType": "text/plain"}]
-    },
-    "resources/templates/list": {
-        "resourceTemplates": [
-            {"uriTemplate": GREETING_TEMPLATE, "name": "greeting", "mimeType": "text/plain"}
-        ]
-    },
-    "prompts/list": {
-        "prompts": [
-            {"name": "greet", "description": "Greet someone.", "arguments": [GREET_ARGUMENT]}
-        ]
-    },
+    "resources/list": {"resources": [README]},
+    "resources/templates/list": {"resourceTemplates": [GREETING]},
+    "prompts/list": {"prompts": [GREET]},
 }
 
 # --- the server ----------------------------------------------------------------
@@ -327,7 +313,10 @@ class DemoServer:
                 for step in range(1, steps + 1):
                     await trio.sleep(args["seconds"] / steps)
                     if jsonrpc.is_valid_id(token):  # a progress token has an id's type
-                        await self._send.send(_encode(_progress(token, step, steps)))
+                        progress = {"progressToken": token, "progress": step, "total": steps}
+                        progress["message"] = f"step {step} of {steps}"
+                        notification = jsonrpc.notification("notifications/progress", progress)
+                        await self._send.send(_encode(notification))
                 result = text_result(f"done after {steps} steps")
                 await self._send.send(_encode(jsonrpc.result_response(rid, result)))
             finally:
@@ -338,13 +327,6 @@ class DemoServer:
         rid = params.get("requestId")
         if isinstance(rid, str | int) and (scope := self._in_flight.get(jsonrpc.id_key(rid))):
             scope.cancel()
-
-
-def _progress(token: RequestId, step: int, steps: int) -> Message:
-    params = {"progressToken": token, "progress": step, "total": steps}
-    return jsonrpc.notification(
-        "notifications/progress", params | {"message": f"step {step} of {steps}"}
-    )
 
 
 def _encode(message: Message) -> bytes:

@@ -159,7 +159,9 @@ def parse_config(data: Any) -> Config:
         servers[name] = _server(name, entry, warnings)
     broker_raw = data.get("broker", {})
     if isinstance(broker_raw, dict):
-        warnings += [f'unknown key "broker.{key}" ignored' for key in broker_raw if key not in _BROKER_KEYS]
+        warnings += [
+            f'unknown key "broker.{key}" ignored' for key in broker_raw if key not in _BROKER_KEYS
+        ]
     broker = _structure(broker_raw, BrokerSettings, "broker", _BROKER_KEYS)
     if broker.max_message_bytes < 1024:
         raise ConfigError('"broker.maxMessageBytes" must be at least 1024')

@@ -1,0 +1,80 @@
+"""Fixtures shared by the end-to-end tests: a daemon, SDK clients through the shim."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from actors.daemon import Daemon
+from broker.config import parse_config
+
+REPO = Path(__file__).resolve().parent.parent
+MCPBROKER = shutil.which("mcpbroker", path=os.path.dirname(sys.executable)) or "mcpbroker"
+
+
+@pytest.fixture
+def socket_path() -> Iterator[str]:
+    """A socket path short enough for AF_UNIX (pytest's tmp_path can be too long)."""
+    directory = tempfile.mkdtemp(prefix="mcpb-")
+    yield os.path.join(directory, "broker.sock")
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def sdk_server(name: str = "sdk-test-server") -> dict[str, Any]:
+    """Config entry for the official-SDK test server (tests/servers/sdk_server.py)."""
+    return {
+        "command": sys.executable,
+        "args": ["-m", "tests.servers.sdk_server"],
+        "cwd": str(REPO),
+        "env": {"SDK_SERVER_NAME": name},
+    }
+
+
+def demo_server() -> dict[str, Any]:
+    return {"command": sys.executable, "args": ["-m", "actors.demo_server"], "cwd": str(REPO)}
+
+
+@asynccontextmanager
+async def running_daemon(servers: dict[str, Any], socket_path: str) -> AsyncIterator[Daemon]:
+    """A daemon in this process, its servers up, cancelled on exit."""
+    daemon = Daemon(parse_config({"mcpServers": servers}), socket_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        with trio.fail_after(30):
+            for upstream in daemon.upstreams.values():
+                await upstream.wait_ready()
+        yield daemon
+        nursery.cancel_scope.cancel()
+
+
+def shim_parameters(socket_path: str, *servers: str, config: str | None = None) -> StdioServerParameters:
+    args = ["connect", "--socket", socket_path]
+    for server in servers:
+        args += ["--server", server]
+    if config:
+        args += ["--config", config]
+    return StdioServerParameters(command=MCPBROKER, args=args, env={"PYTHONPATH": str(REPO)})
+
+
+@asynccontextmanager
+async def shim_client(socket_path: str, *servers: str, **kwargs: Any) -> AsyncIterator[ClientSession]:
+    """An official SDK client that reaches the daemon through `mcpbroker connect`."""
+    params = shim_parameters(socket_path, *servers, config=kwargs.pop("config", None))
+    async with stdio_client(params) as (read, write), ClientSession(read, write, **kwargs) as session:
+        await session.initialize()
+        yield session
+
+
+def text_of(result: Any) -> str:
+    return "".join(block.text for block in result.content if getattr(block, "text", None))
