@@ -299,17 +299,19 @@ class DemoServer:
             return QUICK_TOOLS[name](args)
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
+        # Registered now, not when the task starts: a cancel may be on the next line.
+        scope = self._in_flight[jsonrpc.id_key(rid)] = trio.CancelScope()
         assert self._nursery is not None
-        self._nursery.start_soon(self._slow, rid, args, token)
+        self._nursery.start_soon(self._slow, rid, args, token, scope)
         return None
 
-    async def _slow(self, rid: RequestId, args: Params, token: Any) -> None:
+    async def _slow(
+        self, rid: RequestId, args: Params, token: Any, scope: trio.CancelScope
+    ) -> None:
         """Run one ``slow`` call; once cancelled it sends nothing more."""
-        key = jsonrpc.id_key(rid)
         steps: int = args["steps"]
-        with trio.CancelScope() as scope:
-            self._in_flight[key] = scope
-            try:
+        try:
+            with scope:
                 for step in range(1, steps + 1):
                     await trio.sleep(args["seconds"] / steps)
                     if jsonrpc.is_valid_id(token):  # a progress token has an id's type
@@ -319,9 +321,9 @@ class DemoServer:
                         await self._send.send(_encode(notification))
                 result = text_result(f"done after {steps} steps")
                 await self._send.send(_encode(jsonrpc.result_response(rid, result)))
-            finally:
-                if self._in_flight.get(key) is scope:
-                    del self._in_flight[key]
+        finally:
+            if self._in_flight.get(key := jsonrpc.id_key(rid)) is scope:
+                del self._in_flight[key]
 
     def _cancel(self, params: Params) -> None:
         rid = params.get("requestId")

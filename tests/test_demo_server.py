@@ -104,6 +104,11 @@ def request(id: Any, method: str, params: dict[str, Any] | None = None) -> bytes
     return orjson.dumps(message)
 
 
+def cancel(id: Any) -> bytes:
+    params = {"requestId": id, "reason": "test"}
+    return orjson.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+
 # --- through the official SDK ----------------------------------------------------
 
 
@@ -411,10 +416,13 @@ async def test_cancel_pid_and_eof() -> None:
             assert progress["params"]["progressToken"] == "tok"
             assert progress["params"]["total"] == 3000
 
-            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
             await server.send(
-                orjson.dumps(cancel | {"params": {"requestId": "long", "reason": "test"}}),
+                cancel("long"),
                 request(3, "tools/call", {"name": "pid"}),
+                # Cancelled before its task has even started.
+                request(4, "tools/call", {"name": "slow", "arguments": {"seconds": 30}}),
+                cancel(4),
+                cancel("never-sent"),
             )
             started = trio.current_time()
             # stdin EOF: the server finishes request 2, then exits; "long" is gone.

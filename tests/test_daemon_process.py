@@ -1,0 +1,153 @@
+"""The daemon and the shim as the user runs them: real processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from tests.conftest import MCPBROKER, REPO, demo_server, shim_client, text_of
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def write_config(directory: str, servers: dict[str, Any]) -> str:
+    path = os.path.join(directory, "config.json")
+    Path(path).write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+async def start_daemon(config: str, socket_path: str) -> trio.Process:
+    process = await trio.lowlevel.open_process(
+        [MCPBROKER, "serve", "--config", config, "--socket", socket_path, "--log-format", "json"],
+        env=ENV, stderr=subprocess.PIPE,
+    )
+    while not await accepts_connections(socket_path):
+        assert process.poll() is None, "the daemon exited while starting"
+        await trio.sleep(0.02)
+    return process
+
+
+async def accepts_connections(socket_path: str) -> bool:
+    try:
+        stream = await trio.open_unix_socket(socket_path)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+async def test_sigterm_stops_everything_and_removes_the_socket(socket_path: str) -> None:
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    with trio.fail_after(30):
+        daemon = await start_daemon(config, socket_path)
+        async with shim_client(socket_path) as client:
+            server_pid = int(text_of(await client.call_tool("pid", {})))
+        assert server_pid in [child.pid for child in children_of(daemon.pid)]
+        daemon.send_signal(signal.SIGTERM)
+        assert await daemon.wait() == 0
+    assert not os.path.exists(socket_path)
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie"
+
+
+async def test_a_second_daemon_on_a_live_socket_exits_with_a_clear_message(socket_path: str) -> None:
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    with trio.fail_after(30):
+        first = await start_daemon(config, socket_path)
+        try:
+            second = await trio.run_process(
+                [MCPBROKER, "serve", "--config", config, "--socket", socket_path],
+                env=ENV, capture_stderr=True, check=False,
+            )
+            assert second.returncode == 1
+            assert b"already" in second.stderr and socket_path.encode() in second.stderr
+            async with shim_client(socket_path) as client:  # the first one is unharmed
+                assert text_of(await client.call_tool("echo", {"text": "hi"})) == "hi"
+        finally:
+            first.send_signal(signal.SIGINT)
+            assert await first.wait() == 0
+
+
+async def test_a_stale_socket_file_is_replaced(socket_path: str) -> None:
+    os.makedirs(os.path.dirname(socket_path), exist_ok=True)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(socket_path)  # a socket file nobody listens on: a dead daemon's leftover
+    stale.close()
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    with trio.fail_after(30):
+        daemon = await start_daemon(config, socket_path)
+        try:
+            assert os.stat(socket_path).st_mode & 0o777 == 0o600
+            async with shim_client(socket_path) as client:
+                assert text_of(await client.call_tool("add", {"a": 2, "b": 3})) == "5"
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            await daemon.wait()
+
+
+async def test_connect_starts_the_daemon_when_none_is_running(socket_path: str) -> None:
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    with trio.fail_after(30):
+        async with shim_client(socket_path, config=config) as client:
+            assert text_of(await client.call_tool("echo", {"text": "auto"})) == "auto"
+        async with shim_client(socket_path) as again:  # the same daemon, still running
+            assert text_of(await again.call_tool("echo", {"text": "again"})) == "again"
+    daemon_pid = int(Path(socket_path + ".lock").read_text())
+    os.kill(daemon_pid, signal.SIGTERM)
+    with trio.fail_after(10):
+        while psutil.pid_exists(daemon_pid) and psutil.Process(daemon_pid).status() != "zombie":
+            await trio.sleep(0.05)
+
+
+async def test_connect_without_daemon_or_config_says_what_to_do(socket_path: str) -> None:
+    missing = os.path.join(os.path.dirname(socket_path), "nope.json")
+    result = await trio.run_process(
+        [MCPBROKER, "connect", "--socket", socket_path, "--config", missing],
+        env=ENV, capture_stdout=True, capture_stderr=True, check=False, stdin=b"",
+    )
+    assert result.returncode == 1 and result.stdout == b""
+    assert b"no config file" in result.stderr and missing.encode() in result.stderr
+
+
+async def test_the_shim_loads_neither_trio_nor_any_other_dependency(socket_path: str) -> None:
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    ping = b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n'
+    with trio.fail_after(30):
+        daemon = await start_daemon(config, socket_path)
+        try:
+            result = await trio.run_process(
+                [sys.executable, "-X", "importtime", "-m", "actors.cli", "connect",
+                 "--socket", socket_path],
+                env=ENV, stdin=ping, capture_stdout=True, capture_stderr=True,
+            )
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            await daemon.wait()
+    assert json.loads(result.stdout) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    imported = {line.split("|")[-1].strip().split(".")[0]
+                for line in result.stderr.decode().splitlines() if line.startswith("import time:")}
+    assert "actors" in imported
+    assert not imported & {"trio", "structlog", "orjson", "attrs", "cattrs", "broker"}
+
+
+async def test_a_bad_config_file_is_reported_with_the_key_at_fault(tmp_path: Path) -> None:
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"command": "y", "args": "not-a-list"}}}))
+    result = await trio.run_process(
+        [MCPBROKER, "serve", "--config", str(config), "--socket", str(tmp_path / "s")],
+        env=ENV, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 2
+    assert b"mcpServers.x.args" in result.stderr and b"list of strings" in result.stderr
