@@ -191,7 +191,11 @@ class SessionProtocol:
             if not jsonrpc.is_valid_id(request_id):
                 return []
             self.inflight.discard(id_key(request_id))
-            return [CancelUpstream(params)]
+            actions: list[Action] = [CancelUpstream(params)]
+            finished = self.batches.forget(request_id)
+            if finished:
+                actions.append(Reply(finished))
+            return actions
         return []  # initialized, progress, roots/list_changed: nothing to do yet
 
     def _receive_batch(self, items: list[Any]) -> list[Action]:
@@ -236,6 +240,7 @@ class SessionProtocol:
 class _Batch:
     waiting: set[tuple[type, RequestId]]
     responses: list[Message]
+    running: bool = True  # still being received: run() sends what is ready at its end
 
 
 class BatchCollector:
@@ -263,9 +268,22 @@ class BatchCollector:
                 if key not in self._by_id:
                     batch.waiting.add(key)
                     self._by_id[key] = batch
+        batch.running = False
         if not batch.waiting and batch.responses:
             actions.append(Reply(batch.responses))
         return actions
+
+    def forget(self, id: RequestId) -> list[Message] | None:
+        """Stop waiting for a cancelled request (its answer may never come).
+
+        Returns the batch's responses if that was the last one it waited for.
+        """
+        key = id_key(id)
+        batch = self._by_id.pop(key, None)
+        if batch is None:
+            return None
+        batch.waiting.discard(key)
+        return batch.responses if not batch.waiting and not batch.running else None
 
     def collect(self, message: Message) -> Message | list[Message] | None:
         id = message.get("id")

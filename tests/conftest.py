@@ -58,7 +58,9 @@ async def running_daemon(servers: dict[str, Any], socket_path: str) -> AsyncIter
         nursery.cancel_scope.cancel()
 
 
-def shim_parameters(socket_path: str, *servers: str, config: str | None = None) -> StdioServerParameters:
+def shim_parameters(
+    socket_path: str, *servers: str, config: str | None = None
+) -> StdioServerParameters:
     args = ["connect", "--socket", socket_path]
     for server in servers:
         args += ["--server", server]
@@ -68,10 +70,15 @@ def shim_parameters(socket_path: str, *servers: str, config: str | None = None) 
 
 
 @asynccontextmanager
-async def shim_client(socket_path: str, *servers: str, **kwargs: Any) -> AsyncIterator[ClientSession]:
+async def shim_client(
+    socket_path: str, *servers: str, **kwargs: Any
+) -> AsyncIterator[ClientSession]:
     """An official SDK client that reaches the daemon through `mcpbroker connect`."""
     params = shim_parameters(socket_path, *servers, config=kwargs.pop("config", None))
-    async with stdio_client(params) as (read, write), ClientSession(read, write, **kwargs) as session:
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, **kwargs) as session,
+    ):
         await session.initialize()
         yield session
 

@@ -9,6 +9,7 @@ it received so a test can assert on what crossed the wire.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import trio
@@ -117,7 +118,5 @@ class MemoryLink:
             result = {"content": [{"type": "text", "text": str(arguments)}], "echo": arguments}
         else:
             result = {}
-        try:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             await self.send(jsonrpc.result_response(request["id"], result))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass

@@ -24,7 +24,9 @@ from tests.scripted import ScriptedServer
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
 
 
-async def start_upstream(nursery: trio.Nursery, script: ScriptedServer, name: str = "s") -> Upstream:
+async def start_upstream(
+    nursery: trio.Nursery, script: ScriptedServer, name: str = "s"
+) -> Upstream:
     upstream = Upstream(name, ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
     await nursery.start(upstream.run)
     return upstream
@@ -50,7 +52,9 @@ class Client:
             self._pending.extend(jsonrpc.decode(line) for line in self._framer.feed(data))
         return self._pending.pop(0)
 
-    async def request(self, method: str, params: dict[str, Any] | None = None, id: Any = None) -> Any:
+    async def request(
+        self, method: str, params: dict[str, Any] | None = None, id: Any = None
+    ) -> Any:
         if id is None:
             self._ids += 1
             id = self._ids
@@ -81,14 +85,25 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
 
 
-async def test_two_sessions_with_the_same_id_each_get_their_own_answer(nursery: trio.Nursery) -> None:
+async def test_two_sessions_with_the_same_id_each_get_their_own_answer(
+    nursery: trio.Nursery,
+) -> None:
     script = ScriptedServer(nursery)
     upstreams = {"s": await start_upstream(nursery, script)}
     a, b = await open_client(nursery, upstreams), await open_client(nursery, upstreams)
     await a.initialize()
     await b.initialize()
-    await a.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=0.05, who="a")})
-    await b.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo", who="b")})
+    await a.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": call("sleep", seconds=0.05, who="a"),
+        }
+    )
+    await b.send(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo", who="b")}
+    )
     answer_b, answer_a = await b.receive(), await a.receive()
     assert answer_a["id"] == 1 and answer_a["result"]["echo"]["who"] == "a"
     assert answer_b["id"] == 1 and answer_b["result"]["echo"]["who"] == "b"
@@ -109,7 +124,9 @@ async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
     await client.initialize()
-    line = jsonrpc.encode({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": call("echo", x="é")})
+    line = jsonrpc.encode(
+        {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": call("echo", x="é")}
+    )
     for i in range(len(line)):
         await client.stream.send_all(line[i : i + 1])
     response = await client.receive()
@@ -134,8 +151,17 @@ async def test_server_death_fails_requests_in_flight_then_restarts(
     upstream = await start_upstream(nursery, script, name="flaky")
     client = await open_client(nursery, {"flaky": upstream})
     await client.initialize()
-    await client.send({"jsonrpc": "2.0", "id": "long", "method": "tools/call", "params": call("sleep", seconds=60)})
-    await client.send({"jsonrpc": "2.0", "id": "kill", "method": "tools/call", "params": call("die")})
+    await client.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "long",
+            "method": "tools/call",
+            "params": call("sleep", seconds=60),
+        }
+    )
+    await client.send(
+        {"jsonrpc": "2.0", "id": "kill", "method": "tools/call", "params": call("die")}
+    )
     errors = {m["id"]: m["error"] for m in [await client.receive(), await client.receive()]}
     assert set(errors) == {"long", "kill"}
     for error in errors.values():
@@ -147,10 +173,14 @@ async def test_server_death_fails_requests_in_flight_then_restarts(
     assert response["error"]["code"] == jsonrpc.CONNECTION_CLOSED
     await upstream.wait_ready()
     assert script.launches == 2
-    assert (await client.request("tools/call", call("echo", again=True)))["result"]["echo"] == {"again": True}
+    assert (await client.request("tools/call", call("echo", again=True)))["result"]["echo"] == {
+        "again": True
+    }
 
 
-async def test_server_that_never_answers_initialize(nursery: trio.Nursery, autojump_clock: Any) -> None:
+async def test_server_that_never_answers_initialize(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
     script = ScriptedServer(nursery, answer_initialize=False)
     upstream = await start_upstream(nursery, script, name="mute")
     client = await open_client(nursery, {"mute": upstream})
@@ -168,12 +198,19 @@ async def test_client_cancellation_reaches_the_server_and_late_answer_is_dropped
     script = ScriptedServer(nursery)
     client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
     await client.initialize()
-    await client.send({"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": call("sleep", seconds=5)})
+    await client.send(
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": call("sleep", seconds=5)}
+    )
     await trio.sleep(1)
-    await client.send(jsonrpc.notification("notifications/cancelled", {"requestId": "c", "reason": "bored"}))
+    await client.send(
+        jsonrpc.notification("notifications/cancelled", {"requestId": "c", "reason": "bored"})
+    )
     await trio.sleep(10)  # the server answers at t=5 anyway
     upstream_id = script.requests("tools/call")[0]["id"]
-    assert script.requests("notifications/cancelled")[0]["params"] == {"requestId": upstream_id, "reason": "bored"}
+    assert script.requests("notifications/cancelled")[0]["params"] == {
+        "requestId": upstream_id,
+        "reason": "bored",
+    }
     assert (await client.request("ping", id="p")) == {"jsonrpc": "2.0", "id": "p", "result": {}}
 
 
@@ -184,7 +221,9 @@ async def test_disconnect_cancels_what_the_session_had_in_flight(
     upstream = await start_upstream(nursery, script)
     client = await open_client(nursery, {"s": upstream})
     await client.initialize()
-    await client.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=600)})
+    await client.send(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=600)}
+    )
     await trio.sleep(1)
     await client.stream.aclose()
     await trio.sleep(30)  # past the session's linger
@@ -206,8 +245,10 @@ async def test_progress_tokens_are_rewritten_per_session(nursery: trio.Nursery) 
     for client in (a, b):
         seen = [await client.receive() for _ in range(3)]
         progress = [m["params"] for m in seen if m.get("method") == "notifications/progress"]
-        assert progress == [{"progressToken": "tok", "progress": 1, "total": 2},
-                            {"progressToken": "tok", "progress": 2, "total": 2}]
+        assert progress == [
+            {"progressToken": "tok", "progress": 1, "total": 2},
+            {"progressToken": "tok", "progress": 2, "total": 2},
+        ]
         assert seen[-1]["id"] == 1
     upstream_tokens = {m["params"]["_meta"]["progressToken"] for m in script.requests("tools/call")}
     assert len(upstream_tokens) == 2 and "tok" not in upstream_tokens
@@ -235,16 +276,24 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_carry_on(
     healthy = await open_client(nursery, upstreams)
     await stuck.initialize()
     await healthy.initialize()
-    request = jsonrpc.encode({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo")})
+    request = jsonrpc.encode(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo")}
+    )
     with trio.fail_after(10):
         async with trio.open_nursery() as flood:
+
             async def flood_stuck() -> None:
                 with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
                     for i in range(OUTBOX_SIZE * 3):
-                        await stuck.stream.send_all(request.replace(b'"id":1', f'"id":{i}'.encode()))
+                        await stuck.stream.send_all(
+                            request.replace(b'"id":1', f'"id":{i}'.encode())
+                        )
+
             flood.start_soon(flood_stuck)
             for i in range(200):
-                assert (await healthy.request("tools/call", call("echo", i=i)))["result"]["echo"] == {"i": i}
+                assert (await healthy.request("tools/call", call("echo", i=i)))["result"][
+                    "echo"
+                ] == {"i": i}
     assert "outbound queue full" in (stuck.session.handle.close_reason or "")
 
 
@@ -254,10 +303,10 @@ async def test_bad_input_gets_errors_and_the_session_goes_on(nursery: trio.Nurse
     await client.initialize()
     await client.stream.send_all(b"{not json\n")
     assert (await client.receive())["error"]["code"] == jsonrpc.PARSE_ERROR
-    await client.stream.send_all(b'[1, 2]\n')  # a batch, but 2025-11-25 has none
+    await client.stream.send_all(b"[1, 2]\n")  # a batch, but 2025-11-25 has none
     assert (await client.receive())["error"]["code"] == jsonrpc.INVALID_REQUEST
     await client.send({"jsonrpc": "2.0", "id": 3, "method": "no/such"})
-    assert (await client.receive()) ["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
+    assert (await client.receive())["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
     await client.stream.send_all(b'{"jsonrpc": "2.0", "id": 4, "pad": "' + b"x" * 70_000 + b'"}\n')
     error = (await client.receive())["error"]
     assert error["code"] == jsonrpc.INVALID_REQUEST and "too large" in error["message"]
@@ -268,11 +317,18 @@ async def test_batches_from_2025_03_26_clients(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
     await client.initialize("2025-03-26")
-    await client.send([
-        {"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": call("sleep", seconds=0.05)},
-        {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
-        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
-    ])
+    await client.send(
+        [
+            {
+                "jsonrpc": "2.0",
+                "id": "slow",
+                "method": "tools/call",
+                "params": call("sleep", seconds=0.05),
+            },
+            {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
+            {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
+        ]
+    )
     batch = await client.receive()
     assert isinstance(batch, list)
     assert sorted(m["id"] for m in batch) == ["ping", "slow"]

@@ -28,7 +28,8 @@ def write_config(directory: str, servers: dict[str, Any]) -> str:
 async def start_daemon(config: str, socket_path: str) -> trio.Process:
     process = await trio.lowlevel.open_process(
         [MCPBROKER, "serve", "--config", config, "--socket", socket_path, "--log-format", "json"],
-        env=ENV, stderr=subprocess.PIPE,
+        env=ENV,
+        stderr=subprocess.PIPE,
     )
     while not await accepts_connections(socket_path):
         assert process.poll() is None, "the daemon exited while starting"
@@ -62,14 +63,18 @@ async def test_sigterm_stops_everything_and_removes_the_socket(socket_path: str)
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie"
 
 
-async def test_a_second_daemon_on_a_live_socket_exits_with_a_clear_message(socket_path: str) -> None:
+async def test_a_second_daemon_on_a_live_socket_exits_with_a_clear_message(
+    socket_path: str,
+) -> None:
     config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
     with trio.fail_after(30):
         first = await start_daemon(config, socket_path)
         try:
             second = await trio.run_process(
                 [MCPBROKER, "serve", "--config", config, "--socket", socket_path],
-                env=ENV, capture_stderr=True, check=False,
+                env=ENV,
+                capture_stderr=True,
+                check=False,
             )
             assert second.returncode == 1
             assert b"already" in second.stderr and socket_path.encode() in second.stderr
@@ -115,7 +120,11 @@ async def test_connect_without_daemon_or_config_says_what_to_do(socket_path: str
     missing = os.path.join(os.path.dirname(socket_path), "nope.json")
     result = await trio.run_process(
         [MCPBROKER, "connect", "--socket", socket_path, "--config", missing],
-        env=ENV, capture_stdout=True, capture_stderr=True, check=False, stdin=b"",
+        env=ENV,
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        stdin=b"",
     )
     assert result.returncode == 1 and result.stdout == b""
     assert b"no config file" in result.stderr and missing.encode() in result.stderr
@@ -128,16 +137,30 @@ async def test_the_shim_loads_neither_trio_nor_any_other_dependency(socket_path:
         daemon = await start_daemon(config, socket_path)
         try:
             result = await trio.run_process(
-                [sys.executable, "-X", "importtime", "-m", "actors.cli", "connect",
-                 "--socket", socket_path],
-                env=ENV, stdin=ping, capture_stdout=True, capture_stderr=True,
+                [
+                    sys.executable,
+                    "-X",
+                    "importtime",
+                    "-m",
+                    "actors.cli",
+                    "connect",
+                    "--socket",
+                    socket_path,
+                ],
+                env=ENV,
+                stdin=ping,
+                capture_stdout=True,
+                capture_stderr=True,
             )
         finally:
             daemon.send_signal(signal.SIGTERM)
             await daemon.wait()
     assert json.loads(result.stdout) == {"jsonrpc": "2.0", "id": 1, "result": {}}
-    imported = {line.split("|")[-1].strip().split(".")[0]
-                for line in result.stderr.decode().splitlines() if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in result.stderr.decode().splitlines()
+        if line.startswith("import time:")
+    }
     assert "actors" in imported
     assert not imported & {"trio", "structlog", "orjson", "attrs", "cattrs", "broker"}
 
@@ -147,7 +170,9 @@ async def test_a_bad_config_file_is_reported_with_the_key_at_fault(tmp_path: Pat
     config.write_text(json.dumps({"mcpServers": {"x": {"command": "y", "args": "not-a-list"}}}))
     result = await trio.run_process(
         [MCPBROKER, "serve", "--config", str(config), "--socket", str(tmp_path / "s")],
-        env=ENV, capture_stderr=True, check=False,
+        env=ENV,
+        capture_stderr=True,
+        check=False,
     )
     assert result.returncode == 2
     assert b"mcpServers.x.args" in result.stderr and b"list of strings" in result.stderr

@@ -20,7 +20,10 @@ from tests.conftest import running_daemon, sdk_server, shim_client, text_of
 
 async def test_sdk_client_lists_and_calls_tools_of_an_sdk_server(socket_path: str) -> None:
     with trio.fail_after(30):
-        async with running_daemon({"sdk": sdk_server()}, socket_path), shim_client(socket_path) as client:
+        async with (
+            running_daemon({"sdk": sdk_server()}, socket_path),
+            shim_client(socket_path) as client,
+        ):
             tools = await client.list_tools()
             assert {"pid", "echo", "slow"} <= {tool.name for tool in tools.tools}
             assert text_of(await client.call_tool("echo", {"text": "héllo"})) == "héllo"
@@ -39,8 +42,10 @@ async def test_many_clients_share_one_server_process(socket_path: str, clients: 
             pids, echoes = set(), []
             for i in range(5):
                 async with trio.open_nursery() as calls:  # two calls in flight at once
+
                     async def get_pid() -> None:
                         pids.add(text_of(await client.call_tool("pid", {})))
+
                     calls.start_soon(get_pid)
                     echoes.append(text_of(await client.call_tool("echo", {"text": f"{n}:{i}"})))
             (pid,) = pids
@@ -59,25 +64,28 @@ async def test_many_clients_share_one_server_process(socket_path: str, clients: 
 
 async def test_server_killed_mid_request(socket_path: str) -> None:
     with trio.fail_after(40):
-        async with running_daemon({"victim": sdk_server()}, socket_path) as daemon:
-            async with shim_client(socket_path) as caller, shim_client(socket_path) as bystander:
-                pid = int(text_of(await caller.call_tool("pid", {})))
+        async with (
+            running_daemon({"victim": sdk_server()}, socket_path) as daemon,
+            shim_client(socket_path) as caller,
+            shim_client(socket_path) as bystander,
+        ):
+            pid = int(text_of(await caller.call_tool("pid", {})))
 
-                async def kill_soon() -> None:
-                    await trio.sleep(0.5)
-                    os.kill(pid, signal.SIGKILL)
+            async def kill_soon() -> None:
+                await trio.sleep(0.5)
+                os.kill(pid, signal.SIGKILL)
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(kill_soon)
-                    with pytest.raises(MCPError) as failure:
-                        await caller.call_tool("slow", {"seconds": 20})
-                assert failure.value.error.code == jsonrpc.CONNECTION_CLOSED
-                assert "'victim'" in failure.value.error.message
-                # The daemon restarts the server; both clients carry on.
-                await daemon.upstreams["victim"].wait_ready()
-                new_pid = int(text_of(await bystander.call_tool("pid", {})))
-                assert new_pid != pid
-                assert text_of(await caller.call_tool("echo", {"text": "still here"})) == "still here"
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(kill_soon)
+                with pytest.raises(MCPError) as failure:
+                    await caller.call_tool("slow", {"seconds": 20})
+            assert failure.value.error.code == jsonrpc.CONNECTION_CLOSED
+            assert "'victim'" in failure.value.error.message
+            # The daemon restarts the server; both clients carry on.
+            await daemon.upstreams["victim"].wait_ready()
+            new_pid = int(text_of(await bystander.call_tool("pid", {})))
+            assert new_pid != pid
+            assert text_of(await caller.call_tool("echo", {"text": "still here"})) == "still here"
 
 
 class RawClient:
@@ -100,8 +108,10 @@ class RawClient:
 
 
 async def test_garbage_on_one_socket_does_not_disturb_another_client(socket_path: str) -> None:
-    initialize = (b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":'
-                  b'"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}')
+    initialize = (
+        b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":'
+        b'"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}'
+    )
     with trio.fail_after(30):
         async with running_daemon({"sdk": sdk_server()}, socket_path) as daemon:
             async with shim_client(socket_path) as good:
@@ -114,17 +124,23 @@ async def test_garbage_on_one_socket_does_not_disturb_another_client(socket_path
                     (b'"just a string"', jsonrpc.INVALID_REQUEST),
                     (b'{"jsonrpc":"1.0","id":2,"method":"ping"}', jsonrpc.INVALID_REQUEST),
                     (b'{"jsonrpc":"2.0","id":{"no":1},"method":"ping"}', jsonrpc.INVALID_REQUEST),
-                    (b'{"jsonrpc":"2.0","id":3,"method":"tools/delete_everything"}',
-                     jsonrpc.METHOD_NOT_FOUND),
-                    (b'{"jsonrpc":"2.0","id":4,"method":"x","pad":"' + b"y" * (17 << 20) + b'"}',
-                     jsonrpc.INVALID_REQUEST),
+                    (
+                        b'{"jsonrpc":"2.0","id":3,"method":"tools/delete_everything"}',
+                        jsonrpc.METHOD_NOT_FOUND,
+                    ),
+                    (
+                        b'{"jsonrpc":"2.0","id":4,"method":"x","pad":"' + b"y" * (17 << 20) + b'"}',
+                        jsonrpc.INVALID_REQUEST,
+                    ),
                 ]
                 for line, code in cases:
                     await raw.send_line(line)
                     assert (await raw.receive())["error"]["code"] == code, line[:60]
                     assert text_of(await good.call_tool("echo", {"text": "ok"})) == "ok"
-                await raw.send_line(b'{"jsonrpc":"2.0","id":5,"method":"tools/call",'
-                                    b'"params":{"name":"echo","arguments":{"text":"raw"}}}')
+                await raw.send_line(
+                    b'{"jsonrpc":"2.0","id":5,"method":"tools/call",'
+                    b'"params":{"name":"echo","arguments":{"text":"raw"}}}'
+                )
                 assert (await raw.receive())["result"]["content"][0]["text"] == "raw"
                 await raw.stream.aclose()
             assert daemon.upstreams["sdk"].statistics().status == "ready"

@@ -306,8 +306,9 @@ def test_batch_rejected_before_initialize() -> None:
     assert "none yet" in message
 
 
-@pytest.mark.parametrize("proto", [SessionProtocol(("files",)), batch_session()])
-def test_empty_batch(proto: SessionProtocol) -> None:
+@pytest.mark.parametrize("initialized", [False, True])
+def test_empty_batch(initialized: bool) -> None:
+    proto = batch_session() if initialized else SessionProtocol(("files",))
     id, code, message = error_of(proto.receive([]))
     assert (id, code) == (None, INVALID_REQUEST)
     assert "Empty batch" in message
@@ -394,3 +395,32 @@ def test_two_batches_collected_separately() -> None:
     assert sent_out(proto, [upstream_answer(2), upstream_answer(1)]) == [
         [upstream_answer(2), upstream_answer(1)]
     ]
+
+
+def test_cancelled_batch_request_releases_the_rest() -> None:
+    proto = batch_session()
+    actions = proto.receive([req(1, "ping"), req(2, "tools/call")])
+    assert sent_out(proto, replies(actions)) == []
+    # The server will never answer 2 now: the batch goes out without it.
+    assert proto.receive(cancel(2)) == [
+        CancelUpstream({"requestId": 2}),
+        Reply([jsonrpc.result_response(1, {})]),
+    ]
+    assert not proto.batches.pending
+
+
+def test_cancelled_batch_request_before_other_answers() -> None:
+    proto = batch_session()
+    actions = proto.receive([req(1, "ping"), req(2, "tools/call")])
+    assert proto.receive(cancel(2)) == [CancelUpstream({"requestId": 2})]
+    assert sent_out(proto, replies(actions)) == [[jsonrpc.result_response(1, {})]]
+
+
+def test_cancel_inside_the_batch_sends_the_array_once() -> None:
+    proto = batch_session()
+    invalid = {"jsonrpc": "2.0", "method": 42}
+    actions = proto.receive([invalid, req(2, "tools/call"), cancel(2)])
+    assert [type(action) for action in actions] == [Forward, CancelUpstream, Reply]
+    [array] = replies(actions)
+    assert [(m["id"], m["error"]["code"]) for m in array] == [(None, INVALID_REQUEST)]
+    assert not proto.batches.pending
