@@ -6,7 +6,6 @@ Standard library only: the ``connect`` shim imports this module.
 from __future__ import annotations
 
 import os
-import tempfile
 
 SOCKET_ENV = "MCPBROKER_SOCKET"
 CONFIG_ENV = "MCPBROKER_CONFIG"
@@ -21,7 +20,8 @@ def default_socket_path() -> str:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
         return os.path.join(runtime, "mcpbroker", SOCKET_NAME)
-    return os.path.join(tempfile.gettempdir(), f"mcpbroker-{os.getuid()}", SOCKET_NAME)
+    temp = os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(temp, f"mcpbroker-{os.getuid()}", SOCKET_NAME)
 
 
 def default_config_path() -> str:

@@ -12,7 +12,6 @@ sends; every diagnostic goes to stderr.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
@@ -77,8 +76,19 @@ def main(argv: list[str]) -> int:
         print(f"mcpbroker connect: {exc}", file=sys.stderr)
         return 1
     if servers:
-        sock.sendall(json.dumps({"mcpbroker": {"servers": servers}}).encode() + b"\n")
+        sock.sendall(hello_line(servers))
     return relay(sock)
+
+
+def hello_line(servers: list[str]) -> bytes:
+    """The hello naming the session's servers (see broker/hello.py)."""
+    if any(ord(c) < 0x20 for name in servers for c in name):
+        import json  # names this odd are rare enough to pay for the import
+
+        names = ",".join(json.dumps(name) for name in servers)
+    else:
+        names = ",".join('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in servers)
+    return ('{"mcpbroker":{"servers":[' + names + "]}}\n").encode()
 
 
 class DaemonUnavailable(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -116,7 +118,7 @@ def test_bytearray_chunks() -> None:
 # -- property: any chunking yields the lines ---------------------------------
 
 json_ish = st.text(
-    alphabet=st.sampled_from(list('{}[]":,0123456789abcxyz \\') + ["é", "\u2028"]),
+    alphabet=st.sampled_from([*'{}[]":,0123456789abcxyz \\', "é", "\u2028"]),
     min_size=1,
     max_size=40,
 ).filter(lambda s: s.strip() != "")
@@ -130,7 +132,7 @@ def lines_and_chunks(draw: st.DrawFn) -> tuple[list[bytes], list[bytes], bool]:
     data = b"".join(line + ending for line in lines)
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=10)))
     bounds = [0, *cuts, len(data)]
-    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
     return lines, chunks, crlf
 
 

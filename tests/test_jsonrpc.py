@@ -153,7 +153,9 @@ def test_encode_batch() -> None:
 
 def test_error_to_response() -> None:
     error = JsonRpcError(-32601, "Method not found: x", id="a")
-    assert error.to_response() == rpc(id="a", error={"code": -32601, "message": "Method not found: x"})
+    assert error.to_response() == rpc(
+        id="a", error={"code": -32601, "message": "Method not found: x"}
+    )
 
 
 def test_error_data_included_only_when_set() -> None:

@@ -222,9 +222,7 @@ def test_client_cancelled_translates_id() -> None:
     proto = ready_protocol()
     forward(proto, A, 1)
     up_b = forward(proto, B, 1)
-    assert proto.client_cancelled(B, {"requestId": 1, "reason": "user"}) == cancelled(
-        up_b, "user"
-    )
+    assert proto.client_cancelled(B, {"requestId": 1, "reason": "user"}) == cancelled(up_b, "user")
     assert proto.server_message(result(up_b)) == []  # late response dropped
 
 

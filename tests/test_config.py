@@ -1,0 +1,198 @@
+"""The configuration file: the mcpServers shape, strict types, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.config import (
+    BrokerSettings,
+    Config,
+    ConfigError,
+    ServerConfig,
+    load_config,
+    parse_config,
+)
+from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
+
+
+def servers(**entries: Any) -> dict[str, Any]:
+    return {"mcpServers": entries}
+
+
+def stdio(**extra: Any) -> dict[str, Any]:
+    return {"command": "npx", **extra}
+
+
+def config_error(data: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return str(info.value)
+
+
+def test_good_config() -> None:
+    data = {
+        "$schema": "https://example.com/schema.json",
+        "mcpServers": {
+            "files": {
+                "command": "npx",
+                "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"],
+                "env": {"DEBUG": "1"},
+                "cwd": "/tmp",
+            },
+            "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "x"}},
+        },
+        "broker": {"maxMessageBytes": 4096},
+    }
+    assert parse_config(data) == Config(
+        servers={
+            "files": ServerConfig(
+                command="npx",
+                args=("-y", "@modelcontextprotocol/server-filesystem", "/tmp"),
+                env={"DEBUG": "1"},
+                cwd="/tmp",
+            ),
+            "remote": ServerConfig(url="https://example.com/mcp", headers={"Authorization": "x"}),
+        },
+        broker=BrokerSettings(max_message_bytes=4096),
+        warnings=(),
+    )
+
+
+def test_empty_config() -> None:
+    config = parse_config({})
+    assert config.servers == {}
+    assert config.broker.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+
+
+def test_transport_kinds() -> None:
+    config = parse_config(servers(local=stdio(), remote={"url": "http://h/mcp"}))
+    assert config.servers["local"].is_stdio
+    assert not config.servers["remote"].is_stdio
+
+
+def test_host_keys_accepted_without_warnings() -> None:
+    entry = stdio(
+        type="stdio",
+        disabled=True,
+        autoApprove=["x"],
+        alwaysAllow=[],
+        timeout=60,
+        transport="stdio",
+        description="d",
+    )
+    config = parse_config(servers(a=entry, b=stdio()))
+    assert config.warnings == ()
+    assert config.servers["a"].type == "stdio"
+    assert config.servers["a"].disabled
+    assert list(config.enabled_servers) == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("data", "warning"),
+    [
+        ({"mcpServrs": {}}, "'mcpServrs'"),
+        (servers(a=stdio(argz=["x"])), '"mcpServers.a.argz"'),
+        ({"broker": {"maxMesageBytes": 9}}, '"broker.maxMesageBytes"'),
+    ],
+)
+def test_unknown_keys_are_warnings(data: dict[str, Any], warning: str) -> None:
+    [message] = parse_config(data).warnings
+    assert warning in message
+    assert "ignored" in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "path", "reason"),
+    [
+        (stdio(args="x"), "mcpServers.a.args", "list of strings"),
+        (stdio(args=["x", 1]), "mcpServers.a.args", "item 1"),
+        (stdio(env=[]), "mcpServers.a.env", "object of strings"),
+        (stdio(env={"K": 1}), "mcpServers.a.env", "'K'"),
+        (stdio(cwd=5), "mcpServers.a.cwd", "a string"),
+        (stdio(disabled="yes"), "mcpServers.a.disabled", "true or false"),
+        (stdio(type=5), "mcpServers.a.type", "a string"),
+        (stdio(type="pigeon"), "mcpServers.a.type", "'pigeon'"),
+        ({"command": 5}, "mcpServers.a.command", "a string"),
+        ({"command": "  "}, "mcpServers.a.command", "empty"),
+        ({"url": "u", "headers": {"A": None}}, "mcpServers.a.headers", "null"),
+        ({"url": 1}, "mcpServers.a.url", "a string"),
+    ],
+)
+def test_bad_server_entry_names_the_key(entry: dict[str, Any], path: str, reason: str) -> None:
+    message = config_error(servers(a=entry))
+    assert path in message
+    assert reason in message
+
+
+def test_several_problems_reported_together() -> None:
+    message = config_error(servers(a=stdio(args="x", env=3)))
+    assert "mcpServers.a.args" in message and "mcpServers.a.env" in message
+
+
+@pytest.mark.parametrize(
+    "entry", [{}, {"args": ["x"]}, {"command": None}, stdio(url="https://h/mcp")]
+)
+def test_needs_exactly_one_of_command_and_url(entry: dict[str, Any]) -> None:
+    message = config_error(servers(a=entry))
+    assert '"mcpServers.a"' in message
+    assert "exactly one" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ([], "top level"),
+        ("x", "top level"),
+        ({"mcpServers": []}, '"mcpServers"'),
+        (servers(a=3), '"mcpServers.a" must be an object'),
+        (servers(a=["npx"]), '"mcpServers.a" must be an object'),
+        ({"mcpServers": {"": stdio()}}, "name"),
+        ({"broker": []}, '"broker" must be an object'),
+        ({"broker": {"maxMessageBytes": "x"}}, "broker.maxMessageBytes"),
+        ({"broker": {"maxMessageBytes": 1.5}}, "broker.maxMessageBytes"),
+        ({"broker": {"maxMessageBytes": True}}, "broker.maxMessageBytes"),
+        ({"broker": {"maxMessageBytes": 10}}, "at least 1024"),
+    ],
+)
+def test_bad_shapes(data: Any, fragment: str) -> None:
+    assert fragment in config_error(data)
+
+
+# -- load_config -------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mcpbroker.json"
+    path.write_text(text)
+    return path
+
+
+def test_load_config(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"mcpServers": {"a": {"command": "x"}}}')
+    assert load_config(path).servers == {"a": ServerConfig(command="x")}
+    assert load_config(str(path)).servers == {"a": ServerConfig(command="x")}
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.json"
+    with pytest.raises(ConfigError, match="cannot read config file") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_config_invalid_json(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"mcpServers": {')
+    with pytest.raises(ConfigError, match="not valid JSON") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_config_bad_entry_names_file_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"mcpServers": {"a": {"command": "x", "args": "y"}}}')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert "mcpServers.a.args" in str(info.value)

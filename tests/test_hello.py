@@ -1,0 +1,84 @@
+"""The optional first-line hello and the view it selects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.hello import Hello, HelloError, read_hello, resolve_view
+
+CONFIGURED = ("github", "files", "db")
+
+
+def hello(body: Any) -> dict[str, Any]:
+    return {"mcpbroker": body}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize"},
+        {"jsonrpc": "2.0", "mcpbroker": {"servers": ["files"]}},
+        {"other": 1},
+        [hello({})],
+        "mcpbroker",
+        None,
+    ],
+)
+def test_plain_mcp_is_not_a_hello(message: Any) -> None:
+    assert read_hello(message) is None
+
+
+def test_hello_with_servers() -> None:
+    assert read_hello(hello({"servers": ["files", "db"]})) == Hello(("files", "db"))
+
+
+def test_hello_servers_deduplicated_in_order() -> None:
+    assert read_hello(hello({"servers": ["db", "files", "db"]})) == Hello(("db", "files"))
+
+
+@pytest.mark.parametrize("body", [{}, {"servers": None}, {"future": True}])
+def test_hello_without_servers_means_all(body: dict[str, Any]) -> None:
+    assert read_hello(hello(body)) == Hello(None)
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (["files"], "must be an object"),
+        ("files", "must be an object"),
+        ({"servers": "files"}, "list of server names"),
+        ({"servers": ["files", 1]}, "list of server names"),
+    ],
+)
+def test_bad_hello(body: Any, fragment: str) -> None:
+    with pytest.raises(HelloError, match=fragment):
+        read_hello(hello(body))
+
+
+def test_no_hello_sees_every_server() -> None:
+    assert resolve_view(None, CONFIGURED) == CONFIGURED
+    assert resolve_view(Hello(), iter(CONFIGURED)) == CONFIGURED
+
+
+def test_named_servers_in_the_order_named() -> None:
+    assert resolve_view(Hello(("db", "github")), CONFIGURED) == ("db", "github")
+
+
+def test_empty_server_list() -> None:
+    assert resolve_view(Hello(()), CONFIGURED) == ()
+
+
+def test_unknown_servers() -> None:
+    with pytest.raises(HelloError) as info:
+        resolve_view(Hello(("files", "nope", "gone")), CONFIGURED)
+    message = str(info.value)
+    assert "'nope', 'gone'" in message
+    assert "github, files, db" in message
+    assert "'files'" not in message
+
+
+def test_unknown_server_with_nothing_configured() -> None:
+    with pytest.raises(HelloError, match=r"configured servers: none"):
+        resolve_view(Hello(("files",)), ())
