@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from actors.paths import default_socket_path
+
 DEMO_SERVER_NAME = "demo"
 
 
@@ -22,11 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     return _main(argv)
 
 
+def _status(args: Any) -> int:
+    from actors import status
+
+    return status.main(args.socket or default_socket_path(), args.json)
+
+
 def _main(argv: list[str]) -> int:
     import argparse
 
     from actors.logs import LEVELS
-    from actors.paths import default_socket_path
 
     parser = argparse.ArgumentParser(
         prog="mcpbroker", description="Share MCP servers among many MCP clients."
@@ -55,7 +62,12 @@ def _main(argv: list[str]) -> int:
     )
     commands.add_parser("connect", help="stdio shim for MCP hosts (see 'mcpbroker connect --help')")
     commands.add_parser("demo-config", help="print the built-in demo configuration")
+    status = commands.add_parser("status", help="show a running daemon's servers and sessions")
+    status.add_argument("--socket", metavar="PATH", default=None)
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
     args = parser.parse_args(argv)
+    if args.command == "status":
+        return _status(args)
     if args.command == "demo-config":
         import json
 

@@ -11,15 +11,26 @@ file is removed.
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import attrs
 import trio
 
 from actors.listener import hold_socket_lock, serve_unix
 from actors.logs import get_logger
 from actors.paths import ensure_private_dir
-from actors.session import Session
+from actors.session import Session, SessionStatistics
 from actors.upstream import Upstream, UpstreamStatistics
 from broker.config import Config
+
+
+@attrs.frozen
+class DaemonStatistics:
+    pid: int
+    socket: str
+    uptime: float
+    servers: tuple[UpstreamStatistics, ...]
+    sessions: tuple[SessionStatistics, ...]
 
 
 class Daemon:
@@ -31,12 +42,25 @@ class Daemon:
             for name, server in config.enabled_servers.items()
         }
         self._log = get_logger()
+        self._sessions: set[Session] = set()
+        self._started = 0.0
 
-    def statistics(self) -> list[UpstreamStatistics]:
-        return [upstream.statistics() for upstream in self.upstreams.values()]
+    def statistics(self) -> DaemonStatistics:
+        return DaemonStatistics(
+            pid=os.getpid(),
+            socket=self.socket_path,
+            uptime=trio.current_time() - self._started,
+            servers=tuple(upstream.statistics() for upstream in self.upstreams.values()),
+            sessions=tuple(s.statistics() for s in self._sessions if not s.is_control),
+        )
+
+    def _control(self, command: str) -> Any:
+        assert command == "status"
+        return attrs.asdict(self.statistics())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled. Raises AlreadyRunning if another daemon has the socket."""
+        self._started = trio.current_time()
         ensure_private_dir(os.path.dirname(self.socket_path) or ".")
         with hold_socket_lock(self.socket_path):
             for warning in self.config.warnings:
@@ -54,8 +78,12 @@ class Daemon:
                 task_status.started()
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
+        session = Session(stream, self.upstreams, self.config.broker, control=self._control)
+        self._sessions.add(session)
         try:
-            await Session(stream, self.upstreams, self.config.broker).run()
+            await session.run()
         except Exception:
             # The session's state dies with it; nothing else shares it.
             self._log.exception("session.crashed")
+        finally:
+            self._sessions.discard(session)

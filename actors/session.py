@@ -15,8 +15,10 @@ from its servers, which cancel whatever it still had in flight upstream.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import attrs
 import trio
 
 from actors.errors import TransportClosed, map_transport_errors
@@ -30,9 +32,22 @@ from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, JsonRpcError, Message
 from broker.session import Action, CancelUpstream, Forward, Phase, Reply, SessionProtocol
 
+
+@attrs.frozen
+class SessionStatistics:
+    id: int
+    view: tuple[str, ...]
+    protocol_version: str | None
+    client: Any
+    in_flight: int
+    outbox: int
+    age: float
+
+
 READ_CHUNK = 256 * 1024
 WRITE_BATCH_BYTES = 1024 * 1024
 LINGER_SECONDS = 5.0
+FLUSH_SECONDS = 5.0
 DETACH_TIMEOUT = 5.0
 
 
@@ -42,10 +57,14 @@ class Session:
         stream: trio.abc.Stream,
         upstreams: Mapping[str, Upstream],
         settings: BrokerSettings,
+        control: Callable[[str], Any] | None = None,
     ) -> None:
         self._stream = stream
         self._upstreams = upstreams
         self._settings = settings
+        self._control = control
+        self.is_control = False  # a control connection (``mcpbroker status``), not MCP
+        self._started = trio.current_time()
         self._outbox_send, self._outbox = open_outbox()
         self._handle = SessionHandle(self._outbox_send, trio.CancelScope())
         self._protocol = SessionProtocol(tuple(upstreams))
@@ -66,7 +85,10 @@ class Session:
                     nursery.start_soon(self._write_loop)
                     await self._read_loop()
                     await self._linger()
-                    nursery.cancel_scope.cancel()
+                    # Let the writer flush what is queued, then stop: deliveries
+                    # that still arrive are dropped (the channel is closed).
+                    self._outbox_send.close()
+                    nursery.cancel_scope.deadline = trio.current_time() + FLUSH_SECONDS
         finally:
             with trio.CancelScope(shield=True):
                 await self._detach()
@@ -97,7 +119,11 @@ class Session:
                     continue
                 if first:
                     first = False
-                    if self._take_hello(message):
+                    command = self._take_hello(message)
+                    if command is not None:
+                        if command:
+                            await self._run_command(command)
+                            return
                         continue
                 for action in self._protocol.receive(message):
                     await self._execute(action)
@@ -108,18 +134,38 @@ class Session:
             None, INVALID_REQUEST, f"Message too large: {size} bytes (the limit is {limit})"
         )
 
-    def _take_hello(self, message: object) -> bool:
-        """Apply a first-line hello; True if the line was one."""
+    def _take_hello(self, message: object) -> str | None:
+        """Apply a first-line hello: None if the line was MCP, else its command ("" if none)."""
         try:
             hello = read_hello(message)
             if hello is None:
-                return False
-            view = resolve_view(hello, self._upstreams)
-            self._protocol = SessionProtocol(view)
+                return None
+            if hello.command is not None:
+                return hello.command
+            self._protocol = SessionProtocol(resolve_view(hello, self._upstreams))
         except HelloError as exc:
             self._log.warning("session.bad_hello", error=str(exc))
             self._protocol = SessionProtocol((), refusal=str(exc))
-        return True
+        return ""
+
+    async def _run_command(self, command: str) -> None:
+        """Answer a control command with one line of JSON; the connection then closes."""
+        self.is_control = True
+        answer = self._control(command) if self._control else {"error": "no control here"}
+        await self._reply(answer)
+        self._client_closed = True
+        self._handle.close_reason = f"answered {command!r}"
+
+    def statistics(self) -> SessionStatistics:
+        return SessionStatistics(
+            id=self._handle.id,
+            view=self._protocol.view,
+            protocol_version=self._protocol.protocol_version,
+            client=self._protocol.client_info,
+            in_flight=len(self._protocol.inflight),
+            outbox=self._outbox.statistics().current_buffer_used,
+            age=trio.current_time() - self._started,
+        )
 
     async def _execute(self, action: Action) -> None:
         if isinstance(action, Reply):
@@ -169,7 +215,7 @@ class Session:
             while size < WRITE_BATCH_BYTES:
                 try:
                     message = self._outbox.receive_nowait()
-                except trio.WouldBlock:
+                except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 size += self._add(chunks, message)
             if chunks:

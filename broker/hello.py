@@ -6,6 +6,10 @@ first line to say which servers its session should see::
 
     {"mcpbroker": {"servers": ["github", "files"]}}
 
+or asks for a control command instead of a session (``mcpbroker status``)::
+
+    {"mcpbroker": {"command": "status"}}
+
 A hello has no ``"jsonrpc"`` key, so it can never be mistaken for MCP. Without
 one, a session sees every configured server.
 """
@@ -24,9 +28,15 @@ class HelloError(Exception):
     """A hello the daemon cannot honour; the message is meant for the user."""
 
 
+COMMANDS = frozenset({"status"})
+
+
 @attrs.frozen
 class Hello:
     servers: tuple[str, ...] | None = None  # None: every configured server
+    # A control command instead of an MCP session: the daemon answers it with
+    # one line of JSON and closes the connection (``mcpbroker status``).
+    command: str | None = None
 
 
 def read_hello(message: Any) -> Hello | None:
@@ -36,6 +46,11 @@ def read_hello(message: Any) -> Hello | None:
     body = message[HELLO_KEY]
     if not isinstance(body, dict):
         raise HelloError('the "mcpbroker" hello must be an object')
+    command = body.get("command")
+    if command is not None:
+        if command not in COMMANDS:
+            raise HelloError(f"unknown command {command!r} (known: {', '.join(sorted(COMMANDS))})")
+        return Hello(command=command)
     servers = body.get("servers")
     if servers is None:
         return Hello()

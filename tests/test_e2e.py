@@ -6,6 +6,7 @@ demo server are real subprocesses speaking over real pipes and a real socket.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
@@ -15,7 +16,7 @@ import trio
 from mcp.shared.exceptions import MCPError
 
 from broker import jsonrpc
-from tests.conftest import running_daemon, sdk_server, shim_client, text_of
+from tests.conftest import MCPBROKER, running_daemon, sdk_server, shim_client, text_of
 
 
 async def test_sdk_client_lists_and_calls_tools_of_an_sdk_server(socket_path: str) -> None:
@@ -144,3 +145,27 @@ async def test_garbage_on_one_socket_does_not_disturb_another_client(socket_path
                 assert (await raw.receive())["result"]["content"][0]["text"] == "raw"
                 await raw.stream.aclose()
             assert daemon.upstreams["sdk"].statistics().status == "ready"
+
+
+async def test_status_shows_servers_and_sessions(socket_path: str) -> None:
+    with trio.fail_after(30):
+        async with (
+            running_daemon({"sdk": sdk_server()}, socket_path) as daemon,
+            shim_client(socket_path, "sdk") as client,
+        ):
+            await client.call_tool("echo", {"text": "x"})
+            result = await trio.run_process(
+                [MCPBROKER, "status", "--socket", socket_path, "--json"], capture_stdout=True
+            )
+            table = await trio.run_process(
+                [MCPBROKER, "status", "--socket", socket_path], capture_stdout=True
+            )
+            server_pid = daemon.upstreams["sdk"].statistics().pid
+    status = json.loads(result.stdout)
+    (server,) = status["servers"]
+    assert server["name"] == "sdk" and server["status"] == "ready"
+    assert server["pid"] == server_pid and server["sessions"] == 1
+    (session,) = status["sessions"]
+    assert session["view"] == ["sdk"] and session["protocol_version"] == "2025-11-25"
+    assert session["client"]["name"] == "mcp"
+    assert b"SERVER" in table.stdout and b"sdk" in table.stdout
