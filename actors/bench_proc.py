@@ -1,0 +1,88 @@
+"""CPU time and memory of a process, for ``mcpbroker bench`` and the benchmark harness.
+
+Reads ``/proc`` on Linux (no dependency) and falls back to psutil elsewhere
+when it is installed; where neither works the figures are ``None`` and the
+reports say "n/a". RSS is what ``ps`` shows; USS (memory private to the
+process, what it would give back on exit) needs ``smaps_rollup``; peak RSS is
+the kernel's high-water mark (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import attrs
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@attrs.frozen
+class Memory:
+    rss: int | None
+    uss: int | None
+    pss: int | None  # proportional: shared pages split among their users (sums add up)
+    peak_rss: int | None
+
+    def as_dict(self) -> dict[str, int | None]:
+        return attrs.asdict(self)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time the process has used so far (children not included)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        pass
+    psutil = _psutil()
+    if psutil is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+    except psutil.Error:
+        return None
+
+
+def memory(pid: int) -> Memory:
+    status = _read_kib(f"/proc/{pid}/status", ("VmRSS:", "VmHWM:"))
+    if status:
+        rollup = _read_kib(
+            f"/proc/{pid}/smaps_rollup", ("Pss:", "Private_Clean:", "Private_Dirty:")
+        )
+        pss = rollup.pop("Pss:", None)
+        uss = sum(rollup.values()) if rollup else None
+        return Memory(status.get("VmRSS:"), uss, pss, status.get("VmHWM:"))
+    psutil = _psutil()
+    if psutil is None:
+        return Memory(None, None, None, None)
+    try:
+        info = psutil.Process(pid).memory_full_info()
+        uss = int(getattr(info, "uss", 0)) or None
+        return Memory(int(info.rss), uss, int(getattr(info, "pss", 0)) or None, None)
+    except psutil.Error:
+        return Memory(None, None, None, None)
+
+
+def _read_kib(path: str, keys: tuple[str, ...]) -> dict[str, int]:
+    """The given ``Key: N kB`` lines of a /proc file, in bytes (empty if unreadable)."""
+    found: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] in keys:
+                    found[parts[0]] = int(parts[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return found
+
+
+def _psutil() -> Any:
+    try:
+        return importlib.import_module("psutil")  # optional: not a dependency
+    except ImportError:
+        return None

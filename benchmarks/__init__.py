@@ -1,0 +1,1 @@
+"""mcpbroker's benchmark harness: run it with ``python -m benchmarks`` (see README.md)."""

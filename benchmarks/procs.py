@@ -1,0 +1,178 @@
+"""The processes a benchmark scenario needs: the daemon, servers, the load generator.
+
+Each is started fresh for each scenario (so a daemon's peak RSS belongs to
+one scenario), from this clone (``cwd`` is the repository, so nothing needs
+installing but the venv), and stopped the way a user would stop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+
+from actors.status import fetch_status
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+ECHO_SERVER = [PYTHON, str(REPO / "benchmarks" / "echo_server.py")]
+SDK_SERVER = [PYTHON, str(REPO / "benchmarks" / "sdk_server.py")]
+READY_TIMEOUT = 60.0
+
+
+def raise_fd_limit() -> None:
+    """1,000 clients need 1,000 descriptors in the daemon too (children inherit this)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def shim_command(socket_path: str, server: str) -> list[str]:
+    """What a host runs: the installed ``mcpbroker`` script, else the module."""
+    script = Path(PYTHON).parent / "mcpbroker"
+    start = [str(script)] if script.exists() else [PYTHON, "-m", "actors.cli"]
+    return [*start, "connect", "--socket", socket_path, "--server", server]
+
+
+@attrs.frozen
+class Daemon:
+    pid: int
+    socket: str
+    server_pids: dict[str, int]
+
+
+@contextlib.contextmanager
+def workdir() -> Iterator[str]:
+    """A short directory for sockets (AF_UNIX paths are limited to ~100 bytes)."""
+    path = tempfile.mkdtemp(prefix="mcpb-bench-")
+    try:
+        yield path
+    finally:
+        for name in os.listdir(path):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(path, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+@contextlib.contextmanager
+def daemon(directory: str, servers: dict[str, list[str]]) -> Iterator[Daemon]:
+    """``mcpbroker serve`` with these servers, once every server is ready."""
+    config = {
+        "mcpServers": {
+            name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
+            for name, argv in servers.items()
+        }
+    }
+    config_path = os.path.join(directory, "config.json")
+    socket_path = os.path.join(directory, "daemon.sock")
+    Path(config_path).write_bytes(orjson.dumps(config))
+    command = [PYTHON, "-m", "actors.cli", "serve", "--config", config_path]
+    command += ["--socket", socket_path, "--log-level", "warning"]
+    with open(os.path.join(directory, "daemon.log"), "ab") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    try:
+        pids = _wait_ready(process, socket_path, set(servers))
+        yield Daemon(process.pid, socket_path, pids)
+    finally:
+        _stop(process)
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], socket_path: str, names: set[str]
+) -> dict[str, int]:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the daemon exited with code {process.returncode}")
+        try:
+            status = fetch_status(socket_path, timeout=2.0)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        ready = {s["name"]: s["pid"] for s in status["servers"] if s["status"] == "ready"}
+        if set(ready) >= names:
+            return ready
+        time.sleep(0.05)
+    raise RuntimeError(f"the daemon's servers were not ready within {READY_TIMEOUT:g} s")
+
+
+@contextlib.contextmanager
+def echo_sockets(directory: str, count: int) -> Iterator[list[tuple[int, str]]]:
+    """``count`` echo servers each listening on a unix socket: (pid, path) each."""
+    processes = []
+    try:
+        for i in range(count):
+            path = os.path.join(directory, f"echo{i}.sock")
+            process = subprocess.Popen([*ECHO_SERVER, "--socket", path], stdin=subprocess.DEVNULL)
+            processes.append((process, path))
+        for process, path in processes:
+            _wait_connectable(process, path)
+        yield [(process.pid, path) for process, path in processes]
+    finally:
+        for process, _ in processes:
+            _stop(process)
+
+
+def _wait_connectable(process: subprocess.Popen[bytes], path: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the echo server exited with code {process.returncode}")
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(path)
+                return
+            except OSError:
+                time.sleep(0.02)
+    raise RuntimeError(f"the echo server did not listen on {path}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def loadgen(spec: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    """Run the load generator (a process of its own) with ``spec``; its JSON answer."""
+    done = subprocess.run(
+        [PYTHON, "-m", "benchmarks.loadgen"],
+        input=orjson.dumps(spec),
+        capture_output=True,
+        cwd=REPO,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{done.stderr.decode(errors='replace')}")
+    answer: dict[str, Any] = orjson.loads(done.stdout)
+    return answer
+
+
+def socket_target(path: str, server: str | None = None, count: int = 1) -> dict[str, Any]:
+    target: dict[str, Any] = {"socket": path}
+    if server is not None:
+        target["servers"] = [server]
+    return {"target": target, "count": count}
+
+
+def command_target(argv: list[str], count: int = 1) -> dict[str, Any]:
+    return {"target": {"argv": argv, "cwd": str(REPO)}, "count": count}

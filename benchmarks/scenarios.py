@@ -1,0 +1,203 @@
+"""The harness's scenarios: what runs, through the broker and directly, for each figure.
+
+Every scenario starts its own processes (a fresh daemon, so its peak RSS is
+that scenario's) and returns a plain dict that :mod:`benchmarks.report`
+prints. "Direct" means the same load generator talking to the same echo
+server with the broker taken out:
+
+- for the daemon's socket scenarios, the echo server listens on a unix socket
+  itself (``echo_server.py --socket``) and every client connects to it, so the
+  client side (one unix socket per client, the same generator code) is
+  identical and the only difference is the broker hop; with several
+  upstreams, one echo server per upstream, clients spread evenly;
+- for the host path (shims), what hosts do today: one copy of the server per
+  client, launched on stdio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from actors import bench_proc
+from benchmarks import procs
+from benchmarks.procs import (
+    ECHO_SERVER,
+    SDK_SERVER,
+    command_target,
+    daemon,
+    echo_sockets,
+    loadgen,
+    shim_command,
+    socket_target,
+)
+
+ECHO_ARGS = {"text": "hello, broker"}
+MIB = 1024 * 1024
+
+
+@attrs.frozen
+class Settings:
+    duration: float = 8.0  # seconds measured per run
+    warmup: float = 2.0  # seconds driven before the window opens
+    requests: int | None = None  # instead of a duration: this many calls in all (tests)
+    idle_clients: int = 1000
+    spawn_repeat: int = 10
+    memory_clients: int = 20
+    sdk: bool = True  # also compare memory with a server built on the official SDK
+
+
+QUICK = Settings(
+    duration=1.5, warmup=0.5, idle_clients=200, spawn_repeat=3, memory_clients=5, sdk=False
+)
+TINY = Settings(
+    duration=0.0,
+    warmup=0.0,
+    requests=40,
+    idle_clients=4,
+    spawn_repeat=1,
+    memory_clients=2,
+    sdk=False,
+)
+
+
+def _load(
+    s: Settings,
+    targets: list[dict[str, Any]],
+    in_flight: int,
+    watch: dict[str, int],
+    tool: str = "echo",
+    arguments: dict[str, Any] | None = None,
+    children: str = "clients",
+) -> dict[str, Any]:
+    load: dict[str, Any] = {
+        "in_flight": in_flight,
+        "tool": tool,
+        "arguments": ECHO_ARGS if arguments is None else arguments,
+    }
+    if s.requests is not None:
+        load["requests"] = s.requests
+    else:
+        load.update(duration=s.duration, warmup=s.warmup)
+    spec = {"kind": "load", "targets": targets, "load": load, "watch": watch}
+    out = loadgen(spec)
+    if children != "clients" and "clients" in out["cpu_s"]:
+        out["cpu_s"][children] = out["cpu_s"].pop("clients")
+    return out
+
+
+def _compare(
+    s: Settings,
+    directory: str,
+    *,
+    clients: int,
+    in_flight: int,
+    upstreams: int = 1,
+    tool: str = "echo",
+    arguments: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The same load through the daemon's socket and straight to the echo server(s)."""
+    names = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
+    per = max(1, clients // len(names))
+    with daemon(directory, dict.fromkeys(names, ECHO_SERVER)) as dm:
+        targets = [socket_target(dm.socket, name, per) for name in names]
+        watch = {"daemon": dm.pid} | {f"server:{n}": dm.server_pids[n] for n in names}
+        broker = _load(s, targets, in_flight, watch, tool, arguments)
+        broker["daemon_memory"] = bench_proc.memory(dm.pid).as_dict()
+    with echo_sockets(directory, len(names)) as servers:
+        targets = [socket_target(path, None, per) for _, path in servers]
+        watch = {f"server:{i}": pid for i, (pid, _) in enumerate(servers)}
+        direct = _load(s, targets, in_flight, watch, tool, arguments)
+    return {"clients": per * len(names), "in_flight": in_flight, "broker": broker, "direct": direct}
+
+
+def latency(s: Settings, directory: str) -> dict[str, Any]:
+    return _compare(s, directory, clients=1, in_flight=1)
+
+
+def throughput(s: Settings, directory: str) -> dict[str, Any]:
+    return _compare(s, directory, clients=64, in_flight=16)
+
+
+def upstreams(s: Settings, directory: str) -> dict[str, Any]:
+    return _compare(s, directory, clients=64, in_flight=16, upstreams=8)
+
+
+def payload(s: Settings, directory: str) -> dict[str, Any]:
+    return _compare(s, directory, clients=1, in_flight=1, tool="payload", arguments={"size": MIB})
+
+
+def idle(s: Settings, directory: str) -> dict[str, Any]:
+    """Memory per session: the daemon's RSS before and after N idle clients connect."""
+    with daemon(directory, {"echo": ECHO_SERVER}) as dm:
+        spec = {
+            "kind": "idle",
+            "warm": [socket_target(dm.socket, "echo", 10)],
+            "targets": [socket_target(dm.socket, "echo", s.idle_clients)],
+            "watch": {"daemon": dm.pid},
+            "settle": 1.0 if s.requests is None else 0.2,
+        }
+        out = loadgen(spec)
+    out["clients"] = s.idle_clients
+    return out
+
+
+def shims(s: Settings, directory: str) -> dict[str, Any]:
+    """The host path: N clients each speaking stdio to its own ``mcpbroker connect``."""
+    out: dict[str, Any] = {}
+    with daemon(directory, {"echo": ECHO_SERVER}) as dm:
+        shim = shim_command(dm.socket, "echo")
+        watch = {"daemon": dm.pid, "server:echo": dm.server_pids["echo"]}
+        out["throughput"] = {
+            "broker": _load(s, [command_target(shim, 8)], 4, watch, children="shims"),
+        }
+        out["latency"] = {"broker": _load(s, [command_target(shim, 1)], 1, watch, children="shims")}
+        out["spawn"] = {"broker": _spawn(s, shim)}
+        out["memory"] = {"echo": {"broker": _idle_memory(s, shim, dm)}}
+    out["throughput"]["direct"] = _load(
+        s, [command_target(ECHO_SERVER, 8)], 4, {}, children="server"
+    )
+    out["latency"]["direct"] = _load(s, [command_target(ECHO_SERVER, 1)], 1, {}, children="server")
+    out["spawn"]["direct"] = _spawn(s, ECHO_SERVER)
+    out["memory"]["echo"]["direct"] = _idle_memory(s, ECHO_SERVER, None)
+    if s.sdk:
+        out["spawn"]["direct_sdk"] = _spawn(s, SDK_SERVER)
+        with daemon(directory, {"sdk": SDK_SERVER}) as dm:
+            sdk_shim = shim_command(dm.socket, "sdk")
+            out["memory"]["sdk"] = {"broker": _idle_memory(s, sdk_shim, dm)}
+        out["memory"]["sdk"]["direct"] = _idle_memory(s, SDK_SERVER, None)
+    out["clients"] = {"throughput": 8, "in_flight": 4, "memory": s.memory_clients}
+    return out
+
+
+def _spawn(s: Settings, argv: list[str]) -> dict[str, Any]:
+    spec = {"kind": "spawn", "targets": [command_target(argv)], "repeat": s.spawn_repeat}
+    return loadgen(spec)
+
+
+def _idle_memory(s: Settings, argv: list[str], dm: procs.Daemon | None) -> dict[str, Any]:
+    """N idle clients on ``argv`` (shims or servers); with the daemon and its server."""
+    watch = (
+        {}
+        if dm is None
+        else {"daemon": dm.pid} | {f"server:{n}": pid for n, pid in dm.server_pids.items()}
+    )
+    spec = {
+        "kind": "idle",
+        "targets": [command_target(argv, s.memory_clients)],
+        "watch": watch,
+        "settle": 1.0 if s.requests is None else 0.2,
+    }
+    return loadgen(spec)
+
+
+SCENARIOS: dict[str, Callable[[Settings, str], dict[str, Any]]] = {
+    "latency": latency,
+    "throughput": throughput,
+    "upstreams": upstreams,
+    "idle": idle,
+    "payload": payload,
+    "shims": shims,
+}
