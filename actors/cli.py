@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         from actors import shim
 
         return shim.main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from actors import bench
+
+        return bench.cli(argv[1:])
     return _main(argv)
 
 
@@ -62,6 +66,7 @@ def _main(argv: list[str]) -> int:
     )
     commands.add_parser("connect", help="stdio shim for MCP hosts (see 'mcpbroker connect --help')")
     commands.add_parser("demo-config", help="print the built-in demo configuration")
+    commands.add_parser("bench", help="load-test a server (see 'mcpbroker bench --help')")
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")

@@ -8,7 +8,9 @@ newline-delimited JSON-RPC (legacy-era MCP: ``initialize``, ``ping``,
 
 - ``echo {text}``: the text back as one text block;
 - ``payload {size}``: a text of ``size`` 'x' characters (encoded once, cached);
-- ``fail {message}``: a tool result with ``isError: true``.
+- ``fail {message}``: a tool result with ``isError: true``;
+- ``flaky {every}``: every ``every``-th call of it (counted by this process)
+  is a JSON-RPC ``-32603`` error, the others echo ``ok``.
 
 An unknown tool is a JSON-RPC ``-32602`` error, an unknown method ``-32601``.
 
@@ -40,9 +42,11 @@ TOOLS = [
         ("echo", "Return the text unchanged.", {"text": {"type": "string"}}),
         ("payload", "Return `size` 'x' characters.", {"size": {"type": "integer"}}),
         ("fail", "Return a tool error.", {"message": {"type": "string"}}),
+        ("flaky", "Fail every `every`-th call.", {"every": {"type": "integer"}}),
     )
 ]
 _payloads: dict[int, bytes] = {}
+_flaky_calls = 0
 
 
 def _payload_tail(size: int) -> bytes:
@@ -74,6 +78,12 @@ def _call(id: Any, params: Any) -> bytes:
     if name == "fail":
         text = str(args.get("message", "failure requested"))
         return _result(id, {"content": [{"type": "text", "text": text}], "isError": True})
+    if name == "flaky":
+        global _flaky_calls
+        _flaky_calls += 1
+        if _flaky_calls % max(1, int(args.get("every", 2))) == 0:
+            return _error(id, -32603, f"flaky: call {_flaky_calls} fails")
+        return _result(id, {"content": [{"type": "text", "text": "ok"}]})
     return _error(id, -32602, f"Unknown tool: {name}")
 
 

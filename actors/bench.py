@@ -1,0 +1,287 @@
+"""``mcpbroker bench``: load-test a configured MCP server through the daemon.
+
+Drives ``tools/call TOOL`` on server NAME from N clients with K requests in
+flight each, through the running daemon's socket (each client a session of
+its own, as hosts have), for a duration or a number of requests, and reports
+throughput, latency percentiles, errors by code, and the CPU time and memory
+of the server (and of the daemon). With ``--direct`` it then launches the
+server itself, as the config describes it, and runs the same load straight
+against it for comparison: one server process, all N x K requests in flight
+on its stdio, which is what the daemon's shared instance sees too.
+
+What counts: a JSON-RPC error response is an error, counted by its code; a
+tool result with ``isError: true`` is a tool error, counted apart (the call
+worked, the tool said no); requests never answered are lost. Latency covers
+every answered call. The load runs in this process (see
+:mod:`actors.bench_engine`), so run it on a machine with a core to spare or
+read the CPU figures with that in mind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from actors import bench_proc
+from actors.bench_engine import BenchError, Engine, Load, Progress, Result, Target
+from actors.paths import default_config_path, default_socket_path
+
+CODE_NAMES = {
+    "-32700": "parse error",
+    "-32600": "invalid request",
+    "-32601": "method not found",
+    "-32602": "invalid params",
+    "-32603": "internal error",
+    "-32000": "server gone",
+    "-32001": "timeout",
+}
+MIB = 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", required=True, metavar="NAME", help="a configured server")
+    parser.add_argument("--tool", required=True, help="the tool to call")
+    parser.add_argument(
+        "--args", default="{}", metavar="JSON", help="the tool's arguments (default: {})"
+    )
+    parser.add_argument("--clients", type=int, default=1, metavar="N", help="sessions (default 1)")
+    parser.add_argument(
+        "--in-flight", type=int, default=1, metavar="K", help="requests in flight per client"
+    )
+    amount = parser.add_mutually_exclusive_group()
+    amount.add_argument("--duration", type=float, metavar="S", help="seconds to measure (10)")
+    amount.add_argument("--requests", type=int, metavar="R", help="calls in all, then stop")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, metavar="S", help="with --duration: unmeasured start"
+    )
+    parser.add_argument(
+        "--direct", action="store_true", help="also run the load straight against the server"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--socket", metavar="PATH", default=None, help="the daemon's socket")
+    parser.add_argument(
+        "--config", metavar="FILE", default=None, help="with --direct: the config to launch from"
+    )
+
+
+def cli(argv: list[str]) -> int:
+    return main(parse_args(argv))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mcpbroker bench",
+        description="Load-test a configured MCP server through the mcpbroker daemon.",
+        epilog="Errors: JSON-RPC error responses are counted by code; tool results with "
+        "isError are counted apart as tool errors; unanswered requests are lost.",
+    )
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        arguments = orjson.loads(args.args)
+        if not isinstance(arguments, dict):
+            raise ValueError("--args must be a JSON object")
+        if args.clients < 1 or args.in_flight < 1 or (args.requests or 1) < 1:
+            raise ValueError("--clients, --in-flight and --requests must be at least 1")
+        report = run(args, arguments, _progress_printer() if sys.stderr.isatty() else None)
+    except (ValueError, BenchError, OSError) as exc:
+        print(f"mcpbroker bench: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render(report))
+    return 0
+
+
+def load_of(args: argparse.Namespace, arguments: dict[str, Any], in_flight: int) -> Load:
+    if args.requests is not None:
+        return Load(in_flight, args.tool, arguments, requests=args.requests)
+    duration = 10.0 if args.duration is None else args.duration
+    return Load(in_flight, args.tool, arguments, duration=duration, warmup=args.warmup)
+
+
+def run(
+    args: argparse.Namespace,
+    arguments: dict[str, Any],
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Run the load (through the daemon, then directly with --direct); the report."""
+    from actors.status import fetch_status
+
+    socket_path = args.socket or default_socket_path()
+    status = fetch_status(socket_path)
+    server = next((s for s in status["servers"] if s["name"] == args.server), None)
+    if server is None:
+        names = ", ".join(s["name"] for s in status["servers"]) or "none"
+        raise ValueError(f"the daemon has no server {args.server!r} (it has: {names})")
+    report: dict[str, Any] = {
+        "server": args.server,
+        "tool": args.tool,
+        "arguments": arguments,
+        "clients": args.clients,
+        "in_flight": args.in_flight,
+    }
+    target = Target(socket=socket_path, servers=(args.server,))
+    watch = {"daemon": status["pid"], "server": server["pid"]}
+    load = load_of(args, arguments, args.in_flight)
+    report["broker"] = _measure([target] * args.clients, load, watch, progress)
+    if args.direct:
+        direct = _direct_target(args)
+        load = load_of(args, arguments, args.in_flight * args.clients)
+        report["direct"] = _measure([direct], load, {}, progress, watch_client="server")
+    return report
+
+
+def _direct_target(args: argparse.Namespace) -> Target:
+    from broker.config import ConfigError, load_config
+
+    path = args.config or default_config_path()
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        raise ValueError(f"--direct needs the server's config: {exc}") from None
+    server = config.enabled_servers.get(args.server)
+    if server is None or not server.command:
+        raise ValueError(f"{path} has no stdio server {args.server!r} to launch directly")
+    argv = (server.command, *server.args)
+    return Target(argv=argv, env=dict(server.env) or None, cwd=server.cwd)
+
+
+def _measure(
+    targets: list[Target],
+    load: Load,
+    watch: dict[str, int | None],
+    progress: Any,
+    watch_client: str | None = None,
+) -> dict[str, Any]:
+    engine = Engine()
+    try:
+        clients = engine.open(targets)
+        if watch_client is not None:
+            watch = {**watch, watch_client: clients[0].pid}
+        pids = {name: pid for name, pid in watch.items() if pid is not None}
+        edges: dict[str, dict[str, float | None]] = {}
+
+        def on_window(edge: str) -> None:
+            edges[edge] = {name: bench_proc.cpu_seconds(pid) for name, pid in pids.items()}
+
+        result = engine.run(load, progress=progress, on_window=on_window)
+        if progress is not None:
+            progress(None)
+        memory = {name: bench_proc.memory(pid) for name, pid in pids.items()}
+    finally:
+        engine.close()
+    out = result.summary()
+    for name, pid in pids.items():
+        out[name] = _process(pid, edges, name, result, memory[name])
+    return out
+
+
+def _process(
+    pid: int,
+    edges: dict[str, dict[str, float | None]],
+    name: str,
+    result: Result,
+    memory: bench_proc.Memory,
+) -> dict[str, Any]:
+    start, stop = edges.get("start", {}).get(name), edges.get("stop", {}).get(name)
+    cpu = None if start is None or stop is None else stop - start
+    return {
+        "pid": pid,
+        "cpu_s": cpu,
+        "cpu_use": None if cpu is None or not result.elapsed else cpu / result.elapsed,
+        "cpu_us_per_call": None if cpu is None or not result.calls else cpu / result.calls * 1e6,
+        "memory": memory.as_dict(),
+    }
+
+
+def _progress_printer() -> Any:
+    def show(progress: Progress | None) -> None:
+        if progress is None:
+            sys.stderr.write("\r\033[K")
+        else:
+            rate = progress.done / progress.elapsed if progress.elapsed > 0 else 0.0
+            phase = "" if progress.measuring else " (warming up)"
+            sys.stderr.write(
+                f"\r\033[K{progress.done:,} calls  {rate:,.0f}/s  {progress.errors:,} errors  "
+                f"{progress.elapsed:.1f} s{phase}"
+            )
+        sys.stderr.flush()
+
+    return show
+
+
+# -- the table -----------------------------------------------------------------
+
+
+def render(report: dict[str, Any]) -> str:
+    paths = [p for p in ("broker", "direct") if p in report]
+    head = (
+        f"server {report['server']}, tool {report['tool']}: {report['clients']} clients x "
+        f"{report['in_flight']} in flight"
+    )
+    rows: list[list[str]] = [["", *("through the daemon" if p == "broker" else p for p in paths)]]
+    rows.append(["calls", *(f"{report[p]['calls']:,}" for p in paths)])
+    rows.append(["calls/s", *(f"{report[p]['throughput']:,.0f}" for p in paths)])
+    for key in ("p50", "p90", "p99", "p99.9", "max"):
+        rows.append([f"latency {key}", *(_ms(report[p]["latency_us"][key]) for p in paths)])
+    rows.append(["ok", *(f"{report[p]['ok']:,}" for p in paths)])
+    rows.append(["errors by code", *(_codes(report[p]["errors"]) for p in paths)])
+    rows.append(["tool errors (isError)", *(f"{report[p]['tool_errors']:,}" for p in paths)])
+    rows.append(["lost", *(f"{report[p]['lost']:,}" for p in paths)])
+    for who in ("server", "daemon"):
+        rows.append([f"{who} CPU", *(_cpu(report[p].get(who)) for p in paths)])
+        rows.append([f"{who} memory", *(_memory(report[p].get(who)) for p in paths)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [head, ""]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    if "direct" in report:
+        lines += [
+            "",
+            "direct: one server process launched by this command, every request on its stdio",
+        ]
+    return "\n".join(lines)
+
+
+def _ms(us: float | None) -> str:
+    return "n/a" if us is None else f"{us / 1000:.3f} ms"
+
+
+def _codes(errors: dict[str, int]) -> str:
+    if not errors:
+        return "0"
+    return ", ".join(
+        f"{code} {CODE_NAMES.get(code, '')}: {n:,}".replace("  ", " ") for code, n in errors.items()
+    )
+
+
+def _cpu(process: dict[str, Any] | None) -> str:
+    if not process or process["cpu_s"] is None:
+        return "-"
+    return (
+        f"{process['cpu_s']:.2f} s ({process['cpu_use']:.0%} of a core, "
+        f"{process['cpu_us_per_call']:.0f} µs/call)"
+        if process["cpu_us_per_call"] is not None
+        else f"{process['cpu_s']:.2f} s"
+    )
+
+
+def _memory(process: dict[str, Any] | None) -> str:
+    if not process or process["memory"]["rss"] is None:
+        return "-"
+    memory = process["memory"]
+    text = f"RSS {memory['rss'] / MIB:.1f} MiB"
+    if memory["peak_rss"]:
+        text += f" (peak {memory['peak_rss'] / MIB:.1f})"
+    if memory["uss"]:
+        text += f", USS {memory['uss'] / MIB:.1f} MiB"
+    return text

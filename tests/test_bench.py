@@ -1,0 +1,156 @@
+"""The benchmark harness and ``mcpbroker bench`` on tiny runs: they finish and count right.
+
+No test here asserts a speed: the machine is small and shared. The load
+engine is synchronous (selectors), so it runs in a worker thread while the
+daemon under test runs in the test's Trio loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from functools import partial
+from typing import Any
+
+import orjson
+import trio
+
+from actors import bench
+from actors.bench_engine import Engine, Load, Target
+from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
+
+ECHO_SERVER = [sys.executable, str(REPO / "benchmarks" / "echo_server.py")]
+
+
+def echo_server() -> dict[str, Any]:
+    return {"command": ECHO_SERVER[0], "args": ECHO_SERVER[1:]}
+
+
+def bench_args(socket_path: str, *extra: str) -> Any:
+    return bench.parse_args(["--socket", socket_path, *extra])
+
+
+async def run_bench(socket_path: str, arguments: dict[str, Any], *argv: str) -> dict[str, Any]:
+    args = bench_args(socket_path, *argv)
+    report: dict[str, Any] = await trio.to_thread.run_sync(bench.run, args, arguments)
+    return report
+
+
+def engine_run(target: Target, load: Load) -> dict[str, Any]:
+    engine = Engine()
+    try:
+        engine.open([target])
+        return engine.run(load).summary()
+    finally:
+        engine.close()
+
+
+async def test_engine_counts_calls_tool_errors_and_error_codes() -> None:
+    target = Target(argv=tuple(ECHO_SERVER))
+    with trio.fail_after(20):
+        ok = await trio.to_thread.run_sync(
+            engine_run, target, Load(4, "echo", {"text": "x"}, requests=101)
+        )
+        failing = await trio.to_thread.run_sync(engine_run, target, Load(3, "fail", requests=10))
+        unknown = await trio.to_thread.run_sync(engine_run, target, Load(2, "nope", requests=7))
+        flaky = await trio.to_thread.run_sync(
+            engine_run, target, Load(1, "flaky", {"every": 3}, requests=30)
+        )
+    assert (ok["calls"], ok["ok"], ok["errors"], ok["lost"]) == (101, 101, {}, 0)
+    assert len([v for v in ok["latency_us"].values() if v]) == 6
+    assert (failing["calls"], failing["ok"], failing["tool_errors"]) == (10, 0, 10)
+    assert (unknown["calls"], unknown["errors"]) == (7, {"-32602": 7})
+    assert (flaky["calls"], flaky["ok"], flaky["errors"]) == (30, 20, {"-32603": 10})
+
+
+async def test_bench_through_the_daemon_counts_requests(socket_path: str) -> None:
+    with trio.fail_after(30):
+        async with running_daemon({"demo": demo_server()}, socket_path):
+            report = await run_bench(
+                socket_path,
+                {"text": "hi"},
+                *("--server", "demo", "--tool", "echo", "--clients", "3"),
+                *("--in-flight", "4", "--requests", "50"),
+            )
+    broker = report["broker"]
+    assert (broker["calls"], broker["ok"], broker["errors"], broker["lost"]) == (50, 50, {}, 0)
+    assert broker["server"]["pid"] and broker["daemon"]["pid"] == os.getpid()
+    assert broker["server"]["memory"]["rss"] > 0
+    text = bench.render(report)
+    assert "calls/s" in text and "50" in text
+
+
+async def test_bench_reports_errors_by_code_and_tool_errors(socket_path: str) -> None:
+    with trio.fail_after(30):
+        async with running_daemon({"echo": echo_server(), "demo": demo_server()}, socket_path):
+            flaky = await run_bench(
+                socket_path,
+                {"every": 4},
+                *("--server", "echo", "--tool", "flaky", "--requests", "40"),
+            )
+            failing = await run_bench(
+                socket_path, {}, *("--server", "demo", "--tool", "fail", "--requests", "12")
+            )
+            unknown = await run_bench(
+                socket_path, {}, *("--server", "demo", "--tool", "nope", "--requests", "5")
+            )
+    assert flaky["broker"]["ok"] == 30
+    assert flaky["broker"]["errors"] == {"-32603": 10}
+    assert (failing["broker"]["tool_errors"], failing["broker"]["ok"]) == (12, 0)
+    assert unknown["broker"]["errors"] == {"-32602": 5}
+    assert "-32602 invalid params: 5" in bench.render(unknown)
+
+
+async def test_bench_direct_and_json_from_the_command_line(socket_path: str) -> None:
+    config = os.path.join(os.path.dirname(socket_path), "config.json")
+    await trio.Path(config).write_text(json.dumps({"mcpServers": {"echo": echo_server()}}))
+    argv = [MCPBROKER, "bench", "--socket", socket_path, "--config", config]
+    argv += ["--server", "echo", "--tool", "echo", "--args", '{"text": "hi"}']
+    argv += ["--clients", "2", "--in-flight", "2", "--requests", "30", "--direct", "--json"]
+    with trio.fail_after(30):
+        async with running_daemon({"echo": echo_server()}, socket_path):
+            done = await trio.run_process(
+                argv, capture_stdout=True, capture_stderr=True, check=False
+            )
+    assert done.returncode == 0, done.stderr.decode()
+    report = orjson.loads(done.stdout)
+    assert report["broker"]["calls"] == report["direct"]["calls"] == 30
+    assert report["direct"]["server"]["pid"] not in (None, report["broker"]["server"]["pid"])
+
+
+async def test_bench_names_an_unknown_server(socket_path: str) -> None:
+    with trio.fail_after(30):
+        async with running_daemon({"demo": demo_server()}, socket_path):
+            args = bench_args(socket_path, "--server", "nope", "--tool", "echo")
+            code = await trio.to_thread.run_sync(bench.main, args)
+    assert code == 1
+
+
+async def test_harness_tiny_run_completes_and_counts() -> None:
+    json_path = os.path.join(tempfile.mkdtemp(prefix="mcpb-bench-test-"), "results.json")
+    command = [sys.executable, "-m", "benchmarks", "--tiny"]
+    command += ["--scenarios", "latency,idle", "--json", json_path]
+    try:
+        with trio.fail_after(60):
+            done = await trio.run_process(
+                command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
+            )
+        assert done.returncode == 0, done.stderr.decode()
+        results = orjson.loads(await trio.Path(json_path).read_bytes())["results"]
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial(_remove, json_path))
+    for path in ("broker", "direct"):
+        result = results["latency"][path]["result"]
+        assert (result["calls"], result["ok"], result["errors"], result["lost"]) == (40, 40, {}, 0)
+    assert results["latency"]["broker"]["cpu_s"]["daemon"] >= 0
+    assert results["idle"]["clients"] == 4
+    assert results["idle"]["after"]["daemon"]["rss"] > 0
+    assert "### Targets" in done.stdout.decode()
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
