@@ -19,6 +19,7 @@ import trio
 from actors.listener import hold_socket_lock, serve_unix
 from actors.logs import get_logger
 from actors.paths import ensure_private_dir
+from actors.registry import Registry
 from actors.session import Session, SessionStatistics
 from actors.upstream import Upstream, UpstreamStatistics
 from broker.config import Config
@@ -38,9 +39,10 @@ class Daemon:
         self.config = config
         self.socket_path = socket_path
         self.upstreams = {
-            name: Upstream(name, server, config.broker)
+            name: Upstream(name, server, config.broker, lazy=server.startup == "lazy")
             for name, server in config.enabled_servers.items()
         }
+        self.registry = Registry(self.upstreams, config.broker)
         self._log = get_logger()
         self._sessions: set[Session] = set()
         self._started = 0.0
@@ -66,6 +68,7 @@ class Daemon:
             for warning in self.config.warnings:
                 self._log.warning("config.warning", detail=warning)
             async with trio.open_nursery() as nursery:
+                await nursery.start(self.registry.run)
                 for upstream in self.upstreams.values():
                     await nursery.start(upstream.run)
                 await nursery.start(serve_unix, self.socket_path, self._serve_client)
@@ -78,7 +81,9 @@ class Daemon:
                 task_status.started()
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
-        session = Session(stream, self.upstreams, self.config.broker, control=self._control)
+        session = Session(
+            stream, self.upstreams, self.registry, self.config.broker, control=self._control
+        )
         self._sessions.add(session)
         try:
             await session.run()

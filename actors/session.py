@@ -24,13 +24,14 @@ import trio
 from actors.errors import TransportClosed, map_transport_errors
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle, open_outbox
+from actors.registry import Registry
 from actors.upstream import Attach, ClientCancelled, ClientRequest, Detach, Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, JsonRpcError, Message
-from broker.session import Action, CancelUpstream, Forward, Phase, Reply, SessionProtocol
+from broker.session import Action, CancelUpstream, Defer, Forward, Phase, Reply, SessionProtocol
 
 
 @attrs.frozen
@@ -47,6 +48,7 @@ class SessionStatistics:
 READ_CHUNK = 256 * 1024
 WRITE_BATCH_BYTES = 1024 * 1024
 LINGER_SECONDS = 5.0
+SETTLE_TIMEOUT = 10.0  # how long a request waits for the view's servers to start
 FLUSH_SECONDS = 5.0
 DETACH_TIMEOUT = 5.0
 
@@ -56,19 +58,21 @@ class Session:
         self,
         stream: trio.abc.Stream,
         upstreams: Mapping[str, Upstream],
+        registry: Registry,
         settings: BrokerSettings,
         control: Callable[[str], Any] | None = None,
     ) -> None:
         self._stream = stream
         self._upstreams = upstreams
+        self._registry = registry
         self._settings = settings
         self._control = control
         self.is_control = False  # a control connection (``mcpbroker status``), not MCP
         self._started = trio.current_time()
         self._outbox_send, self._outbox = open_outbox()
         self._handle = SessionHandle(self._outbox_send, trio.CancelScope())
-        self._protocol = SessionProtocol(tuple(upstreams))
-        self._attached: list[Upstream] = []
+        self._protocol = SessionProtocol(tuple(upstreams), registry)
+        self._attached: list[Upstream] | None = None  # set once initialized
         self._client_closed = False
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
@@ -142,10 +146,13 @@ class Session:
                 return None
             if hello.command is not None:
                 return hello.command
-            self._protocol = SessionProtocol(resolve_view(hello, self._upstreams))
+            view = resolve_view(hello, self._upstreams)
+            # Naming exactly one server asks for it as it is (transparent).
+            transparent = hello.servers is not None and len(view) == 1
+            self._protocol = SessionProtocol(view, self._registry, transparent=transparent)
         except HelloError as exc:
             self._log.warning("session.bad_hello", error=str(exc))
-            self._protocol = SessionProtocol((), refusal=str(exc))
+            self._protocol = SessionProtocol((), self._registry, refusal=str(exc))
         return ""
 
     async def _run_command(self, command: str) -> None:
@@ -170,8 +177,13 @@ class Session:
     async def _execute(self, action: Action) -> None:
         if isinstance(action, Reply):
             await self._reply(action.message)
-            if self._protocol.phase is Phase.OPERATING and not self._attached:
+            if self._protocol.phase is Phase.OPERATING and self._attached is None:
                 await self._attach()
+        elif isinstance(action, Defer):
+            with trio.move_on_after(SETTLE_TIMEOUT):
+                await self._registry.wait_settled(self._protocol.view)
+            for again in self._protocol.receive(action.message, settled=True):
+                await self._execute(again)
         elif isinstance(action, Forward):
             upstream = self._upstreams.get(action.server)
             if upstream is None:  # a routing bug, not a client error: say so
@@ -183,20 +195,24 @@ class Session:
                 return
             await upstream.send(ClientRequest(self._handle, action.message))
         elif isinstance(action, CancelUpstream):
-            for upstream in self._attached:
+            for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
 
     async def _reply(self, message: Message | list[Message]) -> None:
         await self._outbox_send.send(message)
 
     async def _attach(self) -> None:
-        for name in self._protocol.view:
-            upstream = self._upstreams[name]
-            self._attached.append(upstream)
+        """Once initialized: hear from the view's servers and from the Registry."""
+        self._attached = [self._upstreams[name] for name in self._protocol.view]
+        for upstream in self._attached:
             await upstream.send(Attach(self._handle))
+        await self._registry.subscribe(self._handle, self._protocol.view)
 
     async def _detach(self) -> None:
+        if self._attached is None:
+            return
         with trio.move_on_after(DETACH_TIMEOUT):
+            await self._registry.unsubscribe(self._handle)
             for upstream in self._attached:
                 await upstream.send(Detach(self._handle))
 

@@ -76,9 +76,31 @@ InboxItem = ClientRequest | ClientCancelled | Attach | Detach
 
 
 class Status(enum.Enum):
+    IDLE = "idle"  # a lazy server nobody has needed yet
     STARTING = "starting"
     READY = "ready"
     DOWN = "down"
+
+
+_NOT_YET = (Status.IDLE, Status.STARTING)
+
+
+@attrs.frozen
+class ServerEvent:
+    """What the Registry hears from an Upstream: a new status, or a list_changed."""
+
+    server: str
+    status: Status | None = None
+    list_changed: str | None = None
+
+
+LIST_CHANGED = frozenset(
+    {
+        "notifications/tools/list_changed",
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    }
+)
 
 
 @attrs.frozen
@@ -100,6 +122,9 @@ class Upstream:
         config: ServerConfig,
         settings: BrokerSettings,
         launch: Launcher | None = None,
+        *,
+        lazy: bool = False,
+        events: trio.MemorySendChannel[Any] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -108,8 +133,12 @@ class Upstream:
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         self._protocol = UpstreamProtocol(name)
         self._sessions: set[SessionHandle] = set()
-        self._status = Status.STARTING
+        self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
+        self._start_requested = trio.Event()
+        if not lazy:
+            self._start_requested.set()
+        self.events = events
         self._stdin: trio.abc.SendStream | None = None
         self._write_lock = trio.StrictFIFOLock()
         self._process_nursery: trio.Nursery | None = None
@@ -143,6 +172,10 @@ class Upstream:
             last_error=self._last_error,
         )
 
+    def request_start(self) -> None:
+        """Start a lazy server now (it is needed). Harmless if it already runs."""
+        self._start_requested.set()
+
     async def wait_ready(self) -> None:
         """Wait until the server has finished its handshake (for tests and tools)."""
         while self._status is not Status.READY:
@@ -166,7 +199,7 @@ class Upstream:
                     break
             out: list[Message] = []
             for item in batch:
-                if isinstance(item, ClientRequest) and self._status is Status.STARTING:
+                if isinstance(item, ClientRequest) and self._status in _NOT_YET:
                     await self._write(out)
                     out = []
                     await self._wait_not_starting()
@@ -217,17 +250,28 @@ class Upstream:
                 pass  # likewise: the reader sees the exit
 
     async def _wait_not_starting(self) -> None:
-        while self._status is Status.STARTING:
+        self.request_start()
+        while self._status in _NOT_YET:
             await self._status_changed.wait()
 
     def _set_status(self, status: Status) -> None:
         self._status = status
         self._status_changed.set()
         self._status_changed = trio.Event()
+        self._emit(ServerEvent(self.name, status=status))
+
+    def _emit(self, event: ServerEvent) -> None:
+        if self.events is None:
+            return
+        try:
+            self.events.send_nowait(event)
+        except trio.WouldBlock:
+            self._log.error("server.event_dropped", event=repr(event), reason="registry busy")
 
     # -- supervisor ---------------------------------------------------------
 
     async def _supervise(self) -> None:
+        await self._start_requested.wait()
         backoff = BACKOFF_INITIAL
         while True:
             started = trio.current_time()
@@ -327,6 +371,10 @@ class Upstream:
             if isinstance(action, Deliver):
                 cast(SessionHandle, action.session).deliver(action.message)
             elif isinstance(action, Broadcast):
+                if action.message["method"] in LIST_CHANGED:
+                    # The Registry refreshes its cache first, then tells sessions.
+                    self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
+                    continue
                 for session in self._sessions:
                     session.deliver(action.message)
             elif isinstance(action, SendUpstream):

@@ -20,6 +20,7 @@ warnings, not errors, so one host's config file works unchanged here.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import cattrs
 import orjson
 
 from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
+from broker.naming import DEFAULT_SEPARATOR
 
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
@@ -50,6 +52,7 @@ class ServerConfig:
     headers: dict[str, str] = attrs.field(factory=dict)
     type: str | None = None
     disabled: bool = False
+    startup: str = "eager"
 
     @property
     def is_stdio(self) -> bool:
@@ -59,6 +62,8 @@ class ServerConfig:
 @attrs.frozen
 class BrokerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    separator: str = DEFAULT_SEPARATOR
+    page_size: int = 0  # 0: list results are not paginated
 
 
 @attrs.frozen
@@ -165,10 +170,18 @@ def parse_config(data: Any) -> Config:
     broker = _structure(broker_raw, BrokerSettings, "broker", _BROKER_KEYS)
     if broker.max_message_bytes < 1024:
         raise ConfigError('"broker.maxMessageBytes" must be at least 1024')
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,8}", broker.separator):
+        raise ConfigError('"broker.separator" must be 1 to 8 of the characters A-Z a-z 0-9 _ . -')
+    if broker.page_size < 0:
+        raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
 
 
-_BROKER_KEYS = {"maxMessageBytes": "max_message_bytes"}
+_BROKER_KEYS = {
+    "maxMessageBytes": "max_message_bytes",
+    "separator": "separator",
+    "pageSize": "page_size",
+}
 _SERVER_KEYS = {
     "command": "command",
     "args": "args",
@@ -178,6 +191,7 @@ _SERVER_KEYS = {
     "headers": "headers",
     "type": "type",
     "disabled": "disabled",
+    "startup": "startup",
 }
 
 
@@ -195,6 +209,8 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         raise ConfigError(f'"{where}" needs exactly one of "command" (stdio) or "url" (remote)')
     if server.command is not None and not server.command.strip():
         raise ConfigError(f'"{where}.command" must not be empty')
+    if server.startup not in ("eager", "lazy"):
+        raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
     if server.type is not None and server.type not in TRANSPORTS:
         raise ConfigError(
             f'"{where}.type" must be one of {", ".join(sorted(TRANSPORTS))}, not {server.type!r}'

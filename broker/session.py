@@ -6,7 +6,11 @@ decoded message a client sends and returns what to do with it:
 - :class:`Reply`: answer the client (initialize, ping, every error);
 - :class:`Forward`: send the request to the named upstream server;
 - :class:`CancelUpstream`: pass a client's ``notifications/cancelled`` on to
-  every server the session uses (only the one holding the request acts on it).
+  every server the session uses (only the one holding the request acts on it);
+- :class:`Defer`: wait for the view's servers to settle, then try again.
+
+List requests are answered from the catalog snapshot; calls are routed by
+:mod:`broker.views` (by name, URI or completion ref) to the owning server.
 
 Theory of operation: a session starts ``NEW`` and accepts only ``initialize``
 and ``ping``. Once it has answered ``initialize`` it is ``OPERATING`` (clients
@@ -20,13 +24,13 @@ collected by :class:`BatchCollector` and written as one array.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
 from broker import jsonrpc
+from broker.catalog import KIND_BY_METHOD, Catalog
 from broker.jsonrpc import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -36,35 +40,19 @@ from broker.jsonrpc import (
     RequestId,
     id_key,
 )
-from broker.lifecycle import (
-    BATCH_VERSIONS,
-    broker_capabilities,
-    broker_server_info,
-    initialize_result,
-    negotiate_version,
-    read_client_initialize,
-)
+from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
+from broker.views import initialize_for, route
 
-# Requests a session forwards to the server that owns them.
-FORWARDED_METHODS = frozenset(
-    {
-        "tools/list",
-        "tools/call",
-        "resources/list",
-        "resources/templates/list",
-        "resources/read",
-        "prompts/list",
-        "prompts/get",
-        "completion/complete",
-    }
-)
-# What an empty view (no servers at all) answers to each list request.
-EMPTY_LISTS = {
-    "tools/list": "tools",
-    "resources/list": "resources",
-    "resources/templates/list": "resourceTemplates",
-    "prompts/list": "prompts",
-}
+# Requests answered from the catalog, and requests routed to the server that owns them.
+LIST_METHODS = KIND_BY_METHOD
+ROUTED_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+
+
+class CatalogSource(Protocol):
+    """Where a session finds the latest catalog snapshot (the Registry)."""
+
+    @property
+    def current(self) -> Catalog: ...
 
 
 @attrs.frozen
@@ -83,7 +71,14 @@ class CancelUpstream:
     params: dict[str, Any]
 
 
-Action = Reply | Forward | CancelUpstream
+@attrs.frozen
+class Defer:
+    """Wait until every server of the view has settled, then receive this again."""
+
+    message: Message
+
+
+Action = Reply | Forward | CancelUpstream | Defer
 
 
 class Phase(enum.Enum):
@@ -92,8 +87,17 @@ class Phase(enum.Enum):
 
 
 class SessionProtocol:
-    def __init__(self, view: tuple[str, ...], *, refusal: str | None = None) -> None:
+    def __init__(
+        self,
+        view: tuple[str, ...],
+        catalogs: CatalogSource,
+        *,
+        transparent: bool = False,
+        refusal: str | None = None,
+    ) -> None:
         self.view = view
+        self.catalogs = catalogs
+        self.transparent = transparent and len(view) == 1
         # Set when the session cannot be served at all (a hello naming unknown
         # servers): every request is then answered with this error message.
         self.refusal = refusal
@@ -107,81 +111,85 @@ class SessionProtocol:
 
     # -- input --------------------------------------------------------------
 
-    def receive(self, message: Any) -> list[Action]:
-        """Everything one decoded message (object or batch array) leads to."""
+    def receive(self, message: Any, *, settled: bool = False) -> list[Action]:
+        """Everything one decoded message (object or batch array) leads to.
+
+        A request that needs the catalog while a server of the view is still
+        starting comes back as :class:`Defer`; the actor waits for the view to
+        settle and hands it in again with ``settled=True``.
+        """
         if isinstance(message, list):
             return self._receive_batch(message)
         try:
-            return self._receive_one(message)
+            return self._receive_one(message, settled)
         except JsonRpcError as exc:
             return [Reply(exc.to_response())]
 
-    def _receive_one(self, message: Any) -> list[Action]:
+    def _receive_one(self, message: Any, settled: bool) -> list[Action]:
         kind = jsonrpc.classify(message)
         if kind is Kind.REQUEST:
-            return self._request(message)
+            try:
+                return self._request(message, settled)
+            except JsonRpcError as exc:
+                exc.id = message["id"]
+                raise
         if kind is Kind.NOTIFICATION:
             return self._notification(message)
         return []  # a response: the broker sends clients no requests yet
 
-    def _request(self, request: Message) -> list[Action]:
+    def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
         if self.refusal is not None:
-            raise JsonRpcError(INVALID_PARAMS, f"mcpbroker: {self.refusal}", id=id)
+            raise JsonRpcError(INVALID_PARAMS, f"mcpbroker: {self.refusal}")
         if method == "ping":
             return [Reply(jsonrpc.result_response(id, {}))]
-        if method == "initialize":
-            return [Reply(jsonrpc.result_response(id, self._initialize(request)))]
         if method == "server/discover":
             raise JsonRpcError(
-                METHOD_NOT_FOUND, "Method not found: server/discover (use initialize)", id=id
+                METHOD_NOT_FOUND, "Method not found: server/discover (use initialize)"
             )
+        if method == "initialize":
+            return self._initialize(request, settled)
         if self.phase is Phase.NEW:
-            raise JsonRpcError(
-                INVALID_REQUEST, "Session not initialized: send initialize first", id=id
-            )
-        if method in FORWARDED_METHODS:
-            return [self._route(request)]
-        raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}", id=id)
+            raise JsonRpcError(INVALID_REQUEST, "Session not initialized: send initialize first")
+        if method in LIST_METHODS:
+            return self._list(request, settled)
+        if method in ROUTED_METHODS:
+            return self._forward(request, settled)
+        raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
-    def _initialize(self, request: Message) -> dict[str, Any]:
-        id = request["id"]
+    def _initialize(self, request: Message, settled: bool) -> list[Action]:
         if self.phase is not Phase.NEW:
-            raise JsonRpcError(INVALID_REQUEST, "Session already initialized", id=id)
-        try:
-            requested, capabilities, info = read_client_initialize(request.get("params"))
-        except JsonRpcError as exc:
-            exc.id = id
-            raise
+            raise JsonRpcError(INVALID_REQUEST, "Session already initialized")
+        requested, capabilities, info = read_client_initialize(request.get("params"))
+        catalog = self.catalogs.current
+        if not settled and not catalog.settled(self.view):
+            return [Defer(request)]
         version = negotiate_version(requested)
+        result = initialize_for(catalog, self.view, self.transparent, version)
         self.phase = Phase.OPERATING
         self.protocol_version = version
         self.client_capabilities = capabilities
         self.client_info = info
-        return initialize_result(
-            version, broker_capabilities(version), broker_server_info(), self._instructions()
-        )
+        return [Reply(jsonrpc.result_response(request["id"], result))]
 
-    def _instructions(self) -> str | None:
-        if not self.view:
-            return "mcpbroker: no MCP servers are configured."
-        return "mcpbroker shares these MCP servers: " + ", ".join(self.view) + "."
+    def _list(self, request: Message, settled: bool) -> list[Action]:
+        catalog = self.catalogs.current
+        if not settled and not catalog.settled(self.view):
+            return [Defer(request)]
+        cursor = (request.get("params") or {}).get("cursor")
+        result = catalog.page(LIST_METHODS[request["method"]], self.view, self.transparent, cursor)
+        return [Reply(jsonrpc.result_response(request["id"], result))]
 
-    def _route(self, request: Message) -> Action:
-        method = request["method"]
-        if len(self.view) == 1:
-            self.inflight.add(id_key(request["id"]))
-            return Forward(self.view[0], request)
-        if not self.view:
-            if method in EMPTY_LISTS:
-                return Reply(jsonrpc.result_response(request["id"], {EMPTY_LISTS[method]: []}))
-            raise JsonRpcError(INVALID_REQUEST, "No MCP servers are configured", id=request["id"])
-        raise JsonRpcError(
-            INTERNAL_ERROR,
-            f"This session sees {len(self.view)} servers; merging their catalogs is not "
-            "implemented yet. Connect with --server NAME to use one of them.",
-            id=request["id"],
-        )
+    def _forward(self, request: Message, settled: bool) -> list[Action]:
+        catalog = self.catalogs.current
+        try:
+            server, rewritten = route(catalog, self.view, self.transparent, request)
+        except JsonRpcError:
+            if settled or catalog.settled(self.view):
+                raise
+            return [Defer(request)]  # it may be in a catalog still loading
+        self.inflight.add(id_key(request["id"]))
+        return [Forward(server, rewritten)]
 
     def _notification(self, message: Message) -> list[Action]:
         method = message["method"]

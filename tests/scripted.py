@@ -4,7 +4,9 @@
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
 ``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
 ``seconds`` first, ``die`` makes the "process" exit), and records everything
-it received so a test can assert on what crossed the wire.
+it received so a test can assert on what crossed the wire. Its catalog
+(``tools``, ``prompts``, ``resources``, ``templates``) is plain lists a test
+may change, and every result names the server (``label``) that produced it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,24 @@ from broker import jsonrpc
 from broker.framing import LineFramer
 
 
+TOOL_NAMES = ("echo", "sleep", "die", "progress")
+
+
 class ScriptedServer:
-    def __init__(self, nursery: trio.Nursery, *, answer_initialize: bool = True) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, *, answer_initialize: bool = True, label: str = "scripted"
+    ) -> None:
         self.nursery = nursery
         self.answer_initialize = answer_initialize
+        self.label = label
+        self.tools: list[dict[str, Any]] = [
+            {"name": name, "inputSchema": {"type": "object"}} for name in TOOL_NAMES
+        ]
+        self.prompts: list[dict[str, Any]] = [{"name": "greet"}]
+        self.resources: list[dict[str, Any]] = [{"uri": f"mem://{label}/readme", "name": "readme"}]
+        self.templates: list[dict[str, Any]] = [
+            {"uriTemplate": f"mem://{label}/notes/{{id}}", "name": "note"}
+        ]
         self.received: list[Any] = []
         self.launches = 0
         self.links: list[MemoryLink] = []
@@ -36,6 +52,14 @@ class ScriptedServer:
 
     def requests(self, method: str) -> list[Any]:
         return [m for m in self.received if isinstance(m, dict) and m.get("method") == method]
+
+
+LISTS = {
+    "tools/list": ("tools", "tools"),
+    "prompts/list": ("prompts", "prompts"),
+    "resources/list": ("resources", "resources"),
+    "resources/templates/list": ("resourceTemplates", "templates"),
+}
 
 
 class MemoryLink:
@@ -100,8 +124,9 @@ class MemoryLink:
                 return
             result: Any = {
                 "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "scripted", "version": "1"},
+                "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "completions": {}},
+                "serverInfo": {"name": self.script.label, "version": "1"},
+                "instructions": f"I am {self.script.label}.",
             }
         elif method == "tools/call" and params.get("name") == "die":
             await self.die()
@@ -115,8 +140,16 @@ class MemoryLink:
                 for step in (1, 2):
                     progress = {"progressToken": token, "progress": step, "total": 2}
                     await self.send(jsonrpc.notification("notifications/progress", progress))
-            result = {"content": [{"type": "text", "text": str(arguments)}], "echo": arguments}
+            result = {
+                "content": [{"type": "text", "text": str(arguments)}],
+                "echo": arguments,
+                "name": params.get("name"),
+                "server": self.script.label,
+            }
+        elif method in LISTS:
+            key, attribute = LISTS[method]
+            result = {key: getattr(self.script, attribute)}
         else:
-            result = {}
+            result = {"server": self.script.label, "params": params}
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             await self.send(jsonrpc.result_response(request["id"], result))

@@ -6,7 +6,6 @@ Timeouts and restart backoff run on pytest-trio's ``autojump_clock``, so a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ import trio
 import trio.testing
 
 from actors.mailbox import OUTBOX_SIZE
+from actors.registry import Registry
 from actors.session import Session
 from actors.upstream import Status, Upstream
 from broker import jsonrpc
@@ -24,12 +24,31 @@ from tests.scripted import ScriptedServer
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
 
 
-async def start_upstream(
-    nursery: trio.Nursery, script: ScriptedServer, name: str = "s"
-) -> Upstream:
-    upstream = Upstream(name, ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
-    await nursery.start(upstream.run)
-    return upstream
+class Broker:
+    """Upstreams over scripted servers, and their Registry: a daemon without sockets."""
+
+    def __init__(self, upstreams: dict[str, Upstream]) -> None:
+        self.upstreams = upstreams
+        self.registry = Registry(upstreams, SETTINGS)
+
+
+async def start_broker(
+    nursery: trio.Nursery, scripts: dict[str, ScriptedServer], *, run: bool = True
+) -> Broker:
+    upstreams = {
+        name: Upstream(name, ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+        for name, script in scripts.items()
+    }
+    broker = Broker(upstreams)
+    await nursery.start(broker.registry.run)
+    if run:
+        for upstream in upstreams.values():
+            await nursery.start(upstream.run)
+    return broker
+
+
+async def start_upstream(nursery: trio.Nursery, script: ScriptedServer, name: str = "s") -> Broker:
+    return await start_broker(nursery, {name: script})
 
 
 class Client:
@@ -41,6 +60,7 @@ class Client:
         self._framer = LineFramer(1 << 30)
         self._pending: list[Any] = []
         self._ids = 0
+        self.others: list[Any] = []
 
     async def send(self, message: Any) -> None:
         await self.stream.send_all(jsonrpc.encode(message))
@@ -55,14 +75,19 @@ class Client:
     async def request(
         self, method: str, params: dict[str, Any] | None = None, id: Any = None
     ) -> Any:
+        """Send a request and return its response (other messages go to ``self.others``)."""
         if id is None:
             self._ids += 1
-            id = self._ids
+            id = f"r{self._ids}"
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
         if params is not None:
             message["params"] = params
         await self.send(message)
-        return await self.receive()
+        while True:
+            answer = await self.receive()
+            if isinstance(answer, dict) and answer.get("id") == id and "method" not in answer:
+                return answer
+            self.others.append(answer)
 
     async def initialize(self, version: str = "2025-11-25") -> Any:
         params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t"}}
@@ -72,13 +97,22 @@ class Client:
 
 
 async def open_client(
-    nursery: trio.Nursery, upstreams: Mapping[str, Upstream], *, lockstep: bool = False
+    nursery: trio.Nursery,
+    broker: Broker,
+    *,
+    lockstep: bool = False,
+    servers: tuple[str, ...] | None = None,
 ) -> Client:
+    """A session; by default it names every server (one: transparent, as the shim does)."""
     pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     ours, theirs = pair()
-    session = Session(theirs, upstreams, SETTINGS)
+    session = Session(theirs, broker.upstreams, broker.registry, SETTINGS)
     nursery.start_soon(session.run)
-    return Client(ours, session)
+    client = Client(ours, session)
+    servers = tuple(broker.upstreams) if servers is None else servers
+    if servers:
+        await client.send({"mcpbroker": {"servers": list(servers)}})
+    return client
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -89,8 +123,8 @@ async def test_two_sessions_with_the_same_id_each_get_their_own_answer(
     nursery: trio.Nursery,
 ) -> None:
     script = ScriptedServer(nursery)
-    upstreams = {"s": await start_upstream(nursery, script)}
-    a, b = await open_client(nursery, upstreams), await open_client(nursery, upstreams)
+    broker = await start_upstream(nursery, script)
+    a, b = await open_client(nursery, broker), await open_client(nursery, broker)
     await a.initialize()
     await b.initialize()
     await a.send(
@@ -113,7 +147,7 @@ async def test_two_sessions_with_the_same_id_each_get_their_own_answer(
 
 async def test_ids_come_back_exactly_as_sent(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
-    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize()
     for id in ("1", 1, "a-string", 2**53, -7, ""):
         response = await client.request("tools/call", call("echo"), id=id)
@@ -122,7 +156,7 @@ async def test_ids_come_back_exactly_as_sent(nursery: trio.Nursery) -> None:
 
 async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
-    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize()
     line = jsonrpc.encode(
         {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": call("echo", x="é")}
@@ -135,12 +169,12 @@ async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
 
 async def test_requests_wait_for_the_handshake(nursery: trio.Nursery, autojump_clock: Any) -> None:
     script = ScriptedServer(nursery)
-    upstream = Upstream("s", ServerConfig(command="x"), SETTINGS, launch=script.launch)
-    client = await open_client(nursery, {"s": upstream})
+    broker = await start_broker(nursery, {"s": script}, run=False)
+    client = await open_client(nursery, broker)
     await client.initialize()
     await client.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": call("echo")})
     await trio.sleep(1)  # the upstream has not even been started yet
-    await nursery.start(upstream.run)
+    await nursery.start(broker.upstreams["s"].run)
     assert (await client.receive())["id"] == 5
 
 
@@ -148,8 +182,9 @@ async def test_server_death_fails_requests_in_flight_then_restarts(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
     script = ScriptedServer(nursery)
-    upstream = await start_upstream(nursery, script, name="flaky")
-    client = await open_client(nursery, {"flaky": upstream})
+    broker = await start_upstream(nursery, script, name="flaky")
+    upstream = broker.upstreams["flaky"]
+    client = await open_client(nursery, broker)
     await client.initialize()
     await client.send(
         {
@@ -162,7 +197,9 @@ async def test_server_death_fails_requests_in_flight_then_restarts(
     await client.send(
         {"jsonrpc": "2.0", "id": "kill", "method": "tools/call", "params": call("die")}
     )
-    errors = {m["id"]: m["error"] for m in [await client.receive(), await client.receive()]}
+    received = [await client.receive() for _ in range(3)]
+    errors = {m["id"]: m["error"] for m in received if "id" in m}
+    assert {"method": "notifications/tools/list_changed", "jsonrpc": "2.0"} in received
     assert set(errors) == {"long", "kill"}
     for error in errors.values():
         assert error["code"] == jsonrpc.CONNECTION_CLOSED
@@ -182,21 +219,23 @@ async def test_server_that_never_answers_initialize(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
     script = ScriptedServer(nursery, answer_initialize=False)
-    upstream = await start_upstream(nursery, script, name="mute")
-    client = await open_client(nursery, {"mute": upstream})
-    await client.initialize()
-    started = trio.current_time()
-    response = await client.request("tools/list")
+    broker = await start_upstream(nursery, script, name="mute")
+    transparent = await open_client(nursery, broker)
+    error = (await transparent.initialize())["error"]
+    assert error["code"] == jsonrpc.CONNECTION_CLOSED and "still starting" in error["message"]
+    await trio.sleep(30)
+    aggregated = await open_client(nursery, broker, servers=())
+    assert "result" in await aggregated.initialize()
+    response = await aggregated.request("tools/call", call("mute__anything"))
     assert "did not answer initialize within 30 s" in response["error"]["message"]
-    assert trio.current_time() - started >= 30
-    assert upstream.status is Status.DOWN
+    assert broker.upstreams["mute"].statistics().restarts >= 1
 
 
 async def test_client_cancellation_reaches_the_server_and_late_answer_is_dropped(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
     script = ScriptedServer(nursery)
-    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize()
     await client.send(
         {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": call("sleep", seconds=5)}
@@ -218,8 +257,9 @@ async def test_disconnect_cancels_what_the_session_had_in_flight(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
     script = ScriptedServer(nursery)
-    upstream = await start_upstream(nursery, script)
-    client = await open_client(nursery, {"s": upstream})
+    broker = await start_upstream(nursery, script)
+    upstream = broker.upstreams["s"]
+    client = await open_client(nursery, broker)
     await client.initialize()
     await client.send(
         {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=600)}
@@ -235,8 +275,8 @@ async def test_disconnect_cancels_what_the_session_had_in_flight(
 
 async def test_progress_tokens_are_rewritten_per_session(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
-    upstreams = {"s": await start_upstream(nursery, script)}
-    a, b = await open_client(nursery, upstreams), await open_client(nursery, upstreams)
+    broker = await start_upstream(nursery, script)
+    a, b = await open_client(nursery, broker), await open_client(nursery, broker)
     await a.initialize()
     await b.initialize()
     for client in (a, b):
@@ -254,26 +294,39 @@ async def test_progress_tokens_are_rewritten_per_session(nursery: trio.Nursery) 
     assert len(upstream_tokens) == 2 and "tok" not in upstream_tokens
 
 
-async def test_notifications_fan_out_to_every_attached_session(nursery: trio.Nursery) -> None:
+async def test_list_changed_refreshes_the_cache_then_tells_each_session_once(
+    nursery: trio.Nursery,
+) -> None:
     script = ScriptedServer(nursery)
-    upstream = await start_upstream(nursery, script)
-    clients = [await open_client(nursery, {"s": upstream}) for _ in range(3)]
+    broker = await start_upstream(nursery, script)
+    clients = [await open_client(nursery, broker) for _ in range(2)]
+    clients.append(await open_client(nursery, broker, servers=()))  # aggregated
     for client in clients:
         await client.initialize()
-    await client.request("ping")  # attached once the session has handled this
+        await client.request("ping")  # subscribed once the session has handled this
     await trio.testing.wait_all_tasks_blocked()
+    script.tools.append({"name": "new_tool", "inputSchema": {"type": "object"}})
     await script.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
     for client in clients:
         assert (await client.receive())["method"] == "notifications/tools/list_changed"
+    names = [t["name"] for t in (await clients[0].request("tools/list"))["result"]["tools"]]
+    assert names[-1] == "new_tool"
+    names = [t["name"] for t in (await clients[2].request("tools/list"))["result"]["tools"]]
+    assert names[-1] == "s__new_tool"
+    # An unchanged list is not news: no notification this time.
+    await script.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await clients[0].request("ping", id="after"))["id"] == "after"
+    assert len(script.requests("tools/list")) == 3
 
 
 async def test_a_client_that_stops_reading_is_cut_off_and_others_carry_on(
     nursery: trio.Nursery,
 ) -> None:
     script = ScriptedServer(nursery)
-    upstreams = {"s": await start_upstream(nursery, script)}
-    stuck = await open_client(nursery, upstreams, lockstep=True)
-    healthy = await open_client(nursery, upstreams)
+    broker = await start_upstream(nursery, script)
+    stuck = await open_client(nursery, broker, lockstep=True)
+    healthy = await open_client(nursery, broker)
     await stuck.initialize()
     await healthy.initialize()
     request = jsonrpc.encode(
@@ -299,7 +352,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_carry_on(
 
 async def test_bad_input_gets_errors_and_the_session_goes_on(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
-    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize()
     await client.stream.send_all(b"{not json\n")
     assert (await client.receive())["error"]["code"] == jsonrpc.PARSE_ERROR
@@ -315,7 +368,7 @@ async def test_bad_input_gets_errors_and_the_session_goes_on(nursery: trio.Nurse
 
 async def test_batches_from_2025_03_26_clients(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
-    client = await open_client(nursery, {"s": await start_upstream(nursery, script)})
+    client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize("2025-03-26")
     await client.send(
         [

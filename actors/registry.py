@@ -1,0 +1,192 @@
+"""The Registry actor: the aggregated catalog, kept fresh, published as snapshots.
+
+The Registry learns from every Upstream when its status changes and when it
+sends a ``list_changed`` notification (through one bounded event channel),
+fetches that server's lists (draining every page) with an
+:class:`InternalClient`, and publishes a new immutable :class:`Catalog`.
+Sessions read ``registry.current`` to answer list requests and route calls,
+so a client's ``tools/list`` costs no round trip to any server.
+
+After each change it tells every subscribed session whose view includes the
+server, once, with the matching ``list_changed`` notification; and only when
+the lists really changed. A server that goes down drops out of the catalog
+(sessions are told), and comes back when it is up again.
+
+One Registry serves all four kinds (DESIGN.md sketches one per kind): a
+server's lists change together when it restarts, and one snapshot keeps a
+session's view of them consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from actors.internal import InternalClient
+from actors.logs import get_logger
+from actors.mailbox import SessionHandle
+from actors.upstream import ServerEvent, Status, Upstream
+from broker import jsonrpc
+from broker.catalog import KINDS, KINDS_BY_NOTIFICATION, Catalog, Kind, ServerEntry, ServerState
+from broker.config import BrokerSettings
+from broker.jsonrpc import JsonRpcError
+
+EVENTS_SIZE = 1024
+FETCH_TIMEOUT = 30.0
+MAX_PAGES = 1000  # a server whose cursors never end is cut off here
+
+
+@attrs.frozen
+class Subscribe:
+    session: SessionHandle
+    view: frozenset[str]
+
+
+@attrs.frozen
+class Unsubscribe:
+    session: SessionHandle
+
+
+RegistryEvent = ServerEvent | Subscribe | Unsubscribe
+
+
+class Registry:
+    def __init__(self, upstreams: Mapping[str, Upstream], settings: BrokerSettings) -> None:
+        """Serve the catalog of ``upstreams``, and hear from them (sets their ``events``)."""
+        self._upstreams = upstreams
+        entries = [
+            ServerEntry(name, ServerState.IDLE if up.status is Status.IDLE else ServerState.LOADING)
+            for name, up in upstreams.items()
+        ]
+        self._catalog = Catalog(entries, settings.separator, settings.page_size)
+        self._changed = trio.Event()
+        self.events, self._events = trio.open_memory_channel[RegistryEvent](EVENTS_SIZE)
+        self._client = InternalClient()
+        self._subscribers: dict[SessionHandle, frozenset[str]] = {}
+        self._generation = dict.fromkeys(upstreams, 0)
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+        for upstream in upstreams.values():
+            upstream.events = self.events
+
+    @property
+    def current(self) -> Catalog:
+        return self._catalog
+
+    async def subscribe(self, session: SessionHandle, view: tuple[str, ...]) -> None:
+        await self.events.send(Subscribe(session, frozenset(view)))
+
+    async def unsubscribe(self, session: SessionHandle) -> None:
+        await self.events.send(Unsubscribe(session))
+
+    async def wait_settled(self, view: tuple[str, ...]) -> None:
+        """Wait until no server of the view is starting or loading its lists.
+
+        A lazy server that has not started yet is started now.
+        """
+        for name in view:
+            if self._catalog.entry(name).state is ServerState.IDLE:
+                self._upstreams[name].request_start()
+        while not self._catalog.settled(view):
+            await self._changed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self._client.run)
+            task_status.started()
+            async for event in self._events:
+                self._handle(event)
+
+    # -- events ---------------------------------------------------------------
+
+    def _handle(self, event: RegistryEvent) -> None:
+        if isinstance(event, Subscribe):
+            self._subscribers[event.session] = event.view
+        elif isinstance(event, Unsubscribe):
+            self._subscribers.pop(event.session, None)
+        elif event.status is not None:
+            self._status_changed(event.server, event.status)
+        elif event.list_changed is not None:
+            kinds = KINDS_BY_NOTIFICATION.get(event.list_changed, ())
+            if kinds and self._catalog.entry(event.server).state is ServerState.READY:
+                self._spawn(self._refresh, event.server, kinds)
+
+    def _status_changed(self, server: str, status: Status) -> None:
+        self._generation[server] += 1
+        entry = self._catalog.entry(server)
+        if status is Status.READY:
+            self._publish(attrs.evolve(entry, state=ServerState.LOADING, error=None))
+            self._spawn(self._refresh, server, KINDS)
+        elif status is Status.STARTING:
+            self._publish(attrs.evolve(entry, state=ServerState.LOADING))
+        elif status is Status.DOWN:
+            error = self._upstreams[server].statistics().last_error
+            self._publish(attrs.evolve(entry, state=ServerState.DOWN, lists={}, error=error))
+            self._notify(server, [kind for kind in KINDS if entry.items(kind)])
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    # -- fetching -------------------------------------------------------------
+
+    async def _refresh(self, server: str, kinds: tuple[Kind, ...]) -> None:
+        """Fetch some of a server's lists and publish them (if the server is still up)."""
+        generation = self._generation[server]
+        upstream = self._upstreams[server]
+        identity = upstream.identity
+        capabilities = identity.capabilities if identity is not None else {}
+        fetched: dict[str, tuple[dict[str, Any], ...]] = {}
+        for kind in kinds:
+            if kind.capability in capabilities:
+                fetched[kind.name] = await self._fetch(upstream, kind)
+        if self._generation[server] != generation:
+            return  # it restarted or went down meanwhile; a newer refresh follows
+        old = self._catalog.entry(server)
+        lists = {**old.lists, **fetched}
+        self._publish(attrs.evolve(old, state=ServerState.READY, identity=identity, lists=lists))
+        self._notify(server, [k for k in kinds if old.items(k) != lists.get(k.name, ())])
+
+    async def _fetch(self, upstream: Upstream, kind: Kind) -> tuple[dict[str, Any], ...]:
+        items: list[dict[str, Any]] = []
+        params: dict[str, Any] = {}
+        for _ in range(MAX_PAGES):
+            try:
+                with trio.fail_after(FETCH_TIMEOUT):
+                    result = await self._client.call(upstream, kind.method, params)
+            except (JsonRpcError, trio.TooSlowError) as exc:
+                error = exc.message if isinstance(exc, JsonRpcError) else "no answer in time"
+                self._log.warning(
+                    "catalog.fetch_failed", server=upstream.name, method=kind.method, error=error
+                )
+                break
+            page = result.get(kind.key) if isinstance(result, dict) else None
+            items += [item for item in page or () if isinstance(item, dict)]
+            cursor = result.get("nextCursor") if isinstance(result, dict) else None
+            if not cursor:
+                break
+            params = {"cursor": cursor}
+        return tuple(items)
+
+    # -- publishing -----------------------------------------------------------
+
+    def _publish(self, entry: ServerEntry) -> None:
+        before = set(self._catalog.clashes)
+        self._catalog = self._catalog.replace(entry)
+        for clash in self._catalog.clashes:
+            if clash not in before:
+                self._log.warning("catalog.clash", detail=clash)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _notify(self, server: str, kinds: list[Kind]) -> None:
+        methods = dict.fromkeys(kind.notification for kind in kinds)
+        for method in methods:
+            note = jsonrpc.notification(method)
+            for session, view in list(self._subscribers.items()):
+                if server in view:
+                    session.deliver(note)

@@ -1,0 +1,284 @@
+"""The aggregated catalog: every server's tools, prompts, resources and templates.
+
+A :class:`Catalog` is an immutable snapshot. The Registry actor builds a new
+one whenever a server's lists change and publishes it; sessions read the
+latest snapshot to answer list requests and to route calls, without a round
+trip to any server.
+
+Two ways to see it:
+
+- aggregated (the default): tool and prompt names are qualified
+  (``SERVER__name``, see :mod:`broker.naming`), resources and templates keep
+  their URIs, items come in config order of their servers, then each server's
+  own order;
+- transparent (a session that asked for exactly one server): that server's
+  items exactly as it lists them.
+
+List requests are paginated with the broker's own opaque cursors (see
+:func:`encode_cursor`); ``page_size`` 0 means one page holds everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import orjson
+
+from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
+from broker.lifecycle import ServerIdentity
+from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
+from broker.templates import match
+
+RESOURCE_NOT_FOUND = -32002  # MCP's code for a resource that does not exist
+
+
+@attrs.frozen
+class Kind:
+    name: str  # our name for it
+    method: str  # the list request
+    key: str  # the result's array
+    id_field: str  # what identifies an item
+    named: bool  # named items get qualified names when aggregated
+    notification: str  # the list_changed notification that covers it
+    capability: str  # the server capability that says it has any
+
+
+TOOLS = Kind(
+    "tools", "tools/list", "tools", "name", True, "notifications/tools/list_changed", "tools"
+)
+PROMPTS = Kind(
+    "prompts",
+    "prompts/list",
+    "prompts",
+    "name",
+    True,
+    "notifications/prompts/list_changed",
+    "prompts",
+)
+RESOURCES = Kind(
+    "resources",
+    "resources/list",
+    "resources",
+    "uri",
+    False,
+    "notifications/resources/list_changed",
+    "resources",
+)
+TEMPLATES = Kind(
+    "templates",
+    "resources/templates/list",
+    "resourceTemplates",
+    "uriTemplate",
+    False,
+    "notifications/resources/list_changed",
+    "resources",
+)
+KINDS = (TOOLS, PROMPTS, RESOURCES, TEMPLATES)
+KIND_BY_METHOD = {kind.method: kind for kind in KINDS}
+KINDS_BY_NOTIFICATION: dict[str, tuple[Kind, ...]] = {
+    note: tuple(k for k in KINDS if k.notification == note)
+    for note in {k.notification for k in KINDS}
+}
+
+
+class ServerState(enum.Enum):
+    IDLE = "idle"  # lazy, not started yet
+    LOADING = "loading"  # starting, or fetching its lists
+    READY = "ready"
+    DOWN = "down"
+
+    @property
+    def settled(self) -> bool:
+        return self in (ServerState.READY, ServerState.DOWN)
+
+
+@attrs.frozen
+class ServerEntry:
+    name: str
+    state: ServerState = ServerState.LOADING
+    identity: ServerIdentity | None = None
+    lists: Mapping[str, tuple[dict[str, Any], ...]] = attrs.field(factory=dict)
+    error: str | None = None
+
+    def items(self, kind: Kind) -> tuple[dict[str, Any], ...]:
+        return self.lists.get(kind.name, ())
+
+
+class Catalog:
+    """One snapshot of every configured server's catalog (config order)."""
+
+    def __init__(
+        self, servers: Iterable[ServerEntry], separator: str = DEFAULT_SEPARATOR, page_size: int = 0
+    ) -> None:
+        self.servers = {entry.name: entry for entry in servers}
+        self.separator = separator
+        self.page_size = page_size
+        self.clashes: list[str] = []
+        self._names: dict[str, dict[tuple[str, str], str]] = {}
+        self._routes: dict[str, dict[str, tuple[str, str]]] = {}
+        self._renamed: dict[str, dict[str, tuple[dict[str, Any], ...]]] = {}
+        for kind in (TOOLS, PROMPTS):
+            self._index_names(kind)
+        self._resource_owners = self._owners(RESOURCES)
+        self._template_owners = self._owners(TEMPLATES)
+
+    def replace(self, entry: ServerEntry) -> Catalog:
+        """A new snapshot with one server's entry replaced."""
+        servers = [entry if name == entry.name else old for name, old in self.servers.items()]
+        return Catalog(servers, self.separator, self.page_size)
+
+    def entry(self, server: str) -> ServerEntry:
+        return self.servers[server]
+
+    def settled(self, view: Iterable[str]) -> bool:
+        return all(self.servers[name].state.settled for name in view)
+
+    # -- building -------------------------------------------------------------
+
+    def _index_names(self, kind: Kind) -> None:
+        pairs = [
+            (entry.name, item.get("name", ""))
+            for entry in self.servers.values()
+            for item in entry.items(kind)
+        ]
+        names, clashes = assign_names(pairs, self.separator)
+        self.clashes += [f"{kind.name}: {clash}" for clash in clashes]
+        self._names[kind.name] = names
+        self._routes[kind.name] = {q: pair for pair, q in names.items()}
+        self._renamed[kind.name] = {
+            entry.name: tuple(
+                {**item, "name": names[(entry.name, item.get("name", ""))]}
+                for item in entry.items(kind)
+            )
+            for entry in self.servers.values()
+        }
+
+    def _owners(self, kind: Kind) -> dict[str, list[str]]:
+        owners: dict[str, list[str]] = {}
+        for entry in self.servers.values():
+            for item in entry.items(kind):
+                key = item.get(kind.id_field)
+                if isinstance(key, str) and entry.name not in owners.setdefault(key, []):
+                    owners[key].append(entry.name)
+        for key, names in owners.items():
+            if len(names) > 1:
+                self.clashes.append(
+                    f"{kind.name}: {key!r} is listed by servers "
+                    f"{', '.join(names)}; {names[0]!r} (listed first) serves it"
+                )
+        return owners
+
+    # -- listing --------------------------------------------------------------
+
+    def items(self, kind: Kind, view: Iterable[str], transparent: bool) -> list[dict[str, Any]]:
+        """Everything of one kind a view sees, in order."""
+        wanted = set(view)
+        out: list[dict[str, Any]] = []
+        for entry in self.servers.values():
+            if entry.name not in wanted:
+                continue
+            if transparent:
+                out.extend(entry.items(kind))
+            elif kind.named:
+                out.extend(self._renamed[kind.name][entry.name])
+            else:
+                owners = self._resource_owners if kind is RESOURCES else self._template_owners
+                out.extend(
+                    item
+                    for item in entry.items(kind)
+                    if _first_in(owners.get(item.get(kind.id_field, ""), []), wanted) == entry.name
+                )
+        return out
+
+    def page(
+        self, kind: Kind, view: tuple[str, ...], transparent: bool, cursor: Any
+    ) -> dict[str, Any]:
+        """The result of a list request (raises -32602 for a cursor not ours)."""
+        items = self.items(kind, view, transparent)
+        start = 0 if cursor is None else decode_cursor(cursor, kind)
+        if not self.page_size:
+            return {kind.key: items[start:]}
+        end = start + self.page_size
+        result: dict[str, Any] = {kind.key: items[start:end]}
+        if end < len(items):
+            result["nextCursor"] = encode_cursor(kind, end)
+        return result
+
+    # -- routing --------------------------------------------------------------
+
+    def route_named(self, kind: Kind, view: tuple[str, ...], name: Any) -> tuple[str, str]:
+        """(server, its own name) for a qualified tool or prompt name."""
+        route = self._routes[kind.name].get(name) if isinstance(name, str) else None
+        if route is not None and route[0] in view:
+            return route
+        label = kind.name[:-1]
+        for server in view:  # a name of a server that is not serving: say why
+            entry = self.servers[server]
+            if (
+                isinstance(name, str)
+                and name.startswith(sanitize(server) + self.separator)
+                and entry.state is not ServerState.READY
+            ):
+                raise JsonRpcError(
+                    CONNECTION_CLOSED, not_serving_message(entry), data={"server": server}
+                )
+        raise JsonRpcError(INVALID_PARAMS, f"Unknown {label}: {name}")
+
+    def route_resource(self, view: tuple[str, ...], uri: Any) -> str:
+        """The server a ``resources/read`` of ``uri`` goes to."""
+        if isinstance(uri, str):
+            owner = _first_in(self._resource_owners.get(uri, []), set(view))
+            if owner is not None:
+                return owner
+            for entry in self.servers.values():
+                if entry.name in view and any(
+                    match(t.get("uriTemplate", ""), uri) for t in entry.items(TEMPLATES)
+                ):
+                    return entry.name
+        raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", data={"uri": uri})
+
+    def route_template(self, view: tuple[str, ...], uri: Any) -> str:
+        """The server whose template (or resource) is exactly ``uri`` (for completions)."""
+        wanted = set(view)
+        if isinstance(uri, str):
+            for owners in (self._template_owners, self._resource_owners):
+                owner = _first_in(owners.get(uri, []), wanted)
+                if owner is not None:
+                    return owner
+        raise JsonRpcError(INVALID_PARAMS, f"Unknown resource template: {uri}")
+
+
+def _first_in(names: list[str], wanted: set[str]) -> str | None:
+    return next((name for name in names if name in wanted), None)
+
+
+def not_serving_message(entry: ServerEntry) -> str:
+    """Why a server has nothing to offer right now."""
+    if entry.state is ServerState.DOWN:
+        return f"MCP server {entry.name!r} is not running (it {entry.error or 'is down'})"
+    if entry.error:
+        return f"MCP server {entry.name!r} is restarting (last time it {entry.error})"
+    return f"MCP server {entry.name!r} is still starting"
+
+
+def encode_cursor(kind: Kind, offset: int) -> str:
+    """An opaque cursor: which list, and where the next page starts."""
+    raw = orjson.dumps({"k": kind.name, "o": offset})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: Any, kind: Kind) -> int:
+    try:
+        if not isinstance(cursor, str):
+            raise ValueError
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = orjson.loads(raw)
+        if data["k"] != kind.name or not isinstance(data["o"], int) or data["o"] < 0:
+            raise ValueError
+        return int(data["o"])
+    except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
+        raise JsonRpcError(INVALID_PARAMS, f"Invalid cursor: {cursor!r}") from None

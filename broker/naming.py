@@ -1,0 +1,86 @@
+"""Names in the aggregated catalog: ``SERVER__tool``, always valid, always stable.
+
+Rules (docs/naming-and-routing.md has the reasoning):
+
+- Every emitted name matches ``^[A-Za-z0-9_.-]{1,128}$``.
+- A name is a pure function of (server name, the server's own name for the
+  item, separator): adding or removing another server never changes it. The
+  one exception is a clash, below.
+- A server name or item name that is already valid is used as it is. One that
+  is not gets its invalid characters replaced by ``_`` and a short hash of the
+  original appended (``my server`` -> ``my_server-3f9a1c``), so two different
+  originals never sanitise to the same text.
+- A qualified name longer than 128 characters is cut and given a hash of the
+  whole original, so it stays unique and deterministic.
+- Two items that still end up with the same name (``a`` + ``b__c`` and
+  ``a__b`` + ``c``): the one from the server listed first in the config keeps
+  it, the other gets a hash suffix, and the clash is reported. Nothing is
+  dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+
+VALID_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+MAX_NAME = 128
+DEFAULT_SEPARATOR = "__"
+_INVALID_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+HASH_CHARS = 6
+
+
+def short_hash(*parts: str) -> str:
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+    return digest[:HASH_CHARS]
+
+
+def sanitize(name: str) -> str:
+    """``name`` if valid, else its valid characters plus a hash of the original."""
+    if VALID_NAME.match(name):
+        return name
+    cleaned = _INVALID_CHARS.sub("_", name)[: MAX_NAME - HASH_CHARS - 1] or "_"
+    return f"{cleaned}-{short_hash(name)}"
+
+
+def qualify(server: str, name: str, separator: str = DEFAULT_SEPARATOR) -> str:
+    """The catalog name of ``name`` from ``server``."""
+    full = sanitize(server) + separator + sanitize(name)
+    if len(full) <= MAX_NAME:
+        return full
+    suffix = "-" + short_hash(server, name)
+    return full[: MAX_NAME - len(suffix)] + suffix
+
+
+def disambiguate(server: str, name: str, qualified: str) -> str:
+    """A second name for an item whose qualified name clashed with another's."""
+    suffix = "-" + short_hash("clash", server, name)
+    return qualified[: MAX_NAME - len(suffix)] + suffix
+
+
+def assign_names(
+    items: Iterable[tuple[str, str]], separator: str = DEFAULT_SEPARATOR
+) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """Qualified names for (server, name) pairs given in config order.
+
+    Returns the names and a description of every clash that was resolved.
+    """
+    names: dict[tuple[str, str], str] = {}
+    taken: dict[str, tuple[str, str]] = {}
+    clashes: list[str] = []
+    for server, name in items:
+        if (server, name) in names:
+            continue  # a server listing the same name twice: one entry
+        qualified = qualify(server, name, separator)
+        if qualified in taken:
+            other = taken[qualified]
+            renamed = disambiguate(server, name, qualified)
+            clashes.append(
+                f"{name!r} of server {server!r} and {other[1]!r} of server {other[0]!r} "
+                f"are both named {qualified!r}; the first keeps it, this one is {renamed!r}"
+            )
+            qualified = renamed
+        names[(server, name)] = qualified
+        taken[qualified] = (server, name)
+    return names, clashes

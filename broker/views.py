@@ -1,0 +1,110 @@
+"""A session's view of the servers: what it is told, what it sees, where requests go.
+
+A view is the tuple of server names a session uses. An *aggregated* view
+(the default, any number of servers) presents the broker as one server whose
+catalog is the union of theirs, with qualified names. A *transparent* view (a
+session that asked for exactly one server) presents that server as it is:
+its own names, serverInfo, instructions and capabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.catalog import PROMPTS, TOOLS, Catalog, not_serving_message
+from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError, Message
+from broker.lifecycle import broker_server_info, initialize_result
+
+# What the broker can honour of a server's capabilities, today. Logging levels,
+# resource subscriptions and tasks need per-session bookkeeping in the broker
+# before they can be offered through a shared server.
+PASSED_CAPABILITIES = ("tools", "prompts", "resources", "completions")
+
+
+def initialize_for(
+    catalog: Catalog, view: tuple[str, ...], transparent: bool, version: str
+) -> dict[str, Any]:
+    """The ``initialize`` result for a session with this view."""
+    if transparent:
+        entry = catalog.entry(view[0])
+        if entry.identity is None:
+            raise JsonRpcError(
+                CONNECTION_CLOSED,
+                not_serving_message(entry),
+                data={"server": view[0]},
+            )
+        capabilities = _honoured(entry.identity.capabilities, version)
+        return initialize_result(
+            version, capabilities, entry.identity.server_info, entry.identity.instructions
+        )
+    return initialize_result(
+        version, _union(catalog, view, version), broker_server_info(), _instructions(catalog, view)
+    )
+
+
+def _honoured(capabilities: dict[str, Any], version: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in PASSED_CAPABILITIES:
+        if key in capabilities and not (key == "completions" and version == "2024-11-05"):
+            out[key] = {"listChanged": True} if key != "completions" else {}
+    return out
+
+
+def _union(catalog: Catalog, view: tuple[str, ...], version: str) -> dict[str, Any]:
+    """The broker always serves the three lists (maybe empty); the rest if any server has it."""
+    capabilities = {key: {"listChanged": True} for key in ("tools", "resources", "prompts")}
+    for name in view:
+        identity = catalog.entry(name).identity
+        if identity is not None:
+            capabilities.update(_honoured(identity.capabilities, version))
+    return capabilities
+
+
+def _instructions(catalog: Catalog, view: tuple[str, ...]) -> str:
+    if not view:
+        return "mcpbroker: no MCP servers are configured."
+    parts = [
+        f"This is mcpbroker, sharing {len(view)} MCP server(s): {', '.join(view)}. "
+        f"Tools and prompts are named SERVER{catalog.separator}NAME."
+    ]
+    for name in view:
+        identity = catalog.entry(name).identity
+        if identity is not None and identity.instructions:
+            parts.append(f"## {name}\n{identity.instructions}")
+    return "\n\n".join(parts)
+
+
+def route(
+    catalog: Catalog, view: tuple[str, ...], transparent: bool, request: Message
+) -> tuple[str, Message]:
+    """The server a forwarded request goes to, and the request in its terms."""
+    if transparent:
+        return view[0], request
+    method = request["method"]
+    params = request.get("params") or {}
+    if method in ("tools/call", "prompts/get"):
+        kind = TOOLS if method == "tools/call" else PROMPTS
+        server, name = catalog.route_named(kind, view, params.get("name"))
+        return server, _with_params(request, name=name)
+    if method == "resources/read":
+        return catalog.route_resource(view, params.get("uri")), request
+    if method == "completion/complete":
+        return _route_completion(catalog, view, request, params.get("ref"))
+    raise JsonRpcError(INVALID_PARAMS, f"{method} cannot be routed")  # pragma: no cover
+
+
+def _route_completion(
+    catalog: Catalog, view: tuple[str, ...], request: Message, ref: Any
+) -> tuple[str, Message]:
+    if not isinstance(ref, dict):
+        raise JsonRpcError(INVALID_PARAMS, "completion/complete needs params.ref")
+    if ref.get("type") == "ref/prompt":
+        server, name = catalog.route_named(PROMPTS, view, ref.get("name"))
+        return server, _with_params(request, ref={**ref, "name": name})
+    if ref.get("type") == "ref/resource":
+        return catalog.route_template(view, ref.get("uri")), request
+    raise JsonRpcError(INVALID_PARAMS, f"Unknown completion ref type: {ref.get('type')!r}")
+
+
+def _with_params(request: Message, **changes: Any) -> Message:
+    return {**request, "params": {**(request.get("params") or {}), **changes}}
