@@ -54,7 +54,7 @@ async def test_sigterm_stops_everything_and_removes_the_socket(socket_path: str)
     config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
     with trio.fail_after(30):
         daemon = await start_daemon(config, socket_path)
-        async with shim_client(socket_path) as client:
+        async with shim_client(socket_path, "demo") as client:
             server_pid = int(text_of(await client.call_tool("pid", {})))
         assert server_pid in [child.pid for child in children_of(daemon.pid)]
         daemon.send_signal(signal.SIGTERM)
@@ -78,7 +78,7 @@ async def test_a_second_daemon_on_a_live_socket_exits_with_a_clear_message(
             )
             assert second.returncode == 1
             assert b"already" in second.stderr and socket_path.encode() in second.stderr
-            async with shim_client(socket_path) as client:  # the first one is unharmed
+            async with shim_client(socket_path, "demo") as client:  # the first one is unharmed
                 assert text_of(await client.call_tool("echo", {"text": "hi"})) == "hi"
         finally:
             first.send_signal(signal.SIGINT)
@@ -95,7 +95,7 @@ async def test_a_stale_socket_file_is_replaced(socket_path: str) -> None:
         daemon = await start_daemon(config, socket_path)
         try:
             assert os.stat(socket_path).st_mode & 0o777 == 0o600
-            async with shim_client(socket_path) as client:
+            async with shim_client(socket_path, "demo") as client:
                 assert text_of(await client.call_tool("add", {"a": 2, "b": 3})) == "5"
         finally:
             daemon.send_signal(signal.SIGTERM)
@@ -105,9 +105,9 @@ async def test_a_stale_socket_file_is_replaced(socket_path: str) -> None:
 async def test_connect_starts_the_daemon_when_none_is_running(socket_path: str) -> None:
     config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
     with trio.fail_after(30):
-        async with shim_client(socket_path, config=config) as client:
+        async with shim_client(socket_path, "demo", config=config) as client:
             assert text_of(await client.call_tool("echo", {"text": "auto"})) == "auto"
-        async with shim_client(socket_path) as again:  # the same daemon, still running
+        async with shim_client(socket_path, "demo") as again:  # the same daemon, still running
             assert text_of(await again.call_tool("echo", {"text": "again"})) == "again"
     daemon_pid = int(Path(socket_path + ".lock").read_text())
     os.kill(daemon_pid, signal.SIGTERM)

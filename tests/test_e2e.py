@@ -23,13 +23,13 @@ async def test_sdk_client_lists_and_calls_tools_of_an_sdk_server(socket_path: st
     with trio.fail_after(30):
         async with (
             running_daemon({"sdk": sdk_server()}, socket_path),
-            shim_client(socket_path) as client,
+            shim_client(socket_path, "sdk") as client,
         ):
             tools = await client.list_tools()
             assert {"pid", "echo", "slow"} <= {tool.name for tool in tools.tools}
             assert text_of(await client.call_tool("echo", {"text": "héllo"})) == "héllo"
-            resource = await client.read_resource("test://hello")
-            assert resource.contents[0].text == "hello from the sdk server"
+            resource = await client.read_resource("test://sdk-test-server/hello")
+            assert resource.contents[0].text == "hello from sdk-test-server"
             prompt = await client.get_prompt("review", {"code": "x = 1"})
             assert "x = 1" in prompt.messages[0].content.text
 
@@ -39,7 +39,7 @@ async def test_many_clients_share_one_server_process(socket_path: str, clients: 
     answers: dict[int, tuple[str, list[str]]] = {}
 
     async def one_client(n: int) -> None:
-        async with shim_client(socket_path) as client:
+        async with shim_client(socket_path, "sdk") as client:
             pids, echoes = set(), []
             for i in range(5):
                 async with trio.open_nursery() as calls:  # two calls in flight at once
@@ -67,8 +67,8 @@ async def test_server_killed_mid_request(socket_path: str) -> None:
     with trio.fail_after(40):
         async with (
             running_daemon({"victim": sdk_server()}, socket_path) as daemon,
-            shim_client(socket_path) as caller,
-            shim_client(socket_path) as bystander,
+            shim_client(socket_path, "victim") as caller,
+            shim_client(socket_path, "victim") as bystander,
         ):
             pid = int(text_of(await caller.call_tool("pid", {})))
 
@@ -115,7 +115,7 @@ async def test_garbage_on_one_socket_does_not_disturb_another_client(socket_path
     )
     with trio.fail_after(30):
         async with running_daemon({"sdk": sdk_server()}, socket_path) as daemon:
-            async with shim_client(socket_path) as good:
+            async with shim_client(socket_path, "sdk") as good:
                 raw = RawClient(await trio.open_unix_socket(socket_path))
                 await raw.send_line(initialize)
                 assert (await raw.receive())["result"]["protocolVersion"] == "2025-06-18"
@@ -140,9 +140,11 @@ async def test_garbage_on_one_socket_does_not_disturb_another_client(socket_path
                     assert text_of(await good.call_tool("echo", {"text": "ok"})) == "ok"
                 await raw.send_line(
                     b'{"jsonrpc":"2.0","id":5,"method":"tools/call",'
-                    b'"params":{"name":"echo","arguments":{"text":"raw"}}}'
+                    b'"params":{"name":"sdk__echo","arguments":{"text":"raw"}}}'
                 )
-                assert (await raw.receive())["result"]["content"][0]["text"] == "raw"
+                answer = await raw.receive()
+                assert "result" in answer, answer
+                assert answer["result"]["content"][0]["text"] == "raw"
                 await raw.stream.aclose()
             assert daemon.upstreams["sdk"].statistics().status == "ready"
 

@@ -1,8 +1,11 @@
 """A real MCP server built with the official Python SDK, for end-to-end tests.
 
-Run as ``python -m tests.servers.sdk_server``. Its ``pid`` tool proves which
-process served a call; ``slow`` sleeps (reporting progress) so a test can kill
-the server mid-request.
+Run as ``python -m tests.servers.sdk_server`` with ``SDK_SERVER_NAME`` naming
+it. Every copy offers the same tool and prompt names (so aggregation has
+clashes to resolve) and resources under ``test://NAME/``. ``pid`` proves which
+process served a call; ``whoami`` which server; ``slow`` sleeps (reporting
+progress) so a test can kill the server mid-request; ``grow`` adds a tool at
+run time and announces it with ``notifications/tools/list_changed``.
 """
 
 from __future__ import annotations
@@ -12,13 +15,20 @@ import os
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 
-server = MCPServer(os.environ.get("SDK_SERVER_NAME", "sdk-test-server"))
+NAME = os.environ.get("SDK_SERVER_NAME", "sdk-test-server")
+server = MCPServer(NAME, instructions=f"Test server {NAME}.")
 
 
 @server.tool()
 def pid() -> int:
     """The process id of the server."""
     return os.getpid()
+
+
+@server.tool()
+def whoami() -> str:
+    """The name of the server."""
+    return NAME
 
 
 @server.tool()
@@ -37,14 +47,31 @@ async def slow(seconds: float, ctx: Context) -> str:
     return f"slept {seconds}"
 
 
-@server.resource("test://hello")
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool called NAME (it answers with this server's name) and announce it."""
+
+    def added() -> str:
+        return f"{name} from {NAME}"
+
+    server.add_tool(added, name=name, description=f"added at run time to {NAME}")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+@server.resource(f"test://{NAME}/hello")
 def hello() -> str:
-    return "hello from the sdk server"
+    return f"hello from {NAME}"
+
+
+@server.resource(f"test://{NAME}/items/{{item}}")
+def item(item: str) -> str:
+    return f"item {item} from {NAME}"
 
 
 @server.prompt()
 def review(code: str) -> str:
-    return f"Please review: {code}"
+    return f"{NAME}: please review {code}"
 
 
 if __name__ == "__main__":
