@@ -46,14 +46,16 @@ def demo_server() -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running_daemon(servers: dict[str, Any], socket_path: str) -> AsyncIterator[Daemon]:
-    """A daemon in this process, its servers up, cancelled on exit."""
+async def running_daemon(
+    servers: dict[str, Any], socket_path: str, wait: tuple[str, ...] | None = None
+) -> AsyncIterator[Daemon]:
+    """A daemon in this process, its servers (or those in ``wait``) up, cancelled on exit."""
     daemon = Daemon(parse_config({"mcpServers": servers}), socket_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.run)
         with trio.fail_after(30):
-            for upstream in daemon.upstreams.values():
-                await upstream.wait_ready()
+            for name in daemon.upstreams if wait is None else wait:
+                await daemon.upstreams[name].wait_ready()
         yield daemon
         nursery.cancel_scope.cancel()
 

@@ -11,12 +11,15 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 from mcp import types
+from mcp.shared.exceptions import MCPError
 from mcp.client.session import ClientSession
 
 from actors.daemon import Daemon
-from tests.conftest import running_daemon, sdk_server, shim_client, text_of
+from broker import jsonrpc
+from tests.conftest import demo_server, running_daemon, sdk_server, shim_client, text_of
 
 SERVERS = ("alpha", "beta", "gamma")
 VALID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -112,3 +115,24 @@ async def test_a_client_that_names_one_server_sees_it_as_it_is(socket_path: str)
             assert text_of(await client.call_tool("whoami", {})) == "beta"
             prompt = await client.get_prompt("review", {"code": "y"})
             assert prompt.messages[0].content.text == "beta: please review y"
+
+
+async def test_a_server_that_cannot_start_does_not_stop_the_others(socket_path: str) -> None:
+    servers = {
+        "good": sdk_server("good"),
+        "broken": {"command": "/nonexistent/mcp-server", "args": []},
+        "later": {**demo_server(), "startup": "lazy"},
+    }
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path, wait=("good",)) as daemon:
+            assert daemon.upstreams["later"].statistics().status == "idle"
+            async with shim_client(socket_path) as client:
+                names = await tool_names(client)
+                assert "good__whoami" in names and "later__echo" in names  # started on demand
+                assert not any(name.startswith("broken__") for name in names)
+                assert text_of(await client.call_tool("good__whoami", {})) == "good"
+                with pytest.raises(MCPError) as failure:
+                    await client.call_tool("broken__anything", {})
+    assert failure.value.error.code == jsonrpc.CONNECTION_CLOSED
+    assert "'broken' is not running" in failure.value.error.message
+    assert "could not be started" in failure.value.error.message
