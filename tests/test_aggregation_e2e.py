@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 from mcp import types
-from mcp.shared.exceptions import MCPError
 from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
 
 from actors.daemon import Daemon
 from broker import jsonrpc
