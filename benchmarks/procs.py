@@ -67,8 +67,14 @@ def workdir() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def daemon(directory: str, servers: dict[str, list[str]]) -> Iterator[Daemon]:
-    """``mcpbroker serve`` with these servers, once every server is ready."""
+def daemon(
+    directory: str, servers: dict[str, list[str]], prefix: tuple[str, ...] = ()
+) -> Iterator[Daemon]:
+    """``mcpbroker serve`` with these servers, once every server is ready.
+
+    ``prefix`` runs the daemon under another command (a profiler); the pid
+    yielded is still the daemon's own, from its status.
+    """
     config = {
         "mcpServers": {
             name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
@@ -78,7 +84,7 @@ def daemon(directory: str, servers: dict[str, list[str]]) -> Iterator[Daemon]:
     config_path = os.path.join(directory, "config.json")
     socket_path = os.path.join(directory, "daemon.sock")
     Path(config_path).write_bytes(orjson.dumps(config))
-    command = [PYTHON, "-m", "actors.cli", "serve", "--config", config_path]
+    command = [*prefix, PYTHON, "-m", "actors.cli", "serve", "--config", config_path]
     command += ["--socket", socket_path, "--log-level", "warning"]
     with open(os.path.join(directory, "daemon.log"), "ab") as log:
         process = subprocess.Popen(
@@ -86,7 +92,11 @@ def daemon(directory: str, servers: dict[str, list[str]]) -> Iterator[Daemon]:
         )
     try:
         pids = _wait_ready(process, socket_path, set(servers))
-        yield Daemon(process.pid, socket_path, pids)
+        pid = fetch_status(socket_path)["pid"]
+        yield Daemon(pid, socket_path, pids)
+        if pid != process.pid:  # stop the daemon itself, let the wrapper finish
+            os.kill(pid, signal.SIGTERM)
+            process.wait(60)
     finally:
         _stop(process)
 
