@@ -34,6 +34,7 @@ from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
+from broker.timeouts import TimeoutPolicy
 from broker.upstream import Action, Broadcast, Deliver, Ready, SendUpstream, UpstreamProtocol
 
 INBOX_SIZE = 256
@@ -130,6 +131,8 @@ class Upstream:
         self.config = config
         self.settings = settings
         self._launch: Launcher = launch or functools.partial(launch_stdio, config)
+        timeout = config.timeout or settings.request_timeout
+        self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         self._protocol = UpstreamProtocol(name)
         self._sessions: set[SessionHandle] = set()
@@ -230,7 +233,7 @@ class Upstream:
             )
             return []
         try:
-            return [self._protocol.client_request(session, request)]
+            return [self._protocol.client_request(session, request, trio.current_time())]
         except JsonRpcError as exc:
             session.deliver(exc.to_response())
             return []
@@ -288,7 +291,7 @@ class Upstream:
             self._restarts += 1
 
     async def _run_process(self) -> None:
-        self._protocol = UpstreamProtocol(self.name)
+        self._protocol = UpstreamProtocol(self.name, self._timeouts)
         self._set_status(Status.STARTING)
         try:
             link = await self._launch()
@@ -319,11 +322,30 @@ class Upstream:
             if link.stderr is not None:
                 nursery.start_soon(self._pump_stderr, link.stderr)
             nursery.start_soon(self._watch_startup, nursery.cancel_scope)
+            nursery.start_soon(self._expire_requests)
             await self._write([self._protocol.start()])
             reason = await self._read(link.receive_stream)
             nursery.cancel_scope.cancel()
         self._process_nursery = None
         return reason
+
+    async def _expire_requests(self) -> None:
+        """Answer and cancel requests that outlive their timeout.
+
+        Every request gets the same timeout and progress only pushes deadlines
+        later, so with nothing pending, nothing can expire sooner than one
+        timeout from now.
+        """
+        while True:
+            deadline = self._protocol.deadlines.next_deadline()
+            if deadline is None:
+                await trio.sleep(self._timeouts.timeout)
+                continue
+            await trio.sleep_until(deadline)
+            actions = self._protocol.expire(trio.current_time())
+            if actions:
+                self._log.warning("server.requests_timed_out", count=len(actions) // 2)
+            self._apply(actions)
 
     async def _watch_startup(self, scope: trio.CancelScope) -> None:
         with trio.move_on_after(STARTUP_TIMEOUT):
@@ -356,7 +378,8 @@ class Upstream:
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
-                    self._apply(self._protocol.server_message(jsonrpc.decode(line)))
+                    message = jsonrpc.decode(line)
+                    self._apply(self._protocol.server_message(message, trio.current_time()))
                 except JsonRpcError as exc:
                     self._log.warning(
                         "server.invalid_message",

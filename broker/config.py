@@ -33,7 +33,7 @@ from broker.naming import DEFAULT_SEPARATOR
 
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
-    {"type", "disabled", "autoApprove", "alwaysAllow", "timeout", "transport", "description"}
+    {"type", "disabled", "autoApprove", "alwaysAllow", "transport", "description"}
 )
 TRANSPORTS = frozenset({"stdio", "http", "sse", "streamable-http", "streamableHttp", "ws"})
 
@@ -53,6 +53,7 @@ class ServerConfig:
     type: str | None = None
     disabled: bool = False
     startup: str = "eager"
+    timeout: float | None = None  # seconds; None: the broker's requestTimeout
 
     @property
     def is_stdio(self) -> bool:
@@ -61,9 +62,13 @@ class ServerConfig:
 
 @attrs.frozen
 class BrokerSettings:
+    """The config's ``broker`` section."""
+
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     separator: str = DEFAULT_SEPARATOR
     page_size: int = 0  # 0: list results are not paginated
+    request_timeout: float = 300.0  # seconds without an answer or progress
+    max_request_timeout: float = 3600.0  # seconds, however much progress
 
 
 @attrs.frozen
@@ -92,6 +97,13 @@ def _strict_converter() -> cattrs.Converter:
     converter.register_structure_hook(str, exact(str, "a string"))
     converter.register_structure_hook(bool, exact(bool, "true or false"))
     converter.register_structure_hook(int, exact(int, "an integer"))
+
+    def number(value: Any, _: Any) -> float:
+        if type(value) not in (int, float):
+            raise TypeError(f"expected a number, got {_json_type(value)}")
+        return float(value)
+
+    converter.register_structure_hook(float, number)
 
     def string_list(value: Any, _: Any) -> tuple[str, ...]:
         if not isinstance(value, list):
@@ -172,6 +184,10 @@ def parse_config(data: Any) -> Config:
         raise ConfigError('"broker.maxMessageBytes" must be at least 1024')
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,8}", broker.separator):
         raise ConfigError('"broker.separator" must be 1 to 8 of the characters A-Z a-z 0-9 _ . -')
+    if broker.request_timeout <= 0 or broker.max_request_timeout < broker.request_timeout:
+        raise ConfigError(
+            '"broker.requestTimeout" must be above 0 and at most "broker.maxRequestTimeout"'
+        )
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
@@ -181,6 +197,8 @@ _BROKER_KEYS = {
     "maxMessageBytes": "max_message_bytes",
     "separator": "separator",
     "pageSize": "page_size",
+    "requestTimeout": "request_timeout",
+    "maxRequestTimeout": "max_request_timeout",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -192,6 +210,7 @@ _SERVER_KEYS = {
     "type": "type",
     "disabled": "disabled",
     "startup": "startup",
+    "timeout": "timeout",
 }
 
 
@@ -209,6 +228,8 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         raise ConfigError(f'"{where}" needs exactly one of "command" (stdio) or "url" (remote)')
     if server.command is not None and not server.command.strip():
         raise ConfigError(f'"{where}.command" must not be empty')
+    if server.timeout is not None and server.timeout <= 0:
+        raise ConfigError(f'"{where}.timeout" must be a number of seconds above 0')
     if server.startup not in ("eager", "lazy"):
         raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
     if server.type is not None and server.type not in TRANSPORTS:

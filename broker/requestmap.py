@@ -121,6 +121,10 @@ class RequestMap:
             self._pop(upstream_id)
         return gone
 
+    def forget(self, upstream_id: int) -> InFlight | None:
+        """Drop one request (it timed out); its late response will be dropped."""
+        return self._pop(upstream_id)
+
     def drain(self) -> list[InFlight]:
         """Forget everything (the server died): the requests to fail."""
         entries = list(self._by_upstream.values())

@@ -19,7 +19,14 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.jsonrpc import CONNECTION_CLOSED, METHOD_NOT_FOUND, JsonRpcError, Kind, Message
+from broker.jsonrpc import (
+    CONNECTION_CLOSED,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    JsonRpcError,
+    Kind,
+    Message,
+)
 from broker.lifecycle import (
     HandshakeError,
     ServerIdentity,
@@ -27,6 +34,7 @@ from broker.lifecycle import (
     read_initialize_result,
 )
 from broker.requestmap import InFlight, RequestMap
+from broker.timeouts import Deadlines, TimeoutPolicy
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 
@@ -62,11 +70,12 @@ class Phase(enum.Enum):
 
 
 class UpstreamProtocol:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, timeouts: TimeoutPolicy | None = None) -> None:
         self.name = name
         self.phase = Phase.HANDSHAKE
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap()
+        self.deadlines = Deadlines(timeouts or TimeoutPolicy())
 
     # -- the handshake ------------------------------------------------------
 
@@ -76,43 +85,66 @@ class UpstreamProtocol:
 
     # -- from clients -------------------------------------------------------
 
-    def client_request(self, session: Hashable, request: Message) -> Message:
+    def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> Message:
         """Rewrite a client's request for the server (raises JsonRpcError)."""
         if self.phase is not Phase.READY:
             raise JsonRpcError(
                 CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
             )
-        self.requests.open(session, request)
+        self.deadlines.add(self.requests.open(session, request), now)
         return request
+
+    def expire(self, now: float) -> list[Action]:
+        """Requests that outlived their timeout: cancel upstream, answer with an error."""
+        actions: list[Action] = []
+        for upstream_id in self.deadlines.expired(now):
+            entry = self.requests.forget(upstream_id)
+            if entry is None:
+                continue
+            timeout = self.deadlines.policy.timeout
+            error = jsonrpc.error_response(
+                entry.client_id,
+                REQUEST_TIMEOUT,
+                f"Request {entry.method!r} to MCP server {self.name!r} timed out "
+                f"(no answer or progress for {timeout:g} s)",
+                data={"server": self.name},
+            )
+            actions += [
+                SendUpstream(_cancelled(upstream_id, "timed out")),
+                Deliver(entry.session, error),
+            ]
+        return actions
 
     def client_cancelled(self, session: Hashable, params: dict[str, Any]) -> Message | None:
         """Translate a client's ``notifications/cancelled``; None if nothing to cancel."""
         upstream_id = self.requests.cancel(session, params.get("requestId"))
         if upstream_id is None:
             return None
+        self.deadlines.discard(upstream_id)
         return _cancelled(upstream_id, params.get("reason"))
 
     def session_closed(self, session: Hashable) -> list[Message]:
         """A session went away: cancel what it still had in flight."""
-        return [
-            _cancelled(upstream_id, "client disconnected")
-            for upstream_id in self.requests.drop_session(session)
-        ]
+        gone = self.requests.drop_session(session)
+        for upstream_id in gone:
+            self.deadlines.discard(upstream_id)
+        return [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
 
     # -- from the server ----------------------------------------------------
 
-    def server_message(self, message: Any) -> list[Action]:
+    def server_message(self, message: Any, now: float = 0.0) -> list[Action]:
         """Everything a decoded line from the server leads to."""
         kind = jsonrpc.classify(message)
         if kind is Kind.RESPONSE:
             return self._response(message)
         if kind is Kind.NOTIFICATION:
-            return self._notification(message)
+            return self._notification(message, now)
         return self._server_request(message)
 
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""
         self.phase = Phase.GONE
+        self.deadlines = Deadlines(self.deadlines.policy)
         return [self._fail(entry, reason) for entry in self.requests.drain()]
 
     def _fail(self, entry: InFlight, reason: str) -> Deliver:
@@ -127,8 +159,12 @@ class UpstreamProtocol:
     def _response(self, message: Message) -> list[Action]:
         if self.phase is Phase.HANDSHAKE and message.get("id") == HANDSHAKE_ID:
             return self._handshake_done(message)
+        upstream_id = message.get("id")
         entry = self.requests.close(message)
-        return [] if entry is None else [Deliver(entry.session, message)]
+        if entry is None:
+            return []
+        self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
+        return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
         self.identity = read_initialize_result(message)  # may raise HandshakeError
@@ -136,11 +172,15 @@ class UpstreamProtocol:
         initialized = jsonrpc.notification("notifications/initialized")
         return [SendUpstream(initialized), Ready(self.identity)]
 
-    def _notification(self, message: Message) -> list[Action]:
+    def _notification(self, message: Message, now: float) -> list[Action]:
         method = message["method"]
         if method == "notifications/progress":
+            upstream_id = message.get("params", {}).get("progressToken")
             entry = self.requests.progress(message)
-            return [] if entry is None else [Deliver(entry.session, message)]
+            if entry is None:
+                return []
+            self.deadlines.touch(upstream_id, now)
+            return [Deliver(entry.session, message)]
         if method == "notifications/cancelled":
             return []  # the server gave up on a request of its own; none are routed yet
         return [Broadcast(message)]

@@ -21,7 +21,7 @@ from broker import jsonrpc
 from broker.framing import LineFramer
 
 
-TOOL_NAMES = ("echo", "sleep", "die", "progress")
+TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks")
 
 
 class ScriptedServer:
@@ -136,6 +136,11 @@ class MemoryLink:
             if params.get("name") == "sleep":
                 await trio.sleep(arguments.get("seconds", 1))
             token = (params.get("_meta") or {}).get("progressToken")
+            if params.get("name") == "ticks" and token is not None:
+                for step in range(arguments["count"]):
+                    await trio.sleep(arguments["every"])
+                    progress = {"progressToken": token, "progress": step + 1}
+                    await self.send(jsonrpc.notification("notifications/progress", progress))
             if params.get("name") == "progress" and token is not None:
                 for step in (1, 2):
                     progress = {"progressToken": token, "progress": step, "total": 2}

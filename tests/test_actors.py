@@ -33,10 +33,14 @@ class Broker:
 
 
 async def start_broker(
-    nursery: trio.Nursery, scripts: dict[str, ScriptedServer], *, run: bool = True
+    nursery: trio.Nursery,
+    scripts: dict[str, ScriptedServer],
+    *,
+    run: bool = True,
+    settings: BrokerSettings = SETTINGS,
 ) -> Broker:
     upstreams = {
-        name: Upstream(name, ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+        name: Upstream(name, ServerConfig(command="scripted"), settings, launch=script.launch)
         for name, script in scripts.items()
     }
     broker = Broker(upstreams)
@@ -385,3 +389,43 @@ async def test_batches_from_2025_03_26_clients(nursery: trio.Nursery) -> None:
     batch = await client.receive()
     assert isinstance(batch, list)
     assert sorted(m["id"] for m in batch) == ["ping", "slow"]
+
+
+TIMEOUTS = BrokerSettings(request_timeout=10, max_request_timeout=25)
+
+
+async def test_a_request_that_outlives_its_timeout_is_cancelled_and_answered(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(
+        nursery, await start_broker(nursery, {"s": script}, settings=TIMEOUTS)
+    )
+    await client.initialize()
+    started = trio.current_time()
+    response = await client.request("tools/call", call("sleep", seconds=600), id="slow")
+    assert trio.current_time() - started == pytest.approx(10)
+    assert response["error"]["code"] == jsonrpc.REQUEST_TIMEOUT
+    assert "'s' timed out" in response["error"]["message"]
+    upstream_id = script.requests("tools/call")[0]["id"]
+    await trio.testing.wait_all_tasks_blocked()
+    cancelled = script.requests("notifications/cancelled")
+    assert cancelled[0]["params"] == {"requestId": upstream_id, "reason": "timed out"}
+
+
+@pytest.mark.parametrize(("count", "outcome"), [(4, "result"), (10, "error")])
+async def test_progress_restarts_the_clock_up_to_the_maximum(
+    nursery: trio.Nursery, autojump_clock: Any, count: int, outcome: str
+) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(
+        nursery, await start_broker(nursery, {"s": script}, settings=TIMEOUTS)
+    )
+    await client.initialize()
+    params = {**call("ticks", count=count, every=5), "_meta": {"progressToken": 1}}
+    started = trio.current_time()
+    response = await client.request("tools/call", params, id="ticking")
+    assert outcome in response  # 4 ticks 5 s apart finish at 20 s; 10 would take 50 s
+    if outcome == "error":
+        assert trio.current_time() - started == pytest.approx(25)  # the maximum
+    assert len([m for m in client.others if m.get("method") == "notifications/progress"]) >= 4
