@@ -68,7 +68,10 @@ def workdir() -> Iterator[str]:
 
 @contextlib.contextmanager
 def daemon(
-    directory: str, servers: dict[str, list[str]], prefix: tuple[str, ...] = ()
+    directory: str,
+    servers: dict[str, list[str]],
+    prefix: tuple[str, ...] = (),
+    module: str = "actors.cli",
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
@@ -84,7 +87,7 @@ def daemon(
     config_path = os.path.join(directory, "config.json")
     socket_path = os.path.join(directory, "daemon.sock")
     Path(config_path).write_bytes(orjson.dumps(config))
-    command = [*prefix, PYTHON, "-m", "actors.cli", "serve", "--config", config_path]
+    command = [*prefix, PYTHON, "-m", module, "serve", "--config", config_path]
     command += ["--socket", socket_path, "--log-level", "warning"]
     with open(os.path.join(directory, "daemon.log"), "ab") as log:
         process = subprocess.Popen(
