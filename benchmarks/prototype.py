@@ -98,14 +98,14 @@ def patch_nowait() -> None:
     upstream.Upstream.send = send  # type: ignore[method-assign]
     session.Session._reply = reply  # type: ignore[method-assign]
 
-    serve_client = daemon.Daemon._serve_client
+    serve_client: Any = daemon.Daemon._serve_client
 
     async def serve_client_nowait(self: Any, stream: Any) -> None:
         await serve_client(self, NowaitFd(stream, stream.socket.fileno()))
 
     daemon.Daemon._serve_client = serve_client_nowait  # type: ignore[method-assign]
 
-    read = upstream.Upstream._read
+    read: Any = upstream.Upstream._read
 
     async def read_nowait(self: Any, stdout: Any) -> str:
         return await read(self, NowaitFd(stdout, stdout.fileno()))
