@@ -108,7 +108,8 @@ def patch_nowait() -> None:
     read: Any = upstream.Upstream._read
 
     async def read_nowait(self: Any, stdout: Any) -> str:
-        return await read(self, NowaitFd(stdout, stdout.fileno()))
+        reason: str = await read(self, NowaitFd(stdout, stdout.fileno()))
+        return reason
 
     upstream.Upstream._read = read_nowait  # type: ignore[method-assign]
 
