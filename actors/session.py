@@ -25,13 +25,31 @@ from actors.errors import TransportClosed, map_transport_errors
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle, open_outbox
 from actors.registry import Registry
-from actors.upstream import Attach, ClientCancelled, ClientRequest, Detach, Upstream
+from actors.upstream import (
+    Attach,
+    ClientCancelled,
+    ClientNotification,
+    ClientRequest,
+    ClientResponse,
+    Detach,
+    Upstream,
+)
 from broker import jsonrpc
 from broker.config import BrokerSettings
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, JsonRpcError, Message
-from broker.session import Action, CancelUpstream, Defer, Forward, Phase, Reply, SessionProtocol
+from broker.session import (
+    Action,
+    CancelUpstream,
+    Defer,
+    Forward,
+    NotifyUpstreams,
+    Phase,
+    Reply,
+    RespondUpstream,
+    SessionProtocol,
+)
 
 
 @attrs.frozen
@@ -197,6 +215,11 @@ class Session:
         elif isinstance(action, CancelUpstream):
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
+        elif isinstance(action, RespondUpstream):
+            await self._upstreams[action.server].send(ClientResponse(self._handle, action.message))
+        elif isinstance(action, NotifyUpstreams):
+            for upstream in self._attached or ():
+                await upstream.send(ClientNotification(self._handle, action.message))
 
     async def _reply(self, message: Message | list[Message]) -> None:
         await self._outbox_send.send(message)
@@ -205,7 +228,7 @@ class Session:
         """Once initialized: hear from the view's servers and from the Registry."""
         self._attached = [self._upstreams[name] for name in self._protocol.view]
         for upstream in self._attached:
-            await upstream.send(Attach(self._handle))
+            await upstream.send(Attach(self._handle, self._protocol.client_capabilities))
         await self._registry.subscribe(self._handle, self._protocol.view)
 
     async def _detach(self) -> None:

@@ -35,7 +35,15 @@ from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
-from broker.upstream import Action, Broadcast, Deliver, Ready, SendUpstream, UpstreamProtocol
+from broker.upstream import (
+    Action,
+    Broadcast,
+    Deliver,
+    Ready,
+    SendUpstream,
+    UpstreamProtocol,
+    Warn,
+)
 
 INBOX_SIZE = 256
 READ_CHUNK = 256 * 1024
@@ -61,9 +69,24 @@ class ClientCancelled:
 
 @attrs.frozen
 class Attach:
-    """A session now uses this server: it gets the server's notifications."""
+    """A session now uses this server: it gets the server's notifications and requests."""
 
     session: SessionHandle
+    capabilities: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ClientResponse:
+    """A client's answer to a request this server sent it."""
+
+    session: SessionHandle
+    message: Message
+
+
+@attrs.frozen
+class ClientNotification:
+    session: SessionHandle
+    message: Message
 
 
 @attrs.frozen
@@ -73,7 +96,7 @@ class Detach:
     session: SessionHandle
 
 
-InboxItem = ClientRequest | ClientCancelled | Attach | Detach
+InboxItem = ClientRequest | ClientCancelled | ClientResponse | ClientNotification | Attach | Detach
 
 
 class Status(enum.Enum):
@@ -134,8 +157,7 @@ class Upstream:
         timeout = config.timeout or settings.request_timeout
         self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
-        self._protocol = UpstreamProtocol(name)
-        self._sessions: set[SessionHandle] = set()
+        self._protocol = UpstreamProtocol(name, self._timeouts)
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
@@ -169,7 +191,7 @@ class Upstream:
             status=self._status.value,
             pid=self._pid,
             restarts=self._restarts,
-            sessions=len(self._sessions),
+            sessions=len(self._protocol.sessions),
             in_flight=len(self._protocol.requests),
             inbox=self._inbox.statistics().current_buffer_used,
             last_error=self._last_error,
@@ -210,16 +232,21 @@ class Upstream:
             await self._write(out)
 
     def _handle(self, item: InboxItem) -> list[Message]:
+        protocol = self._protocol
         if isinstance(item, ClientRequest):
             return self._forward(item.session, item.message)
         if isinstance(item, ClientCancelled):
-            cancelled = self._protocol.client_cancelled(item.session, item.params)
-            return [] if cancelled is None else [cancelled]
-        if isinstance(item, Attach):
-            self._sessions.add(item.session)
+            out = protocol.client_cancelled(item.session, item.params)
+        elif isinstance(item, ClientResponse):
+            out = protocol.client_response(item.session, item.message)
+        elif isinstance(item, ClientNotification):
+            out = protocol.client_notification(item.session, item.message)
+        elif isinstance(item, Attach):
+            protocol.attach(item.session, item.capabilities)
             return []
-        self._sessions.discard(item.session)
-        return self._protocol.session_closed(item.session)
+        else:
+            return protocol.session_closed(item.session)
+        return [] if out is None else [out]
 
     def _forward(self, session: SessionHandle, request: Message) -> list[Message]:
         if self._status is not Status.READY:
@@ -291,7 +318,7 @@ class Upstream:
             self._restarts += 1
 
     async def _run_process(self) -> None:
-        self._protocol = UpstreamProtocol(self.name, self._timeouts)
+        self._protocol = self._protocol.restarted()
         self._set_status(Status.STARTING)
         try:
             link = await self._launch()
@@ -398,11 +425,13 @@ class Upstream:
                     # The Registry refreshes its cache first, then tells sessions.
                     self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
                     continue
-                for session in self._sessions:
-                    session.deliver(action.message)
+                for session in self._protocol.sessions:
+                    cast(SessionHandle, session).deliver(action.message)
             elif isinstance(action, SendUpstream):
                 assert self._process_nursery is not None
                 self._process_nursery.start_soon(self._write, [action.message])
+            elif isinstance(action, Warn):
+                self._log.warning(action.event, detail=action.detail)
             elif isinstance(action, Ready):
                 self._log.info(
                     "server.ready",

@@ -21,6 +21,13 @@ LATEST_LEGACY_VERSION = LEGACY_VERSIONS[-1]
 BATCH_VERSIONS = frozenset({"2025-03-26"})
 
 BROKER_NAME = "mcpbroker"
+# What the broker offers servers as their client: it routes each of these to a
+# session that declared it, or answers with an error when none did.
+BROKER_CLIENT_CAPABILITIES = {
+    "roots": {"listChanged": True},
+    "sampling": {},
+    "elicitation": {"form": {}, "url": {}},
+}
 BROKER_VERSION = "0.1.0"
 
 
@@ -91,7 +98,7 @@ def initialize_request(id: RequestId) -> Message:
         "method": "initialize",
         "params": {
             "protocolVersion": LATEST_LEGACY_VERSION,
-            "capabilities": {},
+            "capabilities": BROKER_CLIENT_CAPABILITIES,
             "clientInfo": {"name": BROKER_NAME, "version": BROKER_VERSION},
         },
     }

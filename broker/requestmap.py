@@ -42,6 +42,10 @@ class RequestMap:
     def __len__(self) -> int:
         return len(self._by_upstream)
 
+    def sessions(self) -> list[Hashable]:
+        """The session of each request in flight, oldest request first."""
+        return [entry.session for entry in self._by_upstream.values()]
+
     def count(self, session: Hashable) -> int:
         return sum(1 for entry in self._by_upstream.values() if entry.session == session)
 

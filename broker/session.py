@@ -41,6 +41,7 @@ from broker.jsonrpc import (
     id_key,
 )
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
+from broker.server_requests import server_of
 from broker.views import initialize_for, route
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
@@ -72,13 +73,28 @@ class CancelUpstream:
 
 
 @attrs.frozen
+class RespondUpstream:
+    """A client's answer to a request a server sent it (through the broker)."""
+
+    server: str
+    message: Message
+
+
+@attrs.frozen
+class NotifyUpstreams:
+    """A client notification every server of the view should hear."""
+
+    message: Message
+
+
+@attrs.frozen
 class Defer:
     """Wait until every server of the view has settled, then receive this again."""
 
     message: Message
 
 
-Action = Reply | Forward | CancelUpstream | Defer
+Action = Reply | Forward | CancelUpstream | RespondUpstream | NotifyUpstreams | Defer
 
 
 class Phase(enum.Enum):
@@ -135,7 +151,8 @@ class SessionProtocol:
                 raise
         if kind is Kind.NOTIFICATION:
             return self._notification(message)
-        return []  # a response: the broker sends clients no requests yet
+        server = server_of(message.get("id"))
+        return [RespondUpstream(server, message)] if server in self.view else []
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
@@ -204,7 +221,9 @@ class SessionProtocol:
             if finished:
                 actions.append(Reply(finished))
             return actions
-        return []  # initialized, progress, roots/list_changed: nothing to do yet
+        if method == "notifications/roots/list_changed":
+            return [NotifyUpstreams(message)]
+        return []  # initialized; progress on a server's request is not relayed
 
     def _receive_batch(self, items: list[Any]) -> list[Action]:
         if not items:

@@ -21,7 +21,6 @@ import attrs
 from broker import jsonrpc
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
-    METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -34,6 +33,7 @@ from broker.lifecycle import (
     read_initialize_result,
 )
 from broker.requestmap import InFlight, RequestMap
+from broker.server_requests import Route, ServerRequests
 from broker.timeouts import Deadlines, TimeoutPolicy
 
 HANDSHAKE_ID = "mcpbroker-initialize"
@@ -60,7 +60,15 @@ class Ready:
     identity: ServerIdentity
 
 
-Action = SendUpstream | Deliver | Broadcast | Ready
+@attrs.frozen
+class Warn:
+    """Something the operator should hear about (logged as a warning)."""
+
+    event: str
+    detail: str
+
+
+Action = SendUpstream | Deliver | Broadcast | Ready | Warn
 
 
 class Phase(enum.Enum):
@@ -76,6 +84,15 @@ class UpstreamProtocol:
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap()
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
+        self.server_requests = ServerRequests(name)
+        # Sessions using this server -> their capabilities, least recently active first.
+        self.sessions: dict[Hashable, dict[str, Any]] = {}
+
+    def restarted(self) -> UpstreamProtocol:
+        """A fresh protocol for a new server process, keeping the attached sessions."""
+        fresh = UpstreamProtocol(self.name, self.deadlines.policy)
+        fresh.sessions = self.sessions
+        return fresh
 
     # -- the handshake ------------------------------------------------------
 
@@ -92,7 +109,23 @@ class UpstreamProtocol:
                 CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
             )
         self.deadlines.add(self.requests.open(session, request), now)
+        if session in self.sessions:  # now the most recently active
+            self.sessions[session] = self.sessions.pop(session)
         return request
+
+    def attach(self, session: Hashable, capabilities: dict[str, Any]) -> None:
+        """A session uses this server from now on (it declared these capabilities)."""
+        self.sessions[session] = capabilities
+
+    def client_response(self, session: Hashable, response: Message) -> Message | None:
+        """A client's answer to a request this server sent it, in the server's terms."""
+        return self.server_requests.answer(session, response)
+
+    def client_notification(self, session: Hashable, message: Message) -> Message | None:
+        """A client's notification this server should hear (roots changed)."""
+        if message["method"] == "notifications/roots/list_changed" and session in self.sessions:
+            return message
+        return None
 
     def expire(self, now: float) -> list[Action]:
         """Requests that outlived their timeout: cancel upstream, answer with an error."""
@@ -125,10 +158,12 @@ class UpstreamProtocol:
 
     def session_closed(self, session: Hashable) -> list[Message]:
         """A session went away: cancel what it still had in flight."""
+        self.sessions.pop(session, None)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
-        return [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
+        cancels = [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
+        return cancels + self.server_requests.session_gone(session)
 
     # -- from the server ----------------------------------------------------
 
@@ -181,17 +216,32 @@ class UpstreamProtocol:
                 return []
             self.deadlines.touch(upstream_id, now)
             return [Deliver(entry.session, message)]
+        params = message.get("params") or {}
         if method == "notifications/cancelled":
-            return []  # the server gave up on a request of its own; none are routed yet
+            routed = self.server_requests.server_cancelled(params)
+            return [] if routed is None else [Deliver(*routed)]
+        if method == "notifications/elicitation/complete":
+            session = self.server_requests.elicitation_complete(params)
+            return [] if session is None else [Deliver(session, message)]
         return [Broadcast(message)]
 
     def _server_request(self, message: Message) -> list[Action]:
         if message["method"] == "ping":
             return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
-        error = jsonrpc.error_response(
-            message["id"], METHOD_NOT_FOUND, f"Method not found: {message['method']}"
-        )
-        return [SendUpstream(error)]
+        route = self.server_requests.route(message, self.requests.sessions(), self.sessions)
+        if not isinstance(route, Route):
+            return [SendUpstream(route)]
+        actions: list[Action] = [Deliver(route.session, route.message)]
+        if route.ambiguous:
+            actions.append(
+                Warn(
+                    "server.request_ambiguous",
+                    f"{message['method']} arrived while several sessions had requests in flight; "
+                    "it went to the most recent one. If this server keeps per-client state, "
+                    'configure it with "share": "per-session".',
+                )
+            )
+        return actions
 
 
 def _cancelled(upstream_id: int, reason: Any) -> Message:
@@ -210,4 +260,5 @@ __all__ = [
     "Ready",
     "SendUpstream",
     "UpstreamProtocol",
+    "Warn",
 ]

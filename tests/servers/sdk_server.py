@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 
 import anyio
+from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel
 
 NAME = os.environ.get("SDK_SERVER_NAME", "sdk-test-server")
 server = MCPServer(NAME, instructions=f"Test server {NAME}.")
@@ -57,6 +59,34 @@ async def grow(name: str, ctx: Context) -> str:
     server.add_tool(added, name=name, description=f"added at run time to {NAME}")
     await ctx.session.send_tool_list_changed()
     return f"added {name}"
+
+
+@server.tool()
+async def ask_llm(prompt: str, ctx: Context) -> str:
+    """Ask the client's model (sampling) and return its answer."""
+    message = types.SamplingMessage(
+        role="user", content=types.TextContent(type="text", text=prompt)
+    )
+    result = await ctx.session.create_message([message], max_tokens=50)
+    return result.content.text
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+@server.tool()
+async def ask_user(question: str, ctx: Context) -> str:
+    """Ask the client's user (elicitation) and return what they said."""
+    result = await ctx.elicit(question, Answer)
+    return f"{result.action}: {result.data.answer if result.data else ''}"
+
+
+@server.tool()
+async def roots(ctx: Context) -> str:
+    """The client's roots, comma-separated."""
+    result = await ctx.session.list_roots()
+    return ",".join(str(root.uri) for root in result.roots)
 
 
 @server.resource(f"test://{NAME}/hello")
