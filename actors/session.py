@@ -28,6 +28,7 @@ from actors.registry import Registry
 from actors.upstream import (
     Attach,
     ClientCancelled,
+    ClientLogLevel,
     ClientNotification,
     ClientRequest,
     ClientResponse,
@@ -49,6 +50,7 @@ from broker.session import (
     Reply,
     RespondUpstream,
     SessionProtocol,
+    SetLogLevel,
 )
 
 
@@ -217,6 +219,9 @@ class Session:
                 await upstream.send(ClientCancelled(self._handle, action.params))
         elif isinstance(action, RespondUpstream):
             await self._upstreams[action.server].send(ClientResponse(self._handle, action.message))
+        elif isinstance(action, SetLogLevel):
+            for upstream in self._attached or ():
+                await upstream.send(ClientLogLevel(self._handle, action.level))
         elif isinstance(action, NotifyUpstreams):
             for upstream in self._attached or ():
                 await upstream.send(ClientNotification(self._handle, action.message))

@@ -84,6 +84,12 @@ class ClientResponse:
 
 
 @attrs.frozen
+class ClientLogLevel:
+    session: SessionHandle
+    level: str
+
+
+@attrs.frozen
 class ClientNotification:
     session: SessionHandle
     message: Message
@@ -96,7 +102,15 @@ class Detach:
     session: SessionHandle
 
 
-InboxItem = ClientRequest | ClientCancelled | ClientResponse | ClientNotification | Attach | Detach
+InboxItem = (
+    ClientRequest
+    | ClientCancelled
+    | ClientResponse
+    | ClientNotification
+    | ClientLogLevel
+    | Attach
+    | Detach
+)
 
 
 class Status(enum.Enum):
@@ -244,6 +258,8 @@ class Upstream:
         elif isinstance(item, Attach):
             protocol.attach(item.session, item.capabilities)
             return []
+        elif isinstance(item, ClientLogLevel):
+            return self._split(protocol.client_log_level(item.session, item.level))
         else:
             return protocol.session_closed(item.session)
         return [] if out is None else [out]
@@ -260,10 +276,18 @@ class Upstream:
             )
             return []
         try:
-            return [self._protocol.client_request(session, request, trio.current_time())]
+            actions = self._protocol.client_request(session, request, trio.current_time())
         except JsonRpcError as exc:
             session.deliver(exc.to_response())
             return []
+        return self._split(actions)
+
+    def _split(self, actions: list[Action]) -> list[Message]:
+        """Carry out every action but the writes, and return the messages to write."""
+        out = [action.message for action in actions if isinstance(action, SendUpstream)]
+        if len(out) != len(actions):
+            self._apply([action for action in actions if not isinstance(action, SendUpstream)])
+        return out
 
     async def _write(self, messages: list[Message]) -> None:
         if not messages:

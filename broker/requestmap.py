@@ -31,6 +31,7 @@ class InFlight:
     client_id: RequestId
     method: str
     client_token: Any = None  # the client's progressToken, if it sent one
+    note: Any = None  # what the caller needs to remember about it (a subscribed URI)
 
 
 class RequestMap:
@@ -124,6 +125,9 @@ class RequestMap:
         for upstream_id in gone:
             self._pop(upstream_id)
         return gone
+
+    def note(self, upstream_id: int, note: Any) -> None:
+        self._by_upstream[upstream_id].note = note
 
     def forget(self, upstream_id: int) -> InFlight | None:
         """Drop one request (it timed out); its late response will be dropped."""

@@ -30,6 +30,7 @@ import attrs
 
 from broker import jsonrpc
 from broker.catalog import KIND_BY_METHOD, Catalog
+from broker.fanout import level_rank
 from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -46,7 +47,16 @@ from broker.views import initialize_for, route
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
 LIST_METHODS = KIND_BY_METHOD
-ROUTED_METHODS = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete"})
+ROUTED_METHODS = frozenset(
+    {
+        "tools/call",
+        "prompts/get",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+    }
+)
 
 
 class CatalogSource(Protocol):
@@ -88,13 +98,20 @@ class NotifyUpstreams:
 
 
 @attrs.frozen
+class SetLogLevel:
+    """The session's log level changed: every server of the view should know."""
+
+    level: str
+
+
+@attrs.frozen
 class Defer:
     """Wait until every server of the view has settled, then receive this again."""
 
     message: Message
 
 
-Action = Reply | Forward | CancelUpstream | RespondUpstream | NotifyUpstreams | Defer
+Action = Reply | Forward | CancelUpstream | RespondUpstream | NotifyUpstreams | SetLogLevel | Defer
 
 
 class Phase(enum.Enum):
@@ -170,6 +187,11 @@ class SessionProtocol:
             raise JsonRpcError(INVALID_REQUEST, "Session not initialized: send initialize first")
         if method in LIST_METHODS:
             return self._list(request, settled)
+        if method == "logging/setLevel":
+            level = (request.get("params") or {}).get("level")
+            if level_rank(level) is None:
+                raise JsonRpcError(INVALID_PARAMS, f"Unknown log level: {level!r}")
+            return [Reply(jsonrpc.result_response(id, {})), SetLogLevel(str(level))]
         if method in ROUTED_METHODS:
             return self._forward(request, settled)
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")

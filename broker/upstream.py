@@ -13,14 +13,17 @@ server writes, and carries out the actions it returns:
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Hashable
 from typing import Any
 
 import attrs
 
 from broker import jsonrpc
+from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
+    INVALID_PARAMS,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -85,6 +88,8 @@ class UpstreamProtocol:
         self.requests = RequestMap()
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
         self.server_requests = ServerRequests(name)
+        self.fanout = Fanout()
+        self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities, least recently active first.
         self.sessions: dict[Hashable, dict[str, Any]] = {}
 
@@ -92,6 +97,7 @@ class UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
         fresh = UpstreamProtocol(self.name, self.deadlines.policy)
         fresh.sessions = self.sessions
+        fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         return fresh
 
     # -- the handshake ------------------------------------------------------
@@ -102,16 +108,49 @@ class UpstreamProtocol:
 
     # -- from clients -------------------------------------------------------
 
-    def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> Message:
-        """Rewrite a client's request for the server (raises JsonRpcError)."""
+    def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> list[Action]:
+        """A client's request: forwarded rewritten, or answered here (raises JsonRpcError)."""
         if self.phase is not Phase.READY:
             raise JsonRpcError(
                 CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
             )
-        self.deadlines.add(self.requests.open(session, request), now)
+        note = None
+        if request["method"] in ("resources/subscribe", "resources/unsubscribe"):
+            note = _uri_of(request)
+            answered = self._subscription(session, request, note)
+            if answered is not None:
+                return answered
+        upstream_id = self.requests.open(session, request)
+        if note is not None:
+            self.requests.note(upstream_id, note)
+        self.deadlines.add(upstream_id, now)
         if session in self.sessions:  # now the most recently active
             self.sessions[session] = self.sessions.pop(session)
-        return request
+        return [SendUpstream(request)]
+
+    def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
+        """Reference-counted (un)subscribe: None to forward the client's own request."""
+        done = Deliver(session, jsonrpc.result_response(request["id"], {}))
+        if request["method"] == "resources/subscribe":
+            return None if self.fanout.subscribe(session, uri) else [done]
+        if self.fanout.unsubscribe(session, uri):
+            return [SendUpstream(self._own_request("resources/unsubscribe", {"uri": uri})), done]
+        return [done]
+
+    def client_log_level(self, session: Hashable, level: str) -> list[Action]:
+        """A session set its log level; ask the server for the most verbose one wanted."""
+        return self._log_level_actions(self.fanout.set_level(session, level))
+
+    def _log_level_actions(self, level: str | None) -> list[Action]:
+        has_logging = self.identity is not None and "logging" in self.identity.capabilities
+        if level is None or not has_logging or self.phase is not Phase.READY:
+            return []
+        return [SendUpstream(self._own_request("logging/setLevel", {"level": level}))]
+
+    def _own_request(self, method: str, params: dict[str, Any]) -> Message:
+        """A request of the broker's own; its answer matches no client and is dropped."""
+        id = f"mcpbroker-{next(self._own_ids)}"
+        return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
 
     def attach(self, session: Hashable, capabilities: dict[str, Any]) -> None:
         """A session uses this server from now on (it declared these capabilities)."""
@@ -162,8 +201,17 @@ class UpstreamProtocol:
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
-        cancels = [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
-        return cancels + self.server_requests.session_gone(session)
+        out = [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
+        out += self.server_requests.session_gone(session)
+        if self.phase is Phase.READY:
+            emptied, level = self.fanout.session_gone(session)
+            out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
+            out += [
+                a.message for a in self._log_level_actions(level) if isinstance(a, SendUpstream)
+            ]
+        else:
+            self.fanout.session_gone(session)
+        return out
 
     # -- from the server ----------------------------------------------------
 
@@ -199,13 +247,19 @@ class UpstreamProtocol:
         if entry is None:
             return []
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
+        if entry.method == "resources/subscribe" and "error" in message:
+            self.fanout.unsubscribe(entry.session, entry.note)  # the server refused it
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
         self.identity = read_initialize_result(message)  # may raise HandshakeError
         self.phase = Phase.READY
-        initialized = jsonrpc.notification("notifications/initialized")
-        return [SendUpstream(initialized), Ready(self.identity)]
+        actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
+        # A restarted server: renew what its sessions had asked of the last one.
+        for uri in self.fanout.subscribed_uris():
+            actions.append(SendUpstream(self._own_request("resources/subscribe", {"uri": uri})))
+        actions += self._log_level_actions(self.fanout.upstream_level())
+        return [*actions, Ready(self.identity)]
 
     def _notification(self, message: Message, now: float) -> list[Action]:
         method = message["method"]
@@ -223,6 +277,14 @@ class UpstreamProtocol:
         if method == "notifications/elicitation/complete":
             session = self.server_requests.elicitation_complete(params)
             return [] if session is None else [Deliver(session, message)]
+        if method == "notifications/message":
+            logger = params.get("logger")
+            named = {**params, "logger": f"{self.name}/{logger}" if logger else self.name}
+            note = {**message, "params": named}
+            level = params.get("level")
+            return [Deliver(s, note) for s in self.sessions if self.fanout.admits(s, level)]
+        if method == "notifications/resources/updated":
+            return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
         return [Broadcast(message)]
 
     def _server_request(self, message: Message) -> list[Action]:
@@ -242,6 +304,13 @@ class UpstreamProtocol:
                 )
             )
         return actions
+
+
+def _uri_of(request: Message) -> str:
+    uri = (request.get("params") or {}).get("uri")
+    if not isinstance(uri, str):
+        raise JsonRpcError(INVALID_PARAMS, f"{request['method']} needs params.uri (a string)")
+    return uri
 
 
 def _cancelled(upstream_id: int, reason: Any) -> Message:

@@ -15,10 +15,10 @@ from broker.catalog import PROMPTS, TOOLS, Catalog, not_serving_message
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError, Message
 from broker.lifecycle import broker_server_info, initialize_result
 
-# What the broker can honour of a server's capabilities, today. Logging levels,
-# resource subscriptions and tasks need per-session bookkeeping in the broker
-# before they can be offered through a shared server.
-PASSED_CAPABILITIES = ("tools", "prompts", "resources", "completions")
+# What the broker can honour of a server's capabilities: it keeps log levels and
+# resource subscriptions per session (broker/fanout.py). Tasks and experimental
+# capabilities are not offered through the broker yet.
+PASSED_CAPABILITIES = ("tools", "prompts", "resources", "completions", "logging")
 
 
 def initialize_for(
@@ -43,20 +43,33 @@ def initialize_for(
 
 
 def _honoured(capabilities: dict[str, Any], version: str) -> dict[str, Any]:
+    """A server's capabilities as far as the broker can offer them through itself."""
     out: dict[str, Any] = {}
     for key in PASSED_CAPABILITIES:
-        if key in capabilities and not (key == "completions" and version == "2024-11-05"):
-            out[key] = {"listChanged": True} if key != "completions" else {}
+        if key not in capabilities or (key == "completions" and version == "2024-11-05"):
+            continue
+        if key in ("completions", "logging"):
+            out[key] = {}
+        else:
+            out[key] = {"listChanged": True}
+    resources = capabilities.get("resources")
+    if "resources" in out and isinstance(resources, dict) and resources.get("subscribe"):
+        out["resources"]["subscribe"] = True
     return out
 
 
 def _union(catalog: Catalog, view: tuple[str, ...], version: str) -> dict[str, Any]:
-    """The broker always serves the three lists (maybe empty); the rest if any server has it."""
-    capabilities = {key: {"listChanged": True} for key in ("tools", "resources", "prompts")}
+    """The three lists (maybe empty) and logging, always; the rest if any server has it."""
+    capabilities: dict[str, Any] = {
+        key: {"listChanged": True} for key in ("tools", "resources", "prompts")
+    }
+    capabilities["logging"] = {}  # the broker answers logging/setLevel itself
     for name in view:
         identity = catalog.entry(name).identity
-        if identity is not None:
-            capabilities.update(_honoured(identity.capabilities, version))
+        if identity is None:
+            continue
+        for key, value in _honoured(identity.capabilities, version).items():
+            capabilities[key] = {**capabilities.get(key, {}), **value}
     return capabilities
 
 
@@ -86,7 +99,7 @@ def route(
         kind = TOOLS if method == "tools/call" else PROMPTS
         server, name = catalog.route_named(kind, view, params.get("name"))
         return server, _with_params(request, name=name)
-    if method == "resources/read":
+    if method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
         return catalog.route_resource(view, params.get("uri")), request
     if method == "completion/complete":
         return _route_completion(catalog, view, request, params.get("ref"))

@@ -51,8 +51,9 @@ def ready_protocol(name: str = "files") -> UpstreamProtocol:
 
 def forward(proto: UpstreamProtocol, session: str, id: Any, **params: Any) -> int:
     """Send a client request through; returns the upstream id it got."""
-    sent = proto.client_request(session, request(id, **params))
-    return sent["id"]
+    (sent,) = proto.client_request(session, request(id, **params))
+    assert isinstance(sent, SendUpstream)
+    return sent.message["id"]
 
 
 # -- handshake ---------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""Which sessions hear a shared server's notifications: log levels, subscriptions.
+
+Logging: each session sets its own level (``logging/setLevel``, answered by
+the broker). The server is asked for the most verbose level any of its
+sessions wants, and each session then receives ``notifications/message`` only
+at or above its own level. A session that never set a level receives what the
+server sends.
+
+Subscriptions: ``resources/subscribe`` is reference-counted per URI. The first
+session to subscribe is forwarded to the server; later ones are answered by the
+broker. The server is unsubscribed when the last subscriber leaves (by
+``resources/unsubscribe`` or by disconnecting). ``notifications/resources/updated``
+goes only to the sessions subscribed to that URI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+_RANK = {name: rank for rank, name in enumerate(LOG_LEVELS)}
+
+
+def level_rank(level: Any) -> int | None:
+    return _RANK.get(level) if isinstance(level, str) else None
+
+
+class Fanout:
+    def __init__(self) -> None:
+        self._levels: dict[Hashable, int] = {}
+        self._sent_level: int | None = None
+        self._subscribers: dict[str, set[Hashable]] = {}
+
+    # -- logging --------------------------------------------------------------
+
+    def set_level(self, session: Hashable, level: str) -> str | None:
+        """Record a session's level; the level to ask the server for, if it changed."""
+        self._levels[session] = _RANK[level]
+        return self._upstream_level_change()
+
+    def admits(self, session: Hashable, level: Any) -> bool:
+        wanted = self._levels.get(session)
+        rank = level_rank(level)
+        return wanted is None or rank is None or rank >= wanted
+
+    def upstream_level(self) -> str | None:
+        """The level the server should log at (None: nobody asked)."""
+        return LOG_LEVELS[self._sent_level] if self._sent_level is not None else None
+
+    def _upstream_level_change(self) -> str | None:
+        if not self._levels:
+            return None  # keep what the server was last told: MCP has no "unset"
+        wanted = min(self._levels.values())
+        if wanted == self._sent_level:
+            return None
+        self._sent_level = wanted
+        return LOG_LEVELS[wanted]
+
+    # -- subscriptions --------------------------------------------------------
+
+    def subscribe(self, session: Hashable, uri: str) -> bool:
+        """Add a subscriber; True if the server must be asked (the first one)."""
+        subscribers = self._subscribers.setdefault(uri, set())
+        first = not subscribers
+        subscribers.add(session)
+        return first
+
+    def unsubscribe(self, session: Hashable, uri: str) -> bool:
+        """Remove a subscriber; True if the server must be told (the last one left)."""
+        subscribers = self._subscribers.get(uri)
+        if not subscribers or session not in subscribers:
+            return False
+        subscribers.discard(session)
+        if subscribers:
+            return False
+        del self._subscribers[uri]
+        return True
+
+    def subscribers(self, uri: Any) -> set[Hashable]:
+        return self._subscribers.get(uri, set()) if isinstance(uri, str) else set()
+
+    def subscribed_uris(self) -> list[str]:
+        return list(self._subscribers)
+
+    # -- sessions -------------------------------------------------------------
+
+    def session_gone(self, session: Hashable) -> tuple[list[str], str | None]:
+        """Forget a session: URIs nobody is subscribed to any more, and a new log level."""
+        emptied = [uri for uri in list(self._subscribers) if self.unsubscribe(session, uri)]
+        self._levels.pop(session, None)
+        return emptied, self._upstream_level_change()
