@@ -39,7 +39,16 @@ def raise_fd_limit() -> None:
 
 
 def shim_command(socket_path: str, server: str) -> list[str]:
-    """What a host runs: the installed ``mcpbroker`` script, else the module."""
+    """What a host runs: the installed ``mcpbroker`` script, else the module.
+
+    ``MCPBROKER_BENCH_SHIM=prototype`` (or ``prototype-S``: without ``site``)
+    runs benchmarks/prototype_shim.py instead, to measure that proposal.
+    """
+    variant = os.environ.get("MCPBROKER_BENCH_SHIM", "")
+    if variant.startswith("prototype"):
+        flags = ["-S"] if variant == "prototype-S" else []
+        prototype = str(REPO / "benchmarks" / "prototype_shim.py")
+        return [PYTHON, *flags, prototype, socket_path, server]
     script = Path(PYTHON).parent / "mcpbroker"
     start = [str(script)] if script.exists() else [PYTHON, "-m", "actors.cli"]
     return [*start, "connect", "--socket", socket_path, "--server", server]

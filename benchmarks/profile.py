@@ -9,7 +9,8 @@ line's function) and by inclusive time, and the share of each area of the
 code. py-spy's raw stacks and a flame graph (SVG) are kept in ``--out``.
 
 Options: ``--load throughput|latency|payload|shims``, ``--seconds S``,
-``--rate HZ``, ``--out DIR`` (default ``build/profile``), ``--top N``.
+``--rate HZ``, ``--out DIR`` (default ``build/profile``), ``--top N``,
+``--patches SET`` (profile the prototypes of the proposed changes).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ IDLE = {
     ("EpollIOManager.get_events", "trio/_core/_io_epoll.py"),  # epoll_wait
 }
 AREAS = (  # first match wins, on the frame's file path
+    ("benchmarks/prototype", "prototype patches (their I/O)"),
     ("broker/", "broker (sans-I/O rules)"),
     ("actors/", "actors (the daemon's tasks)"),
     ("trio/_core/_io_epoll", "trio: epoll and fd waiting"),
@@ -74,12 +76,16 @@ def py_spy() -> str:
     return found
 
 
-def record(load: str, seconds: float, rate: int, out: Path) -> Path:
+def record(load: str, seconds: float, rate: int, out: Path, patches: str = "") -> Path:
     """Run ``load`` against a daemon, attach py-spy once it is warm; the raw stacks file."""
     clients, in_flight, tool, arguments = LOADS[load]
     raw = out / f"{load}.txt"
     warmup = 1.5
-    with workdir() as directory, daemon(directory, {"echo": ECHO_SERVER}) as dm:
+    module = "actors.cli"
+    if patches:  # the prototypes of the proposed changes (benchmarks/prototype.py)
+        os.environ["MCPBROKER_PATCHES"] = patches
+        module = "benchmarks.prototype"
+    with workdir() as directory, daemon(directory, {"echo": ECHO_SERVER}, module=module) as dm:
         if load == "shims":
             targets = [command_target(shim_command(dm.socket, "echo"), clients)]
         else:
@@ -204,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=str(REPO / "build" / "profile"))
     parser.add_argument("--raw", metavar="FILE", help="only summarize an existing raw file")
+    parser.add_argument(
+        "--patches", default="", help="apply prototype patches (benchmarks/prototype.py), or 'all'"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(Path(args.raw).stem, summarize(Path(args.raw), args.top)))
         return 0
     for load in args.load or ["throughput", "latency"]:
-        raw = record(load, args.seconds, args.rate, out)
+        raw = record(load, args.seconds, args.rate, out, args.patches)
         print(render(load, summarize(raw, args.top)), flush=True)
     return 0
 
