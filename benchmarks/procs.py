@@ -85,8 +85,12 @@ def daemon(
     """``mcpbroker serve`` with these servers, once every server is ready.
 
     ``prefix`` runs the daemon under another command (a profiler); the pid
-    yielded is still the daemon's own, from its status.
+    yielded is still the daemon's own, from its status. With
+    ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
+    (benchmarks/prototype.py).
     """
+    if os.environ.get("MCPBROKER_PATCHES") and module == "actors.cli":
+        module = "benchmarks.prototype"
     config = {
         "mcpServers": {
             name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
