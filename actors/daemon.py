@@ -21,8 +21,9 @@ from actors.logs import get_logger
 from actors.paths import ensure_private_dir
 from actors.registry import Registry
 from actors.session import Session, SessionStatistics
+from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream, UpstreamStatistics
-from broker.config import Config
+from broker.config import BrokerSettings, Config, ServerConfig
 
 
 @attrs.frozen
@@ -39,7 +40,7 @@ class Daemon:
         self.config = config
         self.socket_path = socket_path
         self.upstreams = {
-            name: Upstream(name, server, config.broker, lazy=server.startup == "lazy")
+            name: _server(name, server, config.broker)
             for name, server in config.enabled_servers.items()
         }
         self.registry = Registry(self.upstreams, config.broker)
@@ -92,3 +93,12 @@ class Daemon:
             self._log.exception("session.crashed")
         finally:
             self._sessions.discard(session)
+
+
+def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Any:
+    """The actor for one configured server, by its sharing mode."""
+    if config.share == "per-session":
+        return PerSessionServer(name, config, settings)
+    if config.pool > 1:
+        return PooledServer(name, config, settings)
+    return Upstream(name, config, settings, lazy=config.startup == "lazy")

@@ -23,7 +23,7 @@ CANCEL_TIMEOUT = 1.0
 class InternalClient:
     def __init__(self) -> None:
         self._send, self._receive = trio.open_memory_channel[Any](OUTBOX_SIZE)
-        self.handle = SessionHandle(self._send, trio.CancelScope())
+        self.handle = SessionHandle(self._send, trio.CancelScope(), internal=True)
         self._ids = itertools.count(1)
         self._waiting: dict[int, trio.MemorySendChannel[Message]] = {}
 

@@ -31,6 +31,7 @@ class SessionHandle:
     cancel_scope: trio.CancelScope
     id: int = attrs.field(factory=lambda: next(_session_ids))
     close_reason: str | None = None
+    internal: bool = False  # the broker's own requests (catalog fetches), not a client
 
     def deliver(self, message: Message | list[Message]) -> None:
         """Queue a message for the client without waiting; never raises."""

@@ -151,6 +151,7 @@ class UpstreamStatistics:
     in_flight: int
     inbox: int
     last_error: str | None
+    instances: int = 1
 
 
 class Upstream:
@@ -163,6 +164,7 @@ class Upstream:
         *,
         lazy: bool = False,
         events: trio.MemorySendChannel[Any] | None = None,
+        numbering: tuple[int, int] = (1, 1),
     ) -> None:
         self.name = name
         self.config = config
@@ -171,7 +173,7 @@ class Upstream:
         timeout = config.timeout or settings.request_timeout
         self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
-        self._protocol = UpstreamProtocol(name, self._timeouts)
+        self._protocol = UpstreamProtocol(name, self._timeouts, numbering)
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
@@ -210,6 +212,11 @@ class Upstream:
             inbox=self._inbox.statistics().current_buffer_used,
             last_error=self._last_error,
         )
+
+    @property
+    def load(self) -> int:
+        """Requests in flight or waiting: how busy this instance is (for pools)."""
+        return len(self._protocol.requests) + self._inbox.statistics().current_buffer_used
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
@@ -445,7 +452,7 @@ class Upstream:
             if isinstance(action, Deliver):
                 cast(SessionHandle, action.session).deliver(action.message)
             elif isinstance(action, Broadcast):
-                if action.message["method"] in LIST_CHANGED:
+                if action.message["method"] in LIST_CHANGED and self.events is not None:
                     # The Registry refreshes its cache first, then tells sessions.
                     self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
                     continue

@@ -53,6 +53,8 @@ class ServerConfig:
     type: str | None = None
     disabled: bool = False
     startup: str = "eager"
+    share: str = "shared"
+    pool: int = 1
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
 
     @property
@@ -210,6 +212,8 @@ _SERVER_KEYS = {
     "type": "type",
     "disabled": "disabled",
     "startup": "startup",
+    "share": "share",
+    "pool": "pool",
     "timeout": "timeout",
 }
 
@@ -230,6 +234,12 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         raise ConfigError(f'"{where}.command" must not be empty')
     if server.timeout is not None and server.timeout <= 0:
         raise ConfigError(f'"{where}.timeout" must be a number of seconds above 0')
+    if server.share not in ("shared", "per-session"):
+        raise ConfigError(
+            f'"{where}.share" must be "shared" or "per-session", not {server.share!r}'
+        )
+    if not 1 <= server.pool <= 64 or (server.pool > 1 and server.share != "shared"):
+        raise ConfigError(f'"{where}.pool" must be 1 to 64, and only with "share": "shared"')
     if server.startup not in ("eager", "lazy"):
         raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
     if server.type is not None and server.type not in TRANSPORTS:

@@ -74,9 +74,10 @@ class _Pending:
 
 
 class ServerRequests:
-    def __init__(self, server: str) -> None:
+    def __init__(self, server: str, numbering: tuple[int, int] = (1, 1)) -> None:
+        """``numbering`` (first, step) keeps ids apart between instances of a pool."""
         self.server = server
-        self._next = 1
+        self._next, self._step = numbering
         self._pending: dict[str, _Pending] = {}
         self._elicitations: dict[str, Hashable] = {}  # URL-mode elicitationId -> session
 
@@ -109,7 +110,7 @@ class ServerRequests:
                 f"No client connected through mcpbroker can handle {method}",
             )
         downstream_id = f"{ID_PREFIX}{self.server}:{self._next}"
-        self._next += 1
+        self._next += self._step
         self._pending[downstream_id] = _Pending(chosen, request["id"], method)
         if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
             self._elicitations[params["elicitationId"]] = chosen

@@ -81,13 +81,19 @@ class Phase(enum.Enum):
 
 
 class UpstreamProtocol:
-    def __init__(self, name: str, timeouts: TimeoutPolicy | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        timeouts: TimeoutPolicy | None = None,
+        numbering: tuple[int, int] = (1, 1),
+    ) -> None:
         self.name = name
+        self.numbering = numbering
         self.phase = Phase.HANDSHAKE
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap()
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
-        self.server_requests = ServerRequests(name)
+        self.server_requests = ServerRequests(name, numbering)
         self.fanout = Fanout()
         self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities, least recently active first.
@@ -95,7 +101,7 @@ class UpstreamProtocol:
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
-        fresh = UpstreamProtocol(self.name, self.deadlines.policy)
+        fresh = UpstreamProtocol(self.name, self.deadlines.policy, self.numbering)
         fresh.sessions = self.sessions
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         return fresh

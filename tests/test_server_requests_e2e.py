@@ -97,3 +97,26 @@ async def test_the_most_recent_caller_gets_it_when_only_it_is_in_flight(socket_p
             for client, name in [(first, "first"), (second, "second"), (first, "first")]:
                 answer = text_of(await client.call_tool("ask_llm", {"prompt": "who?"}))
                 assert answer == f"{name} answers who?"
+
+
+async def test_per_session_servers_never_have_to_guess(socket_path: str) -> None:
+    """Both clients can sample and call at once: each has its own server process."""
+    answers: dict[str, list[str]] = {"x": [], "y": []}
+    servers = {"s": {**sdk_server(), "share": "per-session"}}
+    with trio.fail_after(60):
+        async with (
+            running_daemon(servers, socket_path),
+            shim_client(socket_path, "s", sampling_callback=sampler("x")) as x,
+            shim_client(socket_path, "s", sampling_callback=sampler("y")) as y,
+        ):
+
+            async def ask(client: Any, name: str, i: int) -> None:
+                answer = await client.call_tool("ask_llm", {"prompt": f"q{i}"})
+                answers[name].append(text_of(answer))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(ask, x, "x", i)
+                    nursery.start_soon(ask, y, "y", i)
+    for name in ("x", "y"):
+        assert sorted(answers[name]) == [f"{name} answers q{i}" for i in range(4)]

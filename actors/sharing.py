@@ -1,0 +1,192 @@
+"""Sharing modes other than one shared process: per-session servers and pools.
+
+A :class:`ServerGroup` runs several Upstream instances of one configured
+server behind the same face as a single Upstream (``send``, ``status``,
+``identity``, ``statistics``, ...), so sessions and the Registry need not know
+the difference. One instance, the *catalog instance*, answers the Registry's
+list requests and reports status and ``list_changed`` to it.
+
+- :class:`PerSessionServer` (``"share": "per-session"``): every client session
+  gets an instance of its own, started when the session first uses the server
+  and stopped when the session ends. The catalog instance is one more,
+  serving only the Registry; the aggregated catalog shows its lists, and a
+  session's own instance announces its ``list_changed`` to that session
+  directly.
+- :class:`PooledServer` (``"pool": N``): N instances; each request goes to the
+  least busy one. What is stateful per session sticks to the instance the
+  session was assigned when it attached (subscriptions), and what every
+  instance may need to hear (cancellations, answers to server requests,
+  departures, log levels) goes to all of them: each acts only on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from actors.logs import get_logger
+from actors.mailbox import SessionHandle
+from actors.upstream import (
+    Attach,
+    ClientRequest,
+    Detach,
+    InboxItem,
+    Status,
+    Upstream,
+    UpstreamStatistics,
+)
+from broker.config import BrokerSettings, ServerConfig
+
+
+class ServerGroup:
+    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+        self.name = name
+        self.config = config
+        self.settings = settings
+        self._catalog = self._instance(lazy=config.startup == "lazy")
+        self._nursery: trio.Nursery | None = None
+        self._scopes: dict[Upstream, trio.CancelScope] = {}
+        self._log = get_logger(server=name)
+
+    def _instance(self, *, lazy: bool = False, numbering: tuple[int, int] = (1, 1)) -> Upstream:
+        return Upstream(self.name, self.config, self.settings, lazy=lazy, numbering=numbering)
+
+    # -- the face of an Upstream -----------------------------------------------
+
+    @property
+    def events(self) -> Any:
+        return self._catalog.events
+
+    @events.setter
+    def events(self, channel: Any) -> None:
+        self._catalog.events = channel
+
+    @property
+    def status(self) -> Status:
+        return self._catalog.status
+
+    @property
+    def identity(self) -> Any:
+        return self._catalog.identity
+
+    def request_start(self) -> None:
+        self._catalog.request_start()
+
+    async def wait_ready(self) -> None:
+        await self._catalog.wait_ready()
+
+    def instances(self) -> list[Upstream]:
+        return list(self._scopes)
+
+    def statistics(self) -> UpstreamStatistics:
+        parts = [instance.statistics() for instance in self._scopes] or [self._catalog.statistics()]
+        return attrs.evolve(
+            self._catalog.statistics(),
+            restarts=sum(p.restarts for p in parts),
+            sessions=sum(p.sessions for p in parts),
+            in_flight=sum(p.in_flight for p in parts),
+            inbox=sum(p.inbox for p in parts),
+            instances=len(parts),
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._start(self._catalog)
+            await self._started()
+            task_status.started()
+
+    async def _started(self) -> None:
+        """Hook: start whatever else runs from the beginning."""
+
+    async def send(self, item: InboxItem) -> None:
+        raise NotImplementedError
+
+    # -- instances --------------------------------------------------------------
+
+    async def _start(self, instance: Upstream) -> None:
+        assert self._nursery is not None
+        await self._nursery.start(self._run_instance, instance)
+
+    async def _run_instance(
+        self, instance: Upstream, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with trio.CancelScope() as scope:
+            self._scopes[instance] = scope
+            try:
+                await instance.run(task_status=task_status)
+            finally:
+                del self._scopes[instance]
+
+    def _stop(self, instance: Upstream) -> None:
+        """Stop an instance: its process is shut down the way the spec says."""
+        scope = self._scopes.get(instance)
+        if scope is not None:
+            scope.cancel()
+
+
+class PerSessionServer(ServerGroup):
+    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+        super().__init__(name, config, settings)
+        self._mine: dict[SessionHandle, Upstream] = {}
+
+    async def send(self, item: InboxItem) -> None:
+        session = item.session
+        if session.internal:
+            await self._catalog.send(item)
+            return
+        instance = self._mine.get(session)
+        if isinstance(item, Detach):
+            if instance is not None:
+                del self._mine[session]
+                self._stop(instance)
+                self._log.info("server.instance_stopped", session=session.id)
+            return
+        if instance is None:
+            instance = self._mine[session] = self._instance()
+            await self._start(instance)
+            self._log.info("server.instance_started", session=session.id)
+        await instance.send(item)
+
+
+class PooledServer(ServerGroup):
+    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+        super().__init__(name, config, settings)
+        size = config.pool
+        # Instance i numbers its requests to clients i+1, i+1+size, ...: never the same.
+        self._catalog = self._instance(lazy=config.startup == "lazy", numbering=(1, size))
+        self._pool = [self._catalog] + [
+            self._instance(lazy=config.startup == "lazy", numbering=(i + 1, size))
+            for i in range(1, size)
+        ]
+        self._assigned: dict[SessionHandle, Upstream] = {}
+
+    def request_start(self) -> None:
+        for instance in self._pool:
+            instance.request_start()
+
+    async def _started(self) -> None:
+        for instance in self._pool[1:]:
+            await self._start(instance)
+
+    async def send(self, item: InboxItem) -> None:
+        if isinstance(item, ClientRequest):
+            await self._pick(item).send(item)
+            return
+        if isinstance(item, Attach):
+            self._assigned[item.session] = min(
+                self._pool, key=lambda i: sum(1 for a in self._assigned.values() if a is i)
+            )
+        elif isinstance(item, Detach):
+            self._assigned.pop(item.session, None)
+        for instance in self._pool:
+            await instance.send(item)
+
+    def _pick(self, item: ClientRequest) -> Upstream:
+        if item.message["method"] in ("resources/subscribe", "resources/unsubscribe"):
+            assigned = self._assigned.get(item.session)
+            if assigned is not None:
+                return assigned
+        return min(self._pool, key=lambda instance: instance.load)

@@ -1,0 +1,43 @@
+"""End to end: the sharing modes, seen through the process ids that answer."""
+
+from __future__ import annotations
+
+import trio
+
+from tests.conftest import running_daemon, sdk_server, shim_client, text_of
+
+
+async def test_per_session_servers_give_each_client_its_own_process(socket_path: str) -> None:
+    servers = {"mine": {**sdk_server(), "share": "per-session"}}
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path) as daemon:
+            async with (
+                shim_client(socket_path, "mine") as a,
+                shim_client(socket_path, "mine") as b,
+            ):
+                pid_a = text_of(await a.call_tool("pid", {}))
+                pid_b = text_of(await b.call_tool("pid", {}))
+                assert pid_a != pid_b
+                assert text_of(await a.call_tool("pid", {})) == pid_a  # and it stays its own
+                group = daemon.upstreams["mine"]
+                assert len(group.instances()) == 3  # a's, b's, and the catalog's
+            with trio.fail_after(10):  # both sessions gone: their instances stop
+                while len(group.instances()) > 1:
+                    await trio.sleep(0.05)
+
+
+async def test_a_pool_spreads_concurrent_calls_over_its_instances(socket_path: str) -> None:
+    servers = {"pool": {**sdk_server(), "pool": 2}}
+    pids: set[str] = set()
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path), shim_client(socket_path, "pool") as c:
+
+            async def call() -> None:
+                await c.call_tool("slow", {"seconds": 0.3})
+                pids.add(text_of(await c.call_tool("pid", {})))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(call)
+            status_pids = {text_of(await c.call_tool("pid", {})) for _ in range(3)}
+    assert len(pids | status_pids) == 2
