@@ -50,6 +50,18 @@ async def slow(seconds: float, ctx: Context) -> str:
 
 
 @server.tool()
+async def wait_for_cancel(marker: str) -> str:
+    """Wait a minute; if cancelled first, write "cancelled" to the file MARKER."""
+    try:
+        await anyio.sleep(60)
+    except anyio.get_cancelled_exc_class():
+        with open(marker, "w") as f:
+            f.write("cancelled")
+        raise
+    return "not cancelled"
+
+
+@server.tool()
 async def grow(name: str, ctx: Context) -> str:
     """Add a tool called NAME (it answers with this server's name) and announce it."""
 
