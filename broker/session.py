@@ -55,6 +55,10 @@ ROUTED_METHODS = frozenset(
         "resources/subscribe",
         "resources/unsubscribe",
         "completion/complete",
+        "tasks/get",
+        "tasks/result",
+        "tasks/cancel",
+        "tasks/list",
     }
 )
 

@@ -37,6 +37,7 @@ from broker.lifecycle import (
 )
 from broker.requestmap import InFlight, RequestMap
 from broker.server_requests import Route, ServerRequests
+from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 
 HANDSHAKE_ID = "mcpbroker-initialize"
@@ -95,6 +96,7 @@ class UpstreamProtocol:
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
         self.server_requests = ServerRequests(name, numbering)
         self.fanout = Fanout()
+        self.tasks = TaskTable(name)
         self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities, least recently active first.
         self.sessions: dict[Hashable, dict[str, Any]] = {}
@@ -104,6 +106,7 @@ class UpstreamProtocol:
         fresh = UpstreamProtocol(self.name, self.deadlines.policy, self.numbering)
         fresh.sessions = self.sessions
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
+        fresh.tasks = self.tasks
         return fresh
 
     # -- the handshake ------------------------------------------------------
@@ -120,12 +123,20 @@ class UpstreamProtocol:
             raise JsonRpcError(
                 CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
             )
-        note = None
-        if request["method"] in ("resources/subscribe", "resources/unsubscribe"):
+        method, params = request["method"], request.get("params") or {}
+        note: Any = None
+        if method in ("resources/subscribe", "resources/unsubscribe"):
             note = _uri_of(request)
             answered = self._subscription(session, request, note)
             if answered is not None:
                 return answered
+        elif method in TASK_METHODS:
+            self.tasks.check(session, params.get("taskId"))
+            note = "task"
+        elif method == "tasks/list":
+            note = "task-list"
+        elif method == "tools/call" and isinstance(params.get("task"), dict):
+            note = "creates-task"
         upstream_id = self.requests.open(session, request)
         if note is not None:
             self.requests.note(upstream_id, note)
@@ -209,6 +220,7 @@ class UpstreamProtocol:
             self.deadlines.discard(upstream_id)
         out = [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
         out += self.server_requests.session_gone(session)
+        self.tasks.forget_session(session)
         if self.phase is Phase.READY:
             emptied, level = self.fanout.session_gone(session)
             out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
@@ -255,6 +267,12 @@ class UpstreamProtocol:
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
         if entry.method == "resources/subscribe" and "error" in message:
             self.fanout.unsubscribe(entry.session, entry.note)  # the server refused it
+        elif entry.note == "creates-task":
+            self.tasks.created(entry.session, message.get("result"))
+        elif entry.note == "task":
+            self.tasks.rename(message.get("result"))
+        elif entry.note == "task-list":
+            self.tasks.listed(entry.session, message.get("result"))
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
@@ -289,6 +307,9 @@ class UpstreamProtocol:
             note = {**message, "params": named}
             level = params.get("level")
             return [Deliver(s, note) for s in self.sessions if self.fanout.admits(s, level)]
+        if method == "notifications/tasks/status":
+            routed = self.tasks.status(message)
+            return [] if routed is None else [Deliver(*routed)]
         if method == "notifications/resources/updated":
             return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
         return [Broadcast(message)]

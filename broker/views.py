@@ -12,12 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from broker.catalog import PROMPTS, TOOLS, Catalog, not_serving_message
-from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError, Message
+from broker.jsonrpc import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+    Message,
+)
 from broker.lifecycle import broker_server_info, initialize_result
+from broker.tasks import TASK_METHODS, split_task_id
 
 # What the broker can honour of a server's capabilities: it keeps log levels and
-# resource subscriptions per session (broker/fanout.py). Tasks and experimental
-# capabilities are not offered through the broker yet.
+# resource subscriptions per session (broker/fanout.py) and tasks per server and
+# session (broker/tasks.py). Experimental capabilities are not passed on.
 PASSED_CAPABILITIES = ("tools", "prompts", "resources", "completions", "logging")
 
 
@@ -55,6 +62,9 @@ def _honoured(capabilities: dict[str, Any], version: str) -> dict[str, Any]:
     resources = capabilities.get("resources")
     if "resources" in out and isinstance(resources, dict) and resources.get("subscribe"):
         out["resources"]["subscribe"] = True
+    tasks = capabilities.get("tasks")
+    if isinstance(tasks, dict) and version == "2025-11-25":
+        out["tasks"] = tasks  # task ids are renamed per server (broker/tasks.py)
     return out
 
 
@@ -70,6 +80,9 @@ def _union(catalog: Catalog, view: tuple[str, ...], version: str) -> dict[str, A
             continue
         for key, value in _honoured(identity.capabilities, version).items():
             capabilities[key] = {**capabilities.get(key, {}), **value}
+    listing = [name for name in view if _tasks_of(catalog, name).get("list") is not None]
+    if "tasks" in capabilities and len(listing) != 1:
+        capabilities["tasks"] = {k: v for k, v in capabilities["tasks"].items() if k != "list"}
     return capabilities
 
 
@@ -91,10 +104,10 @@ def route(
     catalog: Catalog, view: tuple[str, ...], transparent: bool, request: Message
 ) -> tuple[str, Message]:
     """The server a forwarded request goes to, and the request in its terms."""
-    if transparent:
-        return view[0], request
     method = request["method"]
     params = request.get("params") or {}
+    if transparent and method not in TASK_METHODS:
+        return view[0], request
     if method in ("tools/call", "prompts/get"):
         kind = TOOLS if method == "tools/call" else PROMPTS
         server, name = catalog.route_named(kind, view, params.get("name"))
@@ -103,6 +116,13 @@ def route(
         return catalog.route_resource(view, params.get("uri")), request
     if method == "completion/complete":
         return _route_completion(catalog, view, request, params.get("ref"))
+    if method in TASK_METHODS:
+        split = split_task_id(params.get("taskId"), view)
+        if split is None:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown task: {params.get('taskId')}")
+        return split[0], _with_params(request, taskId=split[1])
+    if method == "tasks/list":
+        return _route_task_list(catalog, view), request
     raise JsonRpcError(INVALID_PARAMS, f"{method} cannot be routed")  # pragma: no cover
 
 
@@ -117,6 +137,25 @@ def _route_completion(
     if ref.get("type") == "ref/resource":
         return catalog.route_template(view, ref.get("uri")), request
     raise JsonRpcError(INVALID_PARAMS, f"Unknown completion ref type: {ref.get('type')!r}")
+
+
+def _route_task_list(catalog: Catalog, view: tuple[str, ...]) -> str:
+    listing = [name for name in view if _tasks_of(catalog, name).get("list") is not None]
+    if len(listing) == 1:
+        return listing[0]
+    if not listing:
+        raise JsonRpcError(METHOD_NOT_FOUND, "No server of this session lists tasks")
+    raise JsonRpcError(
+        METHOD_NOT_FOUND,
+        f"Several servers of this session keep tasks ({', '.join(listing)}); "
+        "use tasks/get for each task, or connect with --server NAME",
+    )
+
+
+def _tasks_of(catalog: Catalog, server: str) -> dict[str, Any]:
+    identity = catalog.entry(server).identity
+    tasks = identity.capabilities.get("tasks") if identity is not None else None
+    return tasks if isinstance(tasks, dict) else {}
 
 
 def _with_params(request: Message, **changes: Any) -> Message:
