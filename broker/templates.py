@@ -41,14 +41,17 @@ def compile_template(template: str) -> re.Pattern[str]:
     pattern = []
     position = 0
     for expression in _EXPRESSION.finditer(template):
-        pattern.append(re.escape(template[position : expression.start()]))
+        pattern.append(_literal(template, template[position : expression.start()]))
         pattern.append(_expression_pattern(expression.group(1)))
         position = expression.end()
-    rest = template[position:]
-    if "{" in rest or "}" in rest:
-        raise TemplateError(f"unbalanced braces in URI template {template!r}")
-    pattern.append(re.escape(rest))
+    pattern.append(_literal(template, template[position:]))
     return re.compile("".join(pattern), re.DOTALL)
+
+
+def _literal(template: str, text: str) -> str:
+    if "{" in text or "}" in text:
+        raise TemplateError(f"unbalanced braces in URI template {template!r}")
+    return re.escape(text)
 
 
 def match(template: str, uri: str) -> bool:
@@ -74,6 +77,6 @@ def _expression_pattern(body: str) -> str:
         raise TemplateError(f"empty variable in expression {{{body}}}")
     prefix, separator, named, char = _OPERATORS[operator]
     value = f"(?:{char}|,)*"
-    item = f"[A-Za-z0-9_.%]+(?:={value})?" if named else f"(?:{char}|[,=])*"
+    item = f"(?:{_UNRESERVED})*(?:={value})?" if named else f"(?:{char}|[,=])*"
     joined = f"{item}(?:{re.escape(separator)}{item})*"
     return f"(?:{re.escape(prefix)}{joined})?"
