@@ -4,7 +4,7 @@ A server asks its client for sampling (``sampling/createMessage``), user input
 (``elicitation/create``) or the roots it may use (``roots/list``). Behind the
 broker, "its client" is one of many sessions. On stdio nothing in the
 message says which client request caused it, so the broker decides by this
-rule (docs/server-requests.md):
+rule (docs/rules/server-requests.md):
 
 1. Only sessions that declared the needed capability are candidates (for a
    URL-mode elicitation, ``elicitation.url``).
