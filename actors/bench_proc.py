@@ -47,6 +47,22 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU time every core of the machine has spent busy so far (Linux; else None).
+
+    Compared with the CPU time of the processes a benchmark watches, it shows
+    how much of the machine something else was using meanwhile.
+    """
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    steal = fields[7] if len(fields) > 7 else 0  # another VM's time, not ours
+    return (sum(fields[:8]) - idle - steal) / _TICKS
+
+
 def memory(pid: int) -> Memory:
     status = _read_kib(f"/proc/{pid}/status", ("VmRSS:", "VmHWM:"))
     if status:

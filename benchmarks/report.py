@@ -70,6 +70,15 @@ def _use(out: dict[str, Any], name: str) -> str:
     return "-" if cpu is None or not elapsed else f"{cpu / elapsed:.0%}"
 
 
+def others(out: dict[str, Any]) -> float | None:
+    """Share of a core that processes outside the benchmark used during its window."""
+    cpu, elapsed = out["cpu_s"], out["result"]["elapsed_s"]
+    if "machine" not in cpu or not elapsed:
+        return None
+    ours = sum(v for k, v in cpu.items() if k != "machine")
+    return max(0.0, cpu["machine"] - ours) / elapsed
+
+
 def _errors(result: dict[str, Any]) -> str:
     parts = [f"{code}: {n}" for code, n in result["errors"].items()]
     if result["tool_errors"]:
@@ -83,12 +92,15 @@ def load_rows(paths: dict[str, dict[str, Any]], cpu_names: list[str]) -> list[st
     """One row per path (broker, direct) and a ratio row."""
     header = ["path", "calls", "calls/s", "p50 µs", "p99 µs", "p99.9 µs", "errors"]
     header += [f"{n} CPU µs/call (use)" for n in cpu_names]
+    header.append("other load")
     rows = []
     for label, out in paths.items():
         r, lat = out["result"], out["result"]["latency_us"]
         row = [label, _num(r["calls"]), _num(r["throughput"]), _num(lat["p50"])]
         row += [_num(lat["p99"]), _num(lat["p99.9"]), _errors(r)]
         row += [f"{_per_call_us(out, n)} ({_use(out, n)})" for n in cpu_names]
+        other = others(out)
+        row.append("n/a" if other is None else f"{other:.0%}")
         rows.append(row)
     if len(paths) == 2:
         (_, a), (_, b) = paths.items()
