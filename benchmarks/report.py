@@ -76,7 +76,7 @@ def others(out: dict[str, Any]) -> float | None:
     if "machine" not in cpu or not elapsed:
         return None
     ours = sum(v for k, v in cpu.items() if k != "machine")
-    return max(0.0, cpu["machine"] - ours) / elapsed
+    return float(max(0.0, cpu["machine"] - ours) / elapsed)
 
 
 def _errors(result: dict[str, Any]) -> str:
