@@ -116,7 +116,10 @@ def run(
     from actors.status import fetch_status
 
     socket_path = args.socket or default_socket_path()
-    status = fetch_status(socket_path)
+    try:
+        status = fetch_status(socket_path)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"no daemon answering on {socket_path}: {exc}") from None
     server = next((s for s in status["servers"] if s["name"] == args.server), None)
     if server is None:
         names = ", ".join(s["name"] for s in status["servers"]) or "none"
