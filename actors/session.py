@@ -15,6 +15,8 @@ from its servers, which cancel whatever it still had in flight upstream.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +24,7 @@ import attrs
 import trio
 
 from actors.errors import TransportClosed, map_transport_errors
+from actors.fastio import FastIO
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle, open_outbox
 from actors.registry import Registry
@@ -66,6 +69,7 @@ class SessionStatistics:
 
 
 READ_CHUNK = 256 * 1024
+SEND_BUFFER = 1024 * 1024
 WRITE_BATCH_BYTES = 1024 * 1024
 LINGER_SECONDS = 5.0
 SETTLE_TIMEOUT = 10.0  # how long a request waits for the view's servers to start
@@ -83,6 +87,11 @@ class Session:
         control: Callable[[str], Any] | None = None,
     ) -> None:
         self._stream = stream
+        self._io = FastIO(stream)
+        if isinstance(stream, trio.SocketStream):
+            # Room for a large result to leave in one or two sends, best effort.
+            with contextlib.suppress(OSError):
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._upstreams = upstreams
         self._registry = registry
         self._settings = settings
@@ -127,7 +136,7 @@ class Session:
         while True:
             try:
                 with map_transport_errors():
-                    data = await self._stream.receive_some(READ_CHUNK)
+                    data = await self._io.receive_some(READ_CHUNK)
             except TransportClosed:
                 return
             if not data:
@@ -227,7 +236,10 @@ class Session:
                 await upstream.send(ClientNotification(self._handle, action.message))
 
     async def _reply(self, message: Message | list[Message]) -> None:
-        await self._outbox_send.send(message)
+        try:
+            self._outbox_send.send_nowait(message)  # no checkpoint when there is room
+        except trio.WouldBlock:
+            await self._outbox_send.send(message)
 
     async def _attach(self) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
@@ -265,7 +277,7 @@ class Session:
             if chunks:
                 try:
                     with map_transport_errors():
-                        await self._stream.send_all(b"".join(chunks))
+                        await self._io.send_all(b"".join(chunks))
                 except TransportClosed:
                     self._handle.disconnect("client closed the connection")
                     return

@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from actors.errors import TransportClosed, map_transport_errors
+from actors.fastio import FastIO
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
 from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
@@ -180,7 +181,7 @@ class Upstream:
         if not lazy:
             self._start_requested.set()
         self.events = events
-        self._stdin: trio.abc.SendStream | None = None
+        self._stdin: FastIO | None = None
         self._write_lock = trio.StrictFIFOLock()
         self._process_nursery: trio.Nursery | None = None
         self._pid: int | None = None
@@ -191,7 +192,10 @@ class Upstream:
     # -- the actor's public face -------------------------------------------
 
     async def send(self, item: InboxItem) -> None:
-        await self._inbox_send.send(item)
+        try:
+            self._inbox_send.send_nowait(item)  # no checkpoint when there is room
+        except trio.WouldBlock:
+            await self._inbox_send.send(item)
 
     @property
     def status(self) -> Status:
@@ -300,7 +304,11 @@ class Upstream:
         if not messages:
             return
         data = b"".join(map(jsonrpc.encode, messages))
-        async with self._write_lock:
+        try:
+            self._write_lock.acquire_nowait()  # no checkpoint when nobody else writes
+        except trio.WouldBlock:
+            await self._write_lock.acquire()
+        try:
             stdin = self._stdin
             if stdin is None:
                 return  # the process is gone; the reader has failed what was in flight
@@ -309,6 +317,8 @@ class Upstream:
                     await stdin.send_all(data)
             except TransportClosed:
                 pass  # likewise: the reader sees the exit
+        finally:
+            self._write_lock.release()
 
     async def _wait_not_starting(self) -> None:
         self.request_start()
@@ -376,13 +386,13 @@ class Upstream:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
         async with trio.open_nursery() as nursery:
             self._process_nursery = nursery
-            self._stdin = link.send_stream
+            self._stdin = FastIO(link.send_stream)
             if link.stderr is not None:
                 nursery.start_soon(self._pump_stderr, link.stderr)
             nursery.start_soon(self._watch_startup, nursery.cancel_scope)
             nursery.start_soon(self._expire_requests)
             await self._write([self._protocol.start()])
-            reason = await self._read(link.receive_stream)
+            reason = await self._read(FastIO(link.receive_stream))
             nursery.cancel_scope.cancel()
         self._process_nursery = None
         return reason
@@ -421,7 +431,7 @@ class Upstream:
 
     # -- reader -------------------------------------------------------------
 
-    async def _read(self, stdout: trio.abc.ReceiveStream) -> str:
+    async def _read(self, stdout: FastIO) -> str:
         framer = LineFramer(self.settings.max_message_bytes)
         while True:
             try:

@@ -36,53 +36,56 @@ class LineFramer:
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._buffer = bytearray()
+        # The start of a line not finished yet, in pieces (joined once, at its end).
+        self._held: list[bytes] = []
+        self._held_size = 0
         # While skipping an oversize line: how many bytes it has had so far.
         self._skipped: int | None = None
 
     def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversize]:
+        # bytes.split does the scanning in C; under load a chunk holds many lines.
+        *lines, rest = bytes(chunk).split(b"\n")
         out: list[bytes | Oversize] = []
-        start = 0
-        while True:
-            newline = chunk.find(b"\n", start)
-            if newline < 0:
-                self._keep(chunk, start)
-                return out
-            self._finish(chunk, start, newline, out)
-            start = newline + 1
+        for line in lines:
+            if self._skipped is not None:
+                out.append(Oversize(self._skipped + len(line)))
+                self._skipped = None
+                continue
+            if self._held:
+                line = b"".join([*self._held, line])
+                self._held.clear()
+                self._held_size = 0
+            self._emit(line, out)
+        self._hold(rest)
+        return out
 
     @property
     def pending(self) -> int:
         """Bytes held of a line not yet finished (0 between lines)."""
-        return len(self._buffer) if self._skipped is None else self._skipped
+        return self._held_size if self._skipped is None else self._skipped
 
-    def _keep(self, chunk: bytes | bytearray, start: int) -> None:
-        if self._skipped is not None:
-            self._skipped += len(chunk) - start
+    def _hold(self, piece: bytes) -> None:
+        if not piece:
             return
-        self._buffer += chunk[start:] if start else chunk
+        if self._skipped is not None:
+            self._skipped += len(piece)
+            return
+        self._held.append(piece)
+        self._held_size += len(piece)
         # One byte over the limit may still be the "\r" of a "\r\n".
-        if len(self._buffer) > self.max_bytes + 1:
-            self._skipped = len(self._buffer)
-            self._buffer.clear()
+        if self._held_size > self.max_bytes + 1:
+            self._skipped = self._held_size
+            self._held.clear()
+            self._held_size = 0
 
-    def _finish(
-        self, chunk: bytes | bytearray, start: int, end: int, out: list[bytes | Oversize]
-    ) -> None:
-        if self._skipped is not None:
-            out.append(Oversize(self._skipped + end - start))
-            self._skipped = None
-            return
-        if self._buffer:
-            self._buffer += chunk[start:end]
-            line = bytes(self._buffer)
-            self._buffer.clear()
-        else:
-            line = bytes(chunk[start:end])
+    def _emit(self, line: bytes, out: list[bytes | Oversize]) -> None:
         size = len(line)
         if line.endswith(b"\r"):
             line = line[:-1]
         if len(line) > self.max_bytes:
             out.append(Oversize(size))
-        elif line.strip():
+        elif line and (line[0] not in _BLANK or line.strip()):
             out.append(line)
+
+
+_BLANK = b" \t\r\n\f\v"

@@ -15,6 +15,9 @@ import math
 import attrs
 
 
+COMPACT_AT = 64  # heap entries below which stale ones are not worth a rebuild
+
+
 @attrs.frozen
 class TimeoutPolicy:
     timeout: float = 300.0
@@ -50,7 +53,18 @@ class Deadlines:
         heapq.heappush(self._heap, (deadline, upstream_id))
 
     def discard(self, upstream_id: int) -> None:
-        self._times.pop(upstream_id, None)  # its heap entries go stale, skipped later
+        """Forget a request (answered or cancelled).
+
+        Its heap entries go stale and are skipped when they reach the top; so
+        that they cannot pile up under load (one per request for a whole
+        timeout), the heap is rebuilt from the live entries whenever stale
+        ones outnumber them two to one.
+        """
+        if self._times.pop(upstream_id, None) is not None and len(
+            self._heap
+        ) > COMPACT_AT + 3 * len(self._times):
+            self._heap = [(deadline, uid) for uid, (_, deadline) in self._times.items()]
+            heapq.heapify(self._heap)
 
     def next_deadline(self) -> float | None:
         while self._heap:

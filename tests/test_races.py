@@ -100,3 +100,11 @@ def test_a_timeout_that_crosses_the_response() -> None:
     ] == jsonrpc.REQUEST_TIMEOUT
     assert proto.server_message(jsonrpc.result_response(first, {"late": True})) == []
     assert proto.expire(now=100) == []
+
+
+def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
+    proto = ready(timeout=300)
+    for i in range(10_000):
+        upstream_id = forward(proto, A, i, now=i / 1000)
+        proto.server_message(jsonrpc.result_response(upstream_id, {}), now=i / 1000)
+    assert len(proto.deadlines._heap) < 200
