@@ -1,21 +1,22 @@
 """``mcpbroker connect``: the stdio shim a host launches as its MCP server.
 
 A host runs one of these per window and server entry, so it is built to cost
-almost nothing: standard library only (no Trio, no JSON parsing), two threads
-copying bytes, a few MiB of memory. It connects to the daemon's unix socket,
-starting the daemon first if none is listening, optionally sends a one-line
-hello naming the servers its session should see, and then relays bytes both
-ways until either side closes. Its stdout carries nothing but what the daemon
-sends; every diagnostic goes to stderr.
+almost nothing: standard library only (no Trio, no JSON parsing, not even the
+``socket`` module's Python layer), one thread copying bytes, a few MiB of
+memory. It connects to the daemon's unix socket, starting the daemon first if
+none is listening, optionally sends a one-line hello naming the servers its
+session should see, and then relays bytes both ways until the daemon closes.
+Its stdout carries nothing but what the daemon sends; every diagnostic goes
+to stderr.
 """
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import os
-import socket
+import select
 import sys
-import threading
 import time
 
 from actors.paths import default_config_path, default_socket_path, ensure_private_dir, log_path_for
@@ -31,6 +32,8 @@ Relay MCP between stdin/stdout and the mcpbroker daemon, starting the daemon
   --server NAME   see only this server (repeatable; default: every server)
 """
 CHUNK = 256 * 1024
+BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
+STDIN, STDOUT = 0, 1
 DAEMON_START_TIMEOUT = 15.0
 POLL_INTERVAL = 0.01
 LOST_RACE_GRACE = 2.0
@@ -95,8 +98,8 @@ class DaemonUnavailable(Exception):
     pass
 
 
-def _connect(socket_path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect(socket_path: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(socket_path)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -108,7 +111,7 @@ def _connect(socket_path: str) -> socket.socket | None:
     return sock
 
 
-def _start_daemon(socket_path: str, config: str | None) -> socket.socket:
+def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
     import subprocess  # only on this path: most shims find the daemon running
 
     config = config or default_config_path()
@@ -162,34 +165,108 @@ def _tail(path: str, lines: int = 10) -> str:
         return f"(no log at {path})"
 
 
-def relay(sock: socket.socket) -> int:
-    """Copy stdin to the socket (a thread) and the socket to stdout (this thread)."""
-    stdin_closed = threading.Event()
-    threading.Thread(target=_stdin_to_socket, args=(sock, stdin_closed), daemon=True).start()
-    stdout = sys.stdout.fileno()
+def relay(sock: _socket.socket) -> int:
+    """Copy stdin to the socket and the socket to stdout until the daemon closes.
+
+    One thread woken by ``poll``. Writes never block: each direction has a
+    buffer, and while one is full (:data:`BUFFER_LIMIT`) its source is not
+    read, so a host that stops reading stalls only its own direction.
+    """
+    sock.setblocking(False)
+    was_blocking = os.get_blocking(STDOUT)
+    os.set_blocking(STDOUT, False)
     try:
-        while data := sock.recv(CHUNK):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(stdout, view) :]
-    except BrokenPipeError:
-        return 0  # the host stopped reading: it is going away
-    except OSError as exc:
-        print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
-        return 1
-    if not stdin_closed.is_set():
-        print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
-        return 1
-    return 0
+        return _Relay(sock).run()
+    finally:
+        os.set_blocking(STDOUT, was_blocking)
 
 
-def _stdin_to_socket(sock: socket.socket, stdin_closed: threading.Event) -> None:
-    stdin = sys.stdin.fileno()
-    try:
-        while data := os.read(stdin, CHUNK):
-            sock.sendall(data)
-    except OSError:
-        pass  # the daemon went away; the other direction reports it
-    stdin_closed.set()
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)
+class _Relay:
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self.sock_fd = sock.fileno()
+        self.to_daemon = bytearray()
+        self.to_host = bytearray()
+        self.stdin_open = True
+
+    def run(self) -> int:
+        poller = select.poll()
+        while True:
+            self._register(poller)
+            for fd, events in poller.poll():
+                if fd == STDIN:
+                    self._read_stdin()
+                elif fd == STDOUT:
+                    if not self._write_stdout():
+                        return 0  # the host stopped reading: it is going away
+                else:
+                    if events & select.POLLOUT:
+                        self._write_socket()
+                    if events & ~select.POLLOUT and not self._read_socket():
+                        return self._finish()
+
+    def _register(self, poller: select.poll) -> None:
+        for fd in (STDIN, STDOUT, self.sock_fd):
+            with contextlib.suppress(KeyError):
+                poller.unregister(fd)
+        if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT:
+            poller.register(STDIN, select.POLLIN)
+        if self.to_host:
+            poller.register(STDOUT, select.POLLOUT)
+        events = select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0
+        poller.register(self.sock_fd, events | (select.POLLOUT if self.to_daemon else 0))
+
+    def _read_stdin(self) -> None:
+        data = os.read(STDIN, CHUNK)
+        if data:
+            self.to_daemon += data
+            self._write_socket()
+            return
+        self.stdin_open = False
+        self._write_socket()
+
+    def _write_socket(self) -> None:
+        if self.to_daemon:
+            try:
+                del self.to_daemon[: self.sock.send(self.to_daemon)]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.to_daemon.clear()  # the daemon is gone; reading says so
+        if not self.stdin_open and not self.to_daemon:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(_socket.SHUT_WR)
+
+    def _read_socket(self) -> bool:
+        try:
+            data = self.sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:
+            print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
+            data = b""
+        if not data:
+            return False
+        self.to_host += data
+        return self._write_stdout()
+
+    def _write_stdout(self) -> bool:
+        """Write what the host can take now; False if it closed its end."""
+        try:
+            del self.to_host[: os.write(STDOUT, self.to_host)]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except BrokenPipeError:
+            return False
+        return True
+
+    def _finish(self) -> int:
+        """The daemon closed the connection: hand the host the rest, then leave."""
+        os.set_blocking(STDOUT, True)
+        with contextlib.suppress(BrokenPipeError):
+            while self.to_host:
+                del self.to_host[: os.write(STDOUT, self.to_host)]
+        if self.stdin_open:
+            print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
+            return 1
+        return 0

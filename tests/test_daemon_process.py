@@ -176,3 +176,69 @@ async def test_a_bad_config_file_is_reported_with_the_key_at_fault(tmp_path: Pat
     )
     assert result.returncode == 2
     assert b"mcpServers.x.args" in result.stderr and b"list of strings" in result.stderr
+
+
+async def test_the_shim_relays_large_traffic_both_ways_at_once(socket_path: str) -> None:
+    """Many big requests written while big answers come back: no direction blocks the other."""
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    count, size = 200, 50_000
+    with trio.fail_after(60):
+        daemon = await start_daemon(config, socket_path)
+        try:
+            shim = await trio.lowlevel.open_process(
+                [MCPBROKER, "connect", "--socket", socket_path, "--server", "demo"],
+                env=ENV,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            assert shim.stdin is not None and shim.stdout is not None
+            init = {
+                "jsonrpc": "2.0",
+                "id": "init",
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t"},
+                },
+            }
+            lines = [json.dumps(init)] + [
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": i,
+                        "method": "tools/call",
+                        "params": {
+                            "name": "echo",
+                            "arguments": {"text": str(i) * (size // len(str(i)))},
+                        },
+                    }
+                )
+                for i in range(count)
+            ]
+            received: list[Any] = []
+
+            async def write() -> None:
+                for line in lines:
+                    await shim.stdin.send_all(line.encode() + b"\n")
+
+            async def read() -> None:
+                buffer = b""
+                while len(received) < count + 1:
+                    data = await shim.stdout.receive_some()
+                    assert data, "the shim closed its stdout"
+                    buffer += data
+                    *complete, buffer = buffer.split(b"\n")
+                    received.extend(json.loads(line) for line in complete)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                nursery.start_soon(read)
+            await shim.stdin.aclose()
+            assert await shim.wait() == 0
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            await daemon.wait()
+    answers = {m["id"]: m["result"]["content"][0]["text"] for m in received if m["id"] != "init"}
+    assert sorted(answers) == list(range(count))
+    assert all(len(text) >= size - 10 for text in answers.values())
