@@ -94,6 +94,19 @@ def id_key(value: RequestId) -> tuple[type, RequestId]:
 
 def classify(message: Any) -> Kind:
     """Say what a decoded message is, or raise -32600 for one that is none."""
+    # The two shapes of nearly every message, checked cheaply first.
+    if type(message) is dict and message.get("jsonrpc") == "2.0":
+        if type(message.get("method")) is str and type(message.get("params", {})) is dict:
+            if "id" not in message:
+                return Kind.NOTIFICATION
+            if type(message["id"]) in (int, str):
+                return Kind.REQUEST
+        elif "result" in message and "error" not in message and type(message.get("id")) is int:
+            return Kind.RESPONSE
+    return _classify_thoroughly(message)
+
+
+def _classify_thoroughly(message: Any) -> Kind:
     if not isinstance(message, dict):
         raise JsonRpcError(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
     raw_id = message.get("id")

@@ -14,7 +14,6 @@ import math
 
 import attrs
 
-
 COMPACT_AT = 64  # heap entries below which stale ones are not worth a rebuild
 
 
