@@ -15,11 +15,12 @@ from typing import Any
 
 from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
 
-SETS = ["", "nowait", "nowait,framing", "nowait,framing,pipes"]
+SETS = ["", "envelope"]
 LOADS = {  # name: clients, in flight, tool, arguments
     "1x1": (1, 1, "echo", {"text": "hello, broker"}),
     "64x16": (64, 16, "echo", {"text": "hello, broker"}),
     "1MiB": (1, 1, "payload", {"size": 1024 * 1024}),
+    "64KiB-8x4": (8, 4, "payload", {"size": 64 * 1024}),
 }
 
 
