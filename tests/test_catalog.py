@@ -1,0 +1,352 @@
+"""broker.catalog: one immutable snapshot of every server's lists, and routing by it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.catalog import (
+    KINDS,
+    PROMPTS,
+    RESOURCE_NOT_FOUND,
+    RESOURCES,
+    TEMPLATES,
+    TOOLS,
+    Catalog,
+    ServerEntry,
+    ServerState,
+    decode_cursor,
+    encode_cursor,
+)
+from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
+
+READY, LOADING, IDLE, DOWN = (ServerState.READY, ServerState.LOADING, ServerState.IDLE,
+                              ServerState.DOWN)  # fmt: skip
+
+
+def server(
+    name: str, state: ServerState = READY, error: str | None = None, **lists: Any
+) -> ServerEntry:
+    """An entry whose lists are given as ids: tools=["read"], resources=["file:///a"]."""
+    fields = {"tools": "name", "prompts": "name", "resources": "uri", "templates": "uriTemplate"}
+    built = {
+        kind: tuple({fields[kind]: id, "description": f"{id} of {name}"} for id in ids)
+        for kind, ids in lists.items()
+    }
+    return ServerEntry(name, state, lists=built, error=error)
+
+
+FILES = server(
+    "files",
+    tools=["read", "write"],
+    prompts=["summarize"],
+    resources=["file:///README.md", "shared://notes"],
+    templates=["file:///{+path}", "shared://{name}"],
+)
+GITHUB = server(
+    "github",
+    tools=["search", "read"],
+    prompts=["review"],
+    resources=["shared://notes", "file:///gh.txt"],
+    templates=["gh://{owner}/{repo}/issues{?state}", "shared://{name}"],
+)
+ALL = ("files", "github")
+
+
+def catalog(*entries: ServerEntry, **options: Any) -> Catalog:
+    return Catalog(entries or (FILES, GITHUB), **options)
+
+
+def ids(
+    catalog: Catalog, kind: Any, view: tuple[str, ...] = ALL, transparent: bool = False
+) -> list:
+    return [item[kind.id_field] for item in catalog.items(kind, view, transparent)]
+
+
+def error_of(call: Any, *args: Any) -> JsonRpcError:
+    with pytest.raises(JsonRpcError) as info:
+        call(*args)
+    return info.value
+
+
+# -- listing -----------------------------------------------------------------
+
+
+def test_items_in_config_order_then_each_servers_order() -> None:
+    assert ids(catalog(), TOOLS) == [
+        "files__read",
+        "files__write",
+        "github__search",
+        "github__read",
+    ]
+    assert ids(catalog(GITHUB, FILES), TOOLS) == [
+        "github__search", "github__read", "files__read", "files__write",
+    ]  # fmt: skip
+    assert ids(catalog(), PROMPTS) == ["files__summarize", "github__review"]
+
+
+def test_view_order_does_not_matter() -> None:
+    assert ids(catalog(), TOOLS, ("github", "files")) == ids(catalog(), TOOLS, ALL)
+
+
+def test_view_limits_the_items() -> None:
+    assert ids(catalog(), TOOLS, ("github",)) == ["github__search", "github__read"]
+    assert ids(catalog(), TOOLS, ()) == []
+
+
+def test_transparent_items_are_the_servers_own() -> None:
+    assert catalog().items(TOOLS, ("github",), True) == list(GITHUB.items(TOOLS))
+    assert ids(catalog(), RESOURCES, ("github",), True) == ["shared://notes", "file:///gh.txt"]
+
+
+def test_separator() -> None:
+    assert ids(catalog(separator="."), TOOLS, ("files",)) == ["files.read", "files.write"]
+
+
+def test_renamed_copies_leave_the_servers_items_alone() -> None:
+    before = copy.deepcopy(FILES.lists)
+    [read, _] = catalog().items(TOOLS, ("files",), False)
+    assert read == {"name": "files__read", "description": "read of files"}
+    assert FILES.lists == before
+    read["name"] = "changed"  # nor does a caller's change reach the snapshot
+    assert ids(catalog(), TOOLS, ("files",)) == ["files__read", "files__write"]
+
+
+def test_same_resource_uri_listed_once_by_the_first_server() -> None:
+    snapshot = catalog()
+    assert ids(snapshot, RESOURCES) == ["file:///README.md", "shared://notes", "file:///gh.txt"]
+    [notes] = [r for r in snapshot.items(RESOURCES, ALL, False) if r["uri"] == "shared://notes"]
+    assert notes["description"] == "shared://notes of files"
+    assert ids(snapshot, TEMPLATES) == [
+        "file:///{+path}", "shared://{name}", "gh://{owner}/{repo}/issues{?state}",
+    ]  # fmt: skip
+    assert snapshot.clashes == [
+        "resources: 'shared://notes' is listed by servers files, github; "
+        "'files' (listed first) serves it",
+        "templates: 'shared://{name}' is listed by servers files, github; "
+        "'files' (listed first) serves it",
+    ]
+
+
+def test_shared_resource_of_a_server_outside_the_view() -> None:
+    assert ids(catalog(), RESOURCES, ("github",)) == ["shared://notes", "file:///gh.txt"]
+
+
+def test_name_clash_is_recorded_and_both_stay_routable() -> None:
+    snapshot = catalog(server("a", tools=["b__c"]), server("a__b", tools=["c"]))
+    [first, second] = ids(snapshot, TOOLS, ("a", "a__b"))
+    assert first == "a__b__c" and second.startswith("a__b__c-")
+    [clash] = snapshot.clashes
+    assert clash.startswith("tools: ")
+    assert snapshot.route_named(TOOLS, ("a", "a__b"), first) == ("a", "b__c")
+    assert snapshot.route_named(TOOLS, ("a", "a__b"), second) == ("a__b", "c")
+
+
+def test_no_clashes() -> None:
+    assert catalog(FILES).clashes == []
+
+
+# -- pages and cursors -------------------------------------------------------
+
+
+def test_one_page_without_page_size() -> None:
+    page = catalog().page(TOOLS, ALL, False, None)
+    assert page == {"tools": catalog().items(TOOLS, ALL, False)}
+
+
+def test_pages_chain_to_the_whole_list() -> None:
+    snapshot = catalog(page_size=3)
+    first = snapshot.page(TOOLS, ALL, False, None)
+    assert len(first["tools"]) == 3
+    second = snapshot.page(TOOLS, ALL, False, first["nextCursor"])
+    assert "nextCursor" not in second
+    assert first["tools"] + second["tools"] == snapshot.items(TOOLS, ALL, False)
+
+
+def test_a_full_last_page_has_no_cursor() -> None:
+    assert "nextCursor" not in catalog(page_size=2).page(PROMPTS, ALL, False, None)
+
+
+@given(kind=st.sampled_from(KINDS), offset=st.integers(0, 2**40))
+def test_cursor_round_trip(kind: Any, offset: int) -> None:
+    cursor = encode_cursor(kind, offset)
+    assert decode_cursor(cursor, kind) == offset
+    for other in KINDS:
+        if other is not kind:
+            assert error_of(decode_cursor, cursor, other).code == INVALID_PARAMS
+
+
+@pytest.mark.parametrize("cursor", ["", "garbage", "e30", "bnVsbA", 3, None, ["x"], "é"])
+def test_foreign_cursor_rejected(cursor: Any) -> None:
+    error = error_of(decode_cursor, cursor, TOOLS)
+    assert error.code == INVALID_PARAMS and "Invalid cursor" in error.message
+
+
+@given(cursor=st.text(max_size=40) | st.binary(max_size=30).map(lambda b: b.hex()))
+def test_any_text_is_a_cursor_or_invalid_params(cursor: str) -> None:
+    try:
+        assert decode_cursor(cursor, TOOLS) >= 0
+    except JsonRpcError as exc:
+        assert exc.code == INVALID_PARAMS
+
+
+# -- routing -----------------------------------------------------------------
+
+
+def test_route_named() -> None:
+    snapshot = catalog()
+    assert snapshot.route_named(TOOLS, ALL, "github__read") == ("github", "read")
+    assert snapshot.route_named(TOOLS, ALL, "files__read") == ("files", "read")
+    assert snapshot.route_named(PROMPTS, ALL, "github__review") == ("github", "review")
+
+
+@pytest.mark.parametrize(
+    ("kind", "view", "name", "message"),
+    [
+        (TOOLS, ALL, "nope", "Unknown tool: nope"),
+        (TOOLS, ALL, "files__summarize", "Unknown tool: files__summarize"),  # a prompt
+        (PROMPTS, ALL, "files__read", "Unknown prompt: files__read"),  # a tool
+        (TOOLS, ("files",), "github__search", "Unknown tool: github__search"),  # not in view
+        (TOOLS, ALL, None, "Unknown tool: None"),
+        (TOOLS, ALL, ["files__read"], "Unknown tool: ['files__read']"),
+    ],
+)
+def test_route_named_unknown(kind: Any, view: tuple[str, ...], name: Any, message: str) -> None:
+    error = error_of(catalog().route_named, kind, view, name)
+    assert (error.code, error.message) == (INVALID_PARAMS, message)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (server("github", DOWN, "exited with code 1"), "is not running (it exited with code 1)"),
+        (server("github", DOWN), "is not running (it is down)"),
+        (server("github", LOADING, "crashed"), "is restarting (last time it crashed)"),
+        (server("github", LOADING), "is still starting"),
+        (server("github", IDLE), "is still starting"),
+    ],
+)
+def test_route_named_of_a_server_not_serving(entry: ServerEntry, message: str) -> None:
+    error = error_of(catalog(FILES, entry).route_named, TOOLS, ALL, "github__search")
+    assert error.code == CONNECTION_CLOSED
+    assert error.message == f"MCP server 'github' {message}"
+    assert error.data == {"server": "github"}
+
+
+@pytest.mark.parametrize(
+    ("uri", "view", "owner"),
+    [
+        ("file:///README.md", ALL, "files"),
+        ("shared://notes", ALL, "files"),  # listed by both: the first
+        ("shared://notes", ("github",), "github"),
+        ("file:///gh.txt", ALL, "github"),  # an exact URI before files' template
+        ("file:///a/b.txt", ALL, "files"),  # by template
+        ("gh://octo/hello/issues?state=open", ALL, "github"),
+        ("shared://other", ("github",), "github"),
+    ],
+)
+def test_route_resource(uri: str, view: tuple[str, ...], owner: str) -> None:
+    assert catalog().route_resource(view, uri) == owner
+
+
+@pytest.mark.parametrize(
+    ("uri", "view"),
+    [("nope://x", ALL), ("file:///README.md", ("github",)), (None, ALL), (["x"], ALL)],
+)
+def test_route_resource_unknown(uri: Any, view: tuple[str, ...]) -> None:
+    error = error_of(catalog().route_resource, view, uri)
+    assert (error.code, error.message, error.data) == (
+        RESOURCE_NOT_FOUND,
+        "Resource not found",
+        {"uri": uri},
+    )
+
+
+@pytest.mark.parametrize(
+    ("uri", "view", "owner"),
+    [
+        ("gh://{owner}/{repo}/issues{?state}", ALL, "github"),
+        ("shared://{name}", ALL, "files"),
+        ("shared://{name}", ("github",), "github"),
+        ("file:///README.md", ALL, "files"),  # a plain resource's URI too
+    ],
+)
+def test_route_template(uri: str, view: tuple[str, ...], owner: str) -> None:
+    assert catalog().route_template(view, uri) == owner
+
+
+@pytest.mark.parametrize(
+    ("uri", "view"),
+    [("file:///a/b.txt", ALL), ("file:///{+path}", ("github",)), ("gh://{x}", ALL), (5, ALL)],
+)
+def test_route_template_exact_string_only(uri: Any, view: tuple[str, ...]) -> None:
+    error = error_of(catalog().route_template, view, uri)
+    assert (error.code, error.message) == (INVALID_PARAMS, f"Unknown resource template: {uri}")
+
+
+# -- snapshots ---------------------------------------------------------------
+
+
+def test_replace_returns_a_new_snapshot() -> None:
+    old = catalog(separator=".", page_size=5)
+    new = old.replace(server("github", DOWN, "exited"))
+    assert new is not old
+    assert ids(old, TOOLS) == ["files.read", "files.write", "github.search", "github.read"]
+    assert ids(new, TOOLS) == ["files.read", "files.write"]
+    assert list(new.servers) == ["files", "github"]
+    assert (new.separator, new.page_size) == (".", 5)
+    assert new.entry("github").state is DOWN and old.entry("github").state is READY
+    assert new.clashes == []  # the shared resource has one owner now
+
+
+def test_replace_keeps_config_order() -> None:
+    new = catalog().replace(server("files", tools=["new"]))
+    assert ids(new, TOOLS) == ["files__new", "github__search", "github__read"]
+
+
+@pytest.mark.parametrize(
+    ("states", "settled"),
+    [
+        ((READY, READY), True),
+        ((READY, DOWN), True),
+        ((READY, LOADING), False),
+        ((IDLE, READY), False),
+    ],
+)
+def test_settled(states: tuple[ServerState, ServerState], settled: bool) -> None:
+    snapshot = catalog(server("a", states[0]), server("b", states[1]), server("c", LOADING))
+    assert snapshot.settled(("a", "b")) is settled
+    assert snapshot.settled(()) is True
+    assert snapshot.settled(("c",)) is False
+
+
+# -- what a misbehaving server may send --------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Catalog trusts item fields: a tool or prompt whose name is not a string "
+    "(TypeError in naming.sanitize), a resource whose uri is unhashable (TypeError in "
+    "Catalog.items) or a template whose uriTemplate is not a string (TypeError in "
+    "templates.match via route_resource) raise out of Registry._publish / the session",
+)
+@pytest.mark.parametrize(
+    "lists",
+    [
+        {"tools": ({"name": None},)},
+        {"tools": ({"name": 5},)},
+        {"prompts": ({"name": ["x"]},)},
+        {"resources": ({"uri": ["x"]},)},
+        {"templates": ({"uriTemplate": None},)},
+    ],
+)
+def test_malformed_items_do_not_crash(lists: dict[str, Any]) -> None:
+    snapshot = catalog(ServerEntry("bad", READY, lists=lists), FILES)
+    view = ("bad", "files")
+    for kind in KINDS:
+        snapshot.page(kind, view, False, None)
+    assert snapshot.route_resource(view, "file:///x") == "files"
