@@ -30,7 +30,15 @@ from actors.logs import get_logger
 from actors.mailbox import SessionHandle
 from actors.upstream import ServerEvent, Status, Upstream
 from broker import jsonrpc
-from broker.catalog import KINDS, KINDS_BY_NOTIFICATION, Catalog, Kind, ServerEntry, ServerState
+from broker.catalog import (
+    KINDS,
+    KINDS_BY_NOTIFICATION,
+    Catalog,
+    Kind,
+    ServerEntry,
+    ServerState,
+    valid_item,
+)
 from broker.config import BrokerSettings
 from broker.jsonrpc import JsonRpcError
 
@@ -165,7 +173,16 @@ class Registry:
                 )
                 break
             page = result.get(kind.key) if isinstance(result, dict) else None
-            items += [item for item in page or () if isinstance(item, dict)]
+            for item in page if isinstance(page, list) else ():
+                if valid_item(kind, item):
+                    items.append(item)
+                else:
+                    self._log.warning(
+                        "catalog.invalid_item",
+                        server=upstream.name,
+                        method=kind.method,
+                        item=repr(item)[:200],
+                    )
             cursor = result.get("nextCursor") if isinstance(result, dict) else None
             if not cursor:
                 break

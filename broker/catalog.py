@@ -114,7 +114,7 @@ class Catalog:
     def __init__(
         self, servers: Iterable[ServerEntry], separator: str = DEFAULT_SEPARATOR, page_size: int = 0
     ) -> None:
-        self.servers = {entry.name: entry for entry in servers}
+        self.servers = {entry.name: _well_formed(entry) for entry in servers}
         self.separator = separator
         self.page_size = page_size
         self.clashes: list[str] = []
@@ -250,6 +250,21 @@ class Catalog:
                 if owner is not None:
                     return owner
         raise JsonRpcError(INVALID_PARAMS, f"Unknown resource template: {uri}")
+
+
+def valid_item(kind: Kind, item: Any) -> bool:
+    """Whether a server's list item can be listed and routed (its key is a string)."""
+    return isinstance(item, dict) and isinstance(item.get(kind.id_field), str)
+
+
+def _well_formed(entry: ServerEntry) -> ServerEntry:
+    """The entry without items a misbehaving server sent malformed."""
+    if all(valid_item(kind, item) for kind in KINDS for item in entry.items(kind)):
+        return entry  # the usual case: nothing to copy
+    lists = {
+        kind.name: tuple(i for i in entry.items(kind) if valid_item(kind, i)) for kind in KINDS
+    }
+    return attrs.evolve(entry, lists=lists)
 
 
 def _first_in(names: list[str], wanted: set[str]) -> str | None:

@@ -327,13 +327,6 @@ def test_settled(states: tuple[ServerState, ServerState], settled: bool) -> None
 # -- what a misbehaving server may send --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Catalog trusts item fields: a tool or prompt whose name is not a string "
-    "(TypeError in naming.sanitize), a resource whose uri is unhashable (TypeError in "
-    "Catalog.items) or a template whose uriTemplate is not a string (TypeError in "
-    "templates.match via route_resource) raise out of Registry._publish / the session",
-)
 @pytest.mark.parametrize(
     "lists",
     [
