@@ -10,7 +10,9 @@ code. py-spy's raw stacks and a flame graph (SVG) are kept in ``--out``.
 
 Options: ``--load throughput|latency|payload|shims``, ``--seconds S``,
 ``--rate HZ``, ``--out DIR`` (default ``build/profile``), ``--top N``,
-``--patches SET`` (profile the prototypes of the proposed changes).
+``--patches SET`` (profile the prototypes of the proposed changes), ``--gil``
+(count only samples where the daemon runs Python: on VMs where py-spy cannot
+tell a thread blocked in a system call from a running one).
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def py_spy() -> str:
     return found
 
 
-def record(load: str, seconds: float, rate: int, out: Path, patches: str = "") -> Path:
+def record(
+    load: str, seconds: float, rate: int, out: Path, patches: str = "", gil: bool = False
+) -> Path:
     """Run ``load`` against a daemon, attach py-spy once it is warm; the raw stacks file."""
     clients, in_flight, tool, arguments = LOADS[load]
     raw = out / f"{load}.txt"
@@ -99,6 +103,8 @@ def record(load: str, seconds: float, rate: int, out: Path, patches: str = "") -
         time.sleep(warmup + 0.5)  # clients connected and warm: sample the steady state only
         command = [py_spy(), "record", "--pid", str(dm.pid), "--duration", str(int(seconds))]
         command += ["--rate", str(rate), "--format", "raw", "-o", str(raw), "--nonblocking"]
+        if gil:  # only samples holding the GIL: Python's own CPU, not time in syscalls
+            command.append("--gil")
         subprocess.run(command, check=True, capture_output=True)
         generator.join()
     result = results[0]
@@ -211,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "build" / "profile"))
     parser.add_argument("--raw", metavar="FILE", help="only summarize an existing raw file")
     parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only while the daemon holds the GIL (py-spy misses idle time on some VMs)",
+    )
+    parser.add_argument(
         "--patches", default="", help="apply prototype patches (benchmarks/prototype.py), or 'all'"
     )
     args = parser.parse_args(argv)
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(Path(args.raw).stem, summarize(Path(args.raw), args.top)))
         return 0
     for load in args.load or ["throughput", "latency"]:
-        raw = record(load, args.seconds, args.rate, out, args.patches)
+        raw = record(load, args.seconds, args.rate, out, args.patches, args.gil)
         print(render(load, summarize(raw, args.top)), flush=True)
     return 0
 
