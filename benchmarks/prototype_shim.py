@@ -1,8 +1,9 @@
-"""A prototype of the proposed shim: one thread, ``poll``, no ``socket``/``threading`` import.
+"""A prototype shim: one thread, ``poll``, no ``socket``/``threading`` import.
 
-Not what hosts run (that is ``mcpbroker connect``, actors/shim.py); the
-harness runs it instead of the real shim when ``MCPBROKER_BENCH_SHIM=prototype``
-so that the proposal in benchmarks/README.md can be measured:
+Not what hosts run (that is ``mcpbroker connect``, actors/shim.py, which took
+this shape in commit 01c988c); the harness runs it instead of the real shim
+when ``MCPBROKER_BENCH_SHIM=prototype`` (or ``prototype-S``: without
+``site``, to measure the launcher proposed in benchmarks/README.md):
 ``python benchmarks/prototype_shim.py SOCKET SERVER``. It connects to the
 daemon's socket with ``_socket`` (the C module: importing ``socket`` pulls in
 ``enum``, ``selectors`` and more), sends the hello, and copies stdin to the

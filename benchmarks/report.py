@@ -73,7 +73,7 @@ def _use(out: dict[str, Any], name: str) -> str:
 def others(out: dict[str, Any]) -> float | None:
     """Share of a core that processes outside the benchmark used during its window."""
     cpu, elapsed = out["cpu_s"], out["result"]["elapsed_s"]
-    if "machine" not in cpu or not elapsed:
+    if "machine" not in cpu or elapsed < 1.0:  # /proc/stat counts 10 ms ticks
         return None
     ours = sum(v for k, v in cpu.items() if k != "machine")
     return float(max(0.0, cpu["machine"] - ours) / elapsed)
