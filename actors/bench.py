@@ -115,6 +115,7 @@ def run(
     """Run the load (through the daemon, then directly with --direct); the report."""
     from actors.status import fetch_status
 
+    _raise_fd_limit(args.clients)
     socket_path = args.socket or default_socket_path()
     try:
         status = fetch_status(socket_path)
@@ -140,6 +141,17 @@ def run(
         load = load_of(args, arguments, args.in_flight * args.clients)
         report["direct"] = _measure([direct], load, {}, progress, watch_client="server")
     return report
+
+
+def _raise_fd_limit(clients: int) -> None:
+    """Many clients need many descriptors: take the hard limit if the soft one is short."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < clients + 64 and soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _direct_target(args: argparse.Namespace) -> Target:
