@@ -6,8 +6,7 @@ exception that caused it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 import trio
 
@@ -16,11 +15,27 @@ class TransportClosed(Exception):
     """The peer went away, or the stream was closed under us."""
 
 
-@contextmanager
-def map_transport_errors() -> Iterator[None]:
-    try:
-        yield
-    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        raise TransportClosed(str(exc) or type(exc).__name__) from exc
-    except OSError as exc:
-        raise TransportClosed(exc.strerror or str(exc)) from exc
+class map_transport_errors:
+    """``with map_transport_errors():`` turns trio and OS errors into TransportClosed.
+
+    A class rather than a ``@contextmanager`` generator: it is entered on every
+    read and write of the hot path, and this is several times cheaper.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+            raise TransportClosed(str(exc) or type(exc).__name__) from exc
+        if isinstance(exc, OSError):
+            raise TransportClosed(exc.strerror or str(exc)) from exc

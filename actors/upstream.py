@@ -56,7 +56,7 @@ EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
 STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
 
 
-@attrs.frozen
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
 class ClientRequest:
     session: SessionHandle
     message: Message

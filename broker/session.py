@@ -70,12 +70,12 @@ class CatalogSource(Protocol):
     def current(self) -> Catalog: ...
 
 
-@attrs.frozen
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
 class Reply:
     message: Message | list[Message]
 
 
-@attrs.frozen
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
 class Forward:
     server: str
     message: Message

@@ -43,12 +43,12 @@ from broker.timeouts import Deadlines, TimeoutPolicy
 HANDSHAKE_ID = "mcpbroker-initialize"
 
 
-@attrs.frozen
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
 class SendUpstream:
     message: Message
 
 
-@attrs.frozen
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
 class Deliver:
     session: Hashable
     message: Message
