@@ -20,7 +20,6 @@ import trio.testing
 from broker import jsonrpc
 from broker.framing import LineFramer
 
-
 TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks")
 
 

@@ -15,7 +15,7 @@ import trio.testing
 from actors.mailbox import OUTBOX_SIZE
 from actors.registry import Registry
 from actors.session import Session
-from actors.upstream import Status, Upstream
+from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer

@@ -108,3 +108,11 @@ def test_answered_requests_do_not_pile_up_in_the_deadline_heap() -> None:
         upstream_id = forward(proto, A, i, now=i / 1000)
         proto.server_message(jsonrpc.result_response(upstream_id, {}), now=i / 1000)
     assert len(proto.deadlines._heap) < 200
+
+
+def test_a_clients_roots_change_reaches_its_servers_only_once_attached() -> None:
+    proto = ready()
+    note = jsonrpc.notification("notifications/roots/list_changed")
+    assert proto.client_notification(A, note) == note
+    assert proto.client_notification("stranger", note) is None
+    assert proto.client_notification(A, jsonrpc.notification("notifications/other")) is None

@@ -22,8 +22,10 @@ from broker.session import (
     CancelUpstream,
     Defer,
     Forward,
+    NotifyUpstreams,
     Phase,
     Reply,
+    RespondUpstream,
     SessionProtocol,
 )
 
@@ -830,3 +832,14 @@ def test_cancel_inside_the_batch_sends_the_array_once() -> None:
     [array] = replies(actions)
     assert [(m["id"], m["error"]["code"]) for m in array] == [(None, INVALID_REQUEST)]
     assert not proto.batches.pending
+
+
+def test_a_roots_change_goes_to_the_servers_and_answers_to_server_requests_go_back() -> None:
+    proto = session()
+    note = jsonrpc.notification("notifications/roots/list_changed")
+    assert proto.receive(note) == [NotifyUpstreams(note)]
+    server = proto.view[0]
+    answer = {"jsonrpc": "2.0", "id": f"mcpbroker:{server}:3", "result": {"roots": []}}
+    assert proto.receive(answer) == [RespondUpstream(server, answer)]
+    stray = {"jsonrpc": "2.0", "id": "mcpbroker:nobody:3", "result": {}}
+    assert proto.receive(stray) == []
