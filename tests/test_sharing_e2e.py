@@ -28,16 +28,15 @@ async def test_per_session_servers_give_each_client_its_own_process(socket_path:
 
 async def test_a_pool_spreads_concurrent_calls_over_its_instances(socket_path: str) -> None:
     servers = {"pool": {**sdk_server(), "pool": 2}}
-    pids: set[str] = set()
+    pids: list[str] = []
     with trio.fail_after(60):
         async with running_daemon(servers, socket_path), shim_client(socket_path, "pool") as c:
 
             async def call() -> None:
-                await c.call_tool("slow", {"seconds": 0.3})
-                pids.add(text_of(await c.call_tool("pid", {})))
+                pids.append(text_of(await c.call_tool("slow_pid", {"seconds": 1.0})))
 
+            # Two at once: the second goes to the instance the first left idle.
             async with trio.open_nursery() as nursery:
-                for _ in range(4):
-                    nursery.start_soon(call)
-            status_pids = {text_of(await c.call_tool("pid", {})) for _ in range(3)}
-    assert len(pids | status_pids) == 2
+                nursery.start_soon(call)
+                nursery.start_soon(call)
+    assert len(set(pids)) == 2

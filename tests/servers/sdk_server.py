@@ -50,6 +50,13 @@ async def slow(seconds: float, ctx: Context) -> str:
 
 
 @server.tool()
+async def slow_pid(seconds: float) -> int:
+    """Sleep, then say which process did."""
+    await anyio.sleep(seconds)
+    return os.getpid()
+
+
+@server.tool()
 async def wait_for_cancel(marker: str) -> str:
     """Wait a minute; if cancelled first, write "cancelled" to the file MARKER."""
     try:
