@@ -22,7 +22,7 @@ from actors.paths import ensure_private_dir
 from actors.registry import Registry
 from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
-from actors.upstream import Upstream, UpstreamStatistics
+from actors.upstream import ServerActor, Upstream, UpstreamStatistics
 from broker.config import BrokerSettings, Config, ServerConfig
 
 
@@ -95,7 +95,7 @@ class Daemon:
             self._sessions.discard(session)
 
 
-def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Any:
+def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:
     """The actor for one configured server, by its sharing mode."""
     if config.share == "per-session":
         return PerSessionServer(name, config, settings)

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from actors.mailbox import SessionHandle
-from actors.upstream import ClientCancelled, ClientRequest, Upstream
+from actors.upstream import ClientCancelled, ClientRequest, ServerActor
 from broker.jsonrpc import JsonRpcError, Message
 
 OUTBOX_SIZE = 1024
@@ -35,7 +35,7 @@ class InternalClient:
                 if waiter is not None:
                     waiter.send_nowait(message)
 
-    async def call(self, upstream: Upstream, method: str, params: dict[str, Any]) -> Any:
+    async def call(self, upstream: ServerActor, method: str, params: dict[str, Any]) -> Any:
         """Send one request and return its result; raises JsonRpcError on an error.
 
         Cancelling the call (a timeout around it) cancels the request upstream.

@@ -28,7 +28,7 @@ import trio
 from actors.internal import InternalClient
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
-from actors.upstream import ServerEvent, Status, Upstream
+from actors.upstream import ServerActor, ServerEvent, Status
 from broker import jsonrpc
 from broker.catalog import (
     KINDS,
@@ -62,7 +62,7 @@ RegistryEvent = ServerEvent | Subscribe | Unsubscribe
 
 
 class Registry:
-    def __init__(self, upstreams: Mapping[str, Upstream], settings: BrokerSettings) -> None:
+    def __init__(self, upstreams: Mapping[str, ServerActor], settings: BrokerSettings) -> None:
         """Serve the catalog of ``upstreams``, and hear from them (sets their ``events``)."""
         self._upstreams = upstreams
         entries = [
@@ -159,7 +159,7 @@ class Registry:
         self._publish(attrs.evolve(old, state=ServerState.READY, identity=identity, lists=lists))
         self._notify(server, [k for k in kinds if old.items(k) != lists.get(k.name, ())])
 
-    async def _fetch(self, upstream: Upstream, kind: Kind) -> tuple[dict[str, Any], ...]:
+    async def _fetch(self, upstream: ServerActor, kind: Kind) -> tuple[dict[str, Any], ...]:
         items: list[dict[str, Any]] = []
         params: dict[str, Any] = {}
         for _ in range(MAX_PAGES):

@@ -36,7 +36,7 @@ from actors.upstream import (
     ClientRequest,
     ClientResponse,
     Detach,
-    Upstream,
+    ServerActor,
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
@@ -81,7 +81,7 @@ class Session:
     def __init__(
         self,
         stream: trio.abc.Stream,
-        upstreams: Mapping[str, Upstream],
+        upstreams: Mapping[str, ServerActor],
         registry: Registry,
         settings: BrokerSettings,
         control: Callable[[str], Any] | None = None,
@@ -101,7 +101,7 @@ class Session:
         self._outbox_send, self._outbox = open_outbox()
         self._handle = SessionHandle(self._outbox_send, trio.CancelScope())
         self._protocol = SessionProtocol(tuple(upstreams), registry)
-        self._attached: list[Upstream] | None = None  # set once initialized
+        self._attached: list[ServerActor] | None = None  # set once initialized
         self._client_closed = False
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import attrs
 import trio
@@ -153,6 +153,24 @@ class UpstreamStatistics:
     inbox: int
     last_error: str | None
     instances: int = 1
+
+
+class ServerActor(Protocol):
+    """What sessions, the Registry and the daemon use of a server: an Upstream,
+    or a group of them (actors/sharing.py)."""
+
+    name: str
+    events: Any
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def identity(self) -> Any: ...
+    async def send(self, item: InboxItem) -> None: ...
+    def request_start(self) -> None: ...
+    async def wait_ready(self) -> None: ...
+    def statistics(self) -> UpstreamStatistics: ...
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
 
 
 class Upstream:
