@@ -192,6 +192,9 @@ class Upstream:
         timeout = config.timeout or settings.request_timeout
         self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
+        # Items sent and not yet handled (a channel hands an item straight to a
+        # waiting receiver, so its buffer alone undercounts).
+        self._queued = 0
         self._protocol = UpstreamProtocol(name, self._timeouts, numbering)
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
@@ -210,10 +213,14 @@ class Upstream:
     # -- the actor's public face -------------------------------------------
 
     async def send(self, item: InboxItem) -> None:
+        self._queued += 1
         try:
             self._inbox_send.send_nowait(item)  # no checkpoint when there is room
         except trio.WouldBlock:
             await self._inbox_send.send(item)
+        except BaseException:
+            self._queued -= 1
+            raise
 
     @property
     def status(self) -> Status:
@@ -238,7 +245,7 @@ class Upstream:
     @property
     def load(self) -> int:
         """Requests in flight or waiting: how busy this instance is (for pools)."""
-        return len(self._protocol.requests) + self._inbox.statistics().current_buffer_used
+        return len(self._protocol.requests) + self._queued
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
@@ -272,6 +279,7 @@ class Upstream:
                     out = []
                     await self._wait_not_starting()
                 out.extend(self._handle(item))
+                self._queued -= 1
             await self._write(out)
 
     def _handle(self, item: InboxItem) -> list[Message]:
