@@ -88,6 +88,8 @@ class ServerGroup:
             sessions=sum(p.sessions for p in parts),
             in_flight=sum(p.in_flight for p in parts),
             inbox=sum(p.inbox for p in parts),
+            requests=sum(p.requests for p in parts),
+            timeouts=sum(p.timeouts for p in parts),
             instances=len(parts),
         )
 

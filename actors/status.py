@@ -55,13 +55,24 @@ def render(status: dict[str, Any]) -> str:
             s["restarts"],
             s["sessions"],
             s["in_flight"],
+            s["requests"],
+            s["timeouts"],
             s["last_error"] or "-",
         ]
         for s in status["servers"]
     ]
-    lines += _table(
-        ["SERVER", "STATUS", "PID", "RESTARTS", "SESSIONS", "IN-FLIGHT", "LAST ERROR"], servers
-    )
+    header = [
+        "SERVER",
+        "STATUS",
+        "PID",
+        "RESTARTS",
+        "SESSIONS",
+        "IN-FLIGHT",
+        "REQUESTS",
+        "TIMEOUTS",
+        "LAST ERROR",
+    ]
+    lines += _table(header, servers)
     sessions = [
         [
             s["id"],

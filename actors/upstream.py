@@ -152,6 +152,8 @@ class UpstreamStatistics:
     in_flight: int
     inbox: int
     last_error: str | None
+    requests: int = 0  # sent to this server by sessions since the daemon started
+    timeouts: int = 0  # of those, answered -32001 by the broker
     instances: int = 1
 
 
@@ -195,6 +197,8 @@ class Upstream:
         # Items sent and not yet handled (a channel hands an item straight to a
         # waiting receiver, so its buffer alone undercounts).
         self._queued = 0
+        self._requests = 0
+        self._timeouts_count = 0
         self._protocol = UpstreamProtocol(name, self._timeouts, numbering)
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
@@ -240,6 +244,8 @@ class Upstream:
             in_flight=len(self._protocol.requests),
             inbox=self._inbox.statistics().current_buffer_used,
             last_error=self._last_error,
+            requests=self._requests,
+            timeouts=self._timeouts_count,
         )
 
     @property
@@ -312,6 +318,7 @@ class Upstream:
                 )
             )
             return []
+        self._requests += 1
         try:
             actions = self._protocol.client_request(session, request, trio.current_time())
         except JsonRpcError as exc:
@@ -438,6 +445,7 @@ class Upstream:
             await trio.sleep_until(deadline)
             actions = self._protocol.expire(trio.current_time())
             if actions:
+                self._timeouts_count += len(actions) // 2
                 self._log.warning("server.requests_timed_out", count=len(actions) // 2)
             self._apply(actions)
 

@@ -167,6 +167,7 @@ async def test_status_shows_servers_and_sessions(socket_path: str) -> None:
     (server,) = status["servers"]
     assert server["name"] == "sdk" and server["status"] == "ready"
     assert server["pid"] == server_pid and server["sessions"] == 1
+    assert server["requests"] >= 1 and server["timeouts"] == 0
     (session,) = status["sessions"]
     assert session["view"] == ["sdk"] and session["protocol_version"] == "2025-11-25"
     assert session["client"]["name"] == "mcp"
