@@ -118,7 +118,8 @@ class ServerRequests:
 
     def answer(self, session: Hashable, response: Message) -> Message | None:
         """A client's response, in the server's terms (None: not ours to pass on)."""
-        pending = self._pending.get(response.get("id"))  # type: ignore[arg-type]
+        id = response.get("id")
+        pending = self._pending.get(id) if isinstance(id, str) else None
         if pending is None or pending.session != session:
             return None
         del self._pending[response["id"]]
@@ -137,7 +138,10 @@ class ServerRequests:
 
     def elicitation_complete(self, params: dict[str, Any]) -> Hashable | None:
         """The session that was given the URL-mode elicitation now complete."""
-        return self._elicitations.pop(params.get("elicitationId"), None)  # type: ignore[arg-type]
+        elicitation_id = params.get("elicitationId")
+        if not isinstance(elicitation_id, str):
+            return None
+        return self._elicitations.pop(elicitation_id, None)
 
     def session_gone(self, session: Hashable) -> list[Message]:
         """Errors for the server's requests a departed session will never answer."""

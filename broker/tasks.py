@@ -85,7 +85,8 @@ class TaskTable:
     def status(self, message: Message) -> tuple[Hashable, Message] | None:
         """Whom a notifications/tasks/status is for, and the message renamed."""
         params = message.get("params") or {}
-        session = self._owners.get(params.get("taskId"))  # type: ignore[arg-type]
+        task_id = params.get("taskId")
+        session = self._owners.get(task_id) if isinstance(task_id, str) else None
         if session is None:
             return None
         renamed = {**params, "taskId": outer_id(self.server, params["taskId"])}

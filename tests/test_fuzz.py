@@ -1,0 +1,154 @@
+"""Whatever a client or a server sends, the rules answer or drop it: never an exception.
+
+Hypothesis feeds both protocols arbitrary JSON values, and arbitrary messages
+with MCP's own method names and plausible-but-wrong parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker import jsonrpc
+from broker.catalog import Catalog, ServerEntry, ServerState
+from broker.jsonrpc import JsonRpcError
+from broker.lifecycle import ServerIdentity
+from broker.session import SessionProtocol
+from broker.upstream import UpstreamProtocol
+
+METHODS = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "prompts/get",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "completion/complete",
+    "logging/setLevel",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+    "notifications/message",
+    "notifications/resources/updated",
+    "notifications/tasks/status",
+    "sampling/createMessage",
+    "elicitation/create",
+    "roots/list",
+    "notifications/elicitation/complete",
+    "nonsense",
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+params = st.dictionaries(
+    st.sampled_from(
+        [
+            "name",
+            "uri",
+            "ref",
+            "cursor",
+            "level",
+            "taskId",
+            "requestId",
+            "progressToken",
+            "_meta",
+            "arguments",
+            "task",
+            "protocolVersion",
+            "capabilities",
+            "mode",
+            "elicitationId",
+            "logger",
+        ]
+    ),
+    json_values,
+    max_size=4,
+)
+messages = st.one_of(
+    json_values,
+    st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0"), "method": st.sampled_from(METHODS)},
+        optional={
+            "id": st.one_of(st.integers(), st.text(max_size=6), json_values),
+            "params": st.one_of(params, json_values),
+        },
+    ),
+    st.fixed_dictionaries(
+        {"jsonrpc": st.just("2.0"), "id": st.one_of(st.integers(0, 5), st.text(max_size=12))},
+        optional={"result": json_values, "error": json_values},
+    ),
+)
+
+IDENTITY = ServerIdentity(
+    "2025-11-25",
+    {"tools": {}, "prompts": {}, "resources": {"subscribe": True}, "logging": {}, "tasks": {}},
+    {"name": "s"},
+)
+
+
+class Catalogs:
+    current = Catalog(
+        [
+            ServerEntry("a", ServerState.READY, IDENTITY, {"tools": ({"name": "t"},)}),
+            ServerEntry("b", ServerState.DOWN, error="exited"),
+        ]
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, max_size=6), st.booleans())
+def test_a_session_answers_anything(received: list[Any], transparent: bool) -> None:
+    view = ("a",) if transparent else ("a", "b")
+    session = SessionProtocol(view, Catalogs(), transparent=transparent)
+    session.receive(jsonrpc.notification("x"))
+    for message in received:
+        for settled in (False, True):
+            session.receive(message, settled=settled)
+    for message in received:
+        if isinstance(message, dict) and "method" not in message:
+            session.outgoing(message)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, max_size=6), st.lists(messages, max_size=6))
+def test_an_upstream_answers_anything(from_server: list[Any], from_client: list[Any]) -> None:
+    proto = UpstreamProtocol("s")
+    proto.start()
+    proto.server_message(
+        jsonrpc.result_response(
+            "mcpbroker-initialize",
+            {
+                "protocolVersion": "2025-11-25",
+                "capabilities": IDENTITY.capabilities,
+                "serverInfo": {"name": "s"},
+            },
+        )
+    )
+    proto.attach("A", {"sampling": {}, "roots": {}, "elicitation": {}})
+    for message in from_client:  # what a session passes on: valid JSON-RPC only
+        with contextlib.suppress(JsonRpcError):
+            kind = jsonrpc.classify(message)
+            if kind is jsonrpc.Kind.REQUEST:
+                proto.client_request("A", dict(message))
+            elif kind is jsonrpc.Kind.RESPONSE:
+                proto.client_response("A", message)
+            else:
+                proto.client_notification("A", message)
+    for message in from_server:
+        with contextlib.suppress(JsonRpcError):  # not JSON-RPC: the actor logs and drops it
+            proto.server_message(message)
+    proto.expire(now=10_000)
+    proto.session_closed("A")
