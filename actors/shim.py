@@ -188,6 +188,7 @@ class _Relay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
+        self._events: dict[int, int] = {}  # what poll waits for, by fd
 
     def run(self) -> int:
         poller = select.poll()
@@ -206,15 +207,26 @@ class _Relay:
                         return self._finish()
 
     def _register(self, poller: select.poll) -> None:
-        for fd in (STDIN, STDOUT, self.sock_fd):
-            with contextlib.suppress(KeyError):
+        """Tell poll what to wait for, touching only what changed since last time."""
+        wanted = {
+            STDIN: select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0,
+            STDOUT: select.POLLOUT if self.to_host else 0,
+            self.sock_fd: (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0)
+            | (select.POLLOUT if self.to_daemon else 0),
+        }
+        for fd, events in wanted.items():
+            if self._events.get(fd, 0) == events:
+                continue
+            if not events:
                 poller.unregister(fd)
-        if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT:
-            poller.register(STDIN, select.POLLIN)
-        if self.to_host:
-            poller.register(STDOUT, select.POLLOUT)
-        events = select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0
-        poller.register(self.sock_fd, events | (select.POLLOUT if self.to_daemon else 0))
+            elif fd in self._events:
+                poller.modify(fd, events)
+            else:
+                poller.register(fd, events)
+            if events:
+                self._events[fd] = events
+            else:
+                del self._events[fd]
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)
