@@ -188,7 +188,7 @@ class _Relay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
-        self._events: dict[int, int] = {}  # what poll waits for, by fd
+        self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
 
     def run(self) -> int:
         poller = select.poll()
@@ -208,33 +208,38 @@ class _Relay:
 
     def _register(self, poller: select.poll) -> None:
         """Tell poll what to wait for, touching only what changed since last time."""
-        wanted = {
-            STDIN: select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0,
-            STDOUT: select.POLLOUT if self.to_host else 0,
-            self.sock_fd: (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0)
-            | (select.POLLOUT if self.to_daemon else 0),
-        }
-        for fd, events in wanted.items():
-            if self._events.get(fd, 0) == events:
+        to_daemon, to_host = len(self.to_daemon), len(self.to_host)
+        stdin = select.POLLIN if self.stdin_open and to_daemon < BUFFER_LIMIT else 0
+        stdout = select.POLLOUT if to_host else 0
+        sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (
+            select.POLLOUT if to_daemon else 0
+        )
+        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
+            before = self._events[fd]
+            if before == events:
                 continue
             if not events:
                 poller.unregister(fd)
-            elif fd in self._events:
+            elif before:
                 poller.modify(fd, events)
             else:
                 poller.register(fd, events)
-            if events:
-                self._events[fd] = events
-            else:
-                del self._events[fd]
+            self._events[fd] = events
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)
-        if data:
+        if not data:
+            self.stdin_open = False
+        elif not self.to_daemon:  # the usual case: send it now, keep only what is left
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                sent = len(data)  # the daemon is gone; reading the socket says so
+            self.to_daemon += data[sent:]
+        else:
             self.to_daemon += data
-            self._write_socket()
-            return
-        self.stdin_open = False
         self._write_socket()
 
     def _write_socket(self) -> None:
@@ -259,8 +264,17 @@ class _Relay:
             data = b""
         if not data:
             return False
-        self.to_host += data
-        return self._write_stdout()
+        if self.to_host:
+            self.to_host += data
+            return self._write_stdout()
+        try:  # the usual case: write it now, keep only what is left
+            written = os.write(STDOUT, data)
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except BrokenPipeError:
+            return False
+        self.to_host += data[written:]
+        return True
 
     def _write_stdout(self) -> bool:
         """Write what the host can take now; False if it closed its end."""
