@@ -204,16 +204,7 @@ class Session:
         )
 
     async def _execute(self, action: Action) -> None:
-        if isinstance(action, Reply):
-            await self._reply(action.message)
-            if self._protocol.phase is Phase.OPERATING and self._attached is None:
-                await self._attach()
-        elif isinstance(action, Defer):
-            with trio.move_on_after(SETTLE_TIMEOUT):
-                await self._registry.wait_settled(self._protocol.view)
-            for again in self._protocol.receive(action.message, settled=True):
-                await self._execute(again)
-        elif isinstance(action, Forward):
+        if isinstance(action, Forward):  # the hot path first
             upstream = self._upstreams.get(action.server)
             if upstream is None:  # a routing bug, not a client error: say so
                 await self._reply(
@@ -223,6 +214,15 @@ class Session:
                 )
                 return
             await upstream.send(ClientRequest(self._handle, action.message))
+        elif isinstance(action, Reply):
+            await self._reply(action.message)
+            if self._protocol.phase is Phase.OPERATING and self._attached is None:
+                await self._attach()
+        elif isinstance(action, Defer):
+            with trio.move_on_after(SETTLE_TIMEOUT):
+                await self._registry.wait_settled(self._protocol.view)
+            for again in self._protocol.receive(action.message, settled=True):
+                await self._execute(again)
         elif isinstance(action, CancelUpstream):
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
