@@ -33,7 +33,7 @@ from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
-from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
+from broker.jsonrpc import JsonRpcError, Message
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -208,10 +208,11 @@ class Upstream:
         self.events = events
         self._stdin: FastIO | None = None
         self._write_lock = trio.StrictFIFOLock()
+        self._control_out: list[Message] = []  # see _write_soon
+        self._control_writing = False
         self._process_nursery: trio.Nursery | None = None
         self._pid: int | None = None
         self._restarts = 0
-        self._last_error: str | None = None
         self._log = get_logger(server=name)
 
     # -- the actor's public face -------------------------------------------
@@ -243,7 +244,7 @@ class Upstream:
             sessions=len(self._protocol.sessions),
             in_flight=len(self._protocol.requests),
             inbox=self._inbox.statistics().current_buffer_used,
-            last_error=self._last_error,
+            last_error=self._protocol.last_error,
             requests=self._requests,
             timeouts=self._timeouts_count,
         )
@@ -308,16 +309,6 @@ class Upstream:
         return [] if out is None else [out]
 
     def _forward(self, session: SessionHandle, request: Message) -> list[Message]:
-        if self._status is not Status.READY:
-            message = f"MCP server {self.name!r} is not running"
-            if self._last_error:
-                message += f" (it {self._last_error}; restarting)"
-            session.deliver(
-                jsonrpc.error_response(
-                    request["id"], CONNECTION_CLOSED, message, data={"server": self.name}
-                )
-            )
-            return []
         self._requests += 1
         try:
             actions = self._protocol.client_request(session, request, trio.current_time())
@@ -353,6 +344,27 @@ class Upstream:
         finally:
             self._write_lock.release()
 
+    def _write_soon(self, message: Message) -> None:
+        """Write a message of the broker's own (a ping reply, a cancellation) without
+        waiting: the reader and the timer must never block on the server's stdin.
+
+        Messages queue here while one writer task writes them, so a server that
+        floods the broker with requests costs a list, not a task per message.
+        """
+        self._control_out.append(message)
+        if not self._control_writing:
+            assert self._process_nursery is not None
+            self._control_writing = True
+            self._process_nursery.start_soon(self._write_control)
+
+    async def _write_control(self) -> None:
+        try:
+            while self._control_out:
+                messages, self._control_out = self._control_out, []
+                await self._write(messages)
+        finally:
+            self._control_writing = False
+
     async def _wait_not_starting(self) -> None:
         self.request_start()
         while self._status in _NOT_YET:
@@ -386,7 +398,9 @@ class Upstream:
                 await trio.sleep_forever()
             if trio.current_time() - started >= STABLE_AFTER:
                 backoff = BACKOFF_INITIAL
-            self._log.warning("server.restart_scheduled", delay=backoff, error=self._last_error)
+            self._log.warning(
+                "server.restart_scheduled", delay=backoff, error=self._protocol.last_error
+            )
             await trio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._restarts += 1
@@ -419,6 +433,7 @@ class Upstream:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
         async with trio.open_nursery() as nursery:
             self._process_nursery = nursery
+            self._control_out = []  # anything left was for the previous process
             self._stdin = FastIO(link.send_stream)
             if link.stderr is not None:
                 nursery.start_soon(self._pump_stderr, link.stderr)
@@ -444,9 +459,10 @@ class Upstream:
                 continue
             await trio.sleep_until(deadline)
             actions = self._protocol.expire(trio.current_time())
-            if actions:
-                self._timeouts_count += len(actions) // 2
-                self._log.warning("server.requests_timed_out", count=len(actions) // 2)
+            answered = sum(isinstance(action, Deliver) for action in actions)
+            if answered:
+                self._timeouts_count += answered
+                self._log.warning("server.requests_timed_out", count=answered)
             self._apply(actions)
 
     async def _watch_startup(self, scope: trio.CancelScope) -> None:
@@ -456,7 +472,6 @@ class Upstream:
         scope.cancel()
 
     def _went_down(self, reason: str) -> None:
-        self._last_error = reason
         self._set_status(Status.DOWN)
         failed = self._protocol.server_gone(reason)
         self._log.error("server.down", reason=reason, failed_requests=len(failed))
@@ -503,8 +518,7 @@ class Upstream:
                 for session in self._protocol.sessions:
                     cast(SessionHandle, session).deliver(action.message)
             elif isinstance(action, SendUpstream):
-                assert self._process_nursery is not None
-                self._process_nursery.start_soon(self._write, [action.message])
+                self._write_soon(action.message)
             elif isinstance(action, Warn):
                 self._log.warning(action.event, detail=action.detail)
             elif isinstance(action, Ready):

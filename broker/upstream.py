@@ -96,6 +96,7 @@ class UpstreamProtocol:
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
         self.server_requests = ServerRequests(name, numbering)
         self.fanout = Fanout()
+        self.last_error: str | None = None  # why the last process went away
         self.tasks = TaskTable(name)
         self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities, least recently active first.
@@ -107,6 +108,7 @@ class UpstreamProtocol:
         fresh.sessions = self.sessions
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
+        fresh.last_error = self.last_error
         return fresh
 
     # -- the handshake ------------------------------------------------------
@@ -120,8 +122,11 @@ class UpstreamProtocol:
     def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> list[Action]:
         """A client's request: forwarded rewritten, or answered here (raises JsonRpcError)."""
         if self.phase is not Phase.READY:
+            message = f"MCP server {self.name!r} is not running"
+            if self.last_error:
+                message += f" (it {self.last_error}; restarting)"
             raise JsonRpcError(
-                CONNECTION_CLOSED, f"Server {self.name!r} is not running", id=request["id"]
+                CONNECTION_CLOSED, message, data={"server": self.name}, id=request["id"]
             )
         method, params = request["method"], request.get("params") or {}
         note: Any = None
@@ -245,6 +250,7 @@ class UpstreamProtocol:
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""
         self.phase = Phase.GONE
+        self.last_error = reason
         self.deadlines = Deadlines(self.deadlines.policy)
         return [self._fail(entry, reason) for entry in self.requests.drain()]
 

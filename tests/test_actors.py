@@ -429,3 +429,18 @@ async def test_progress_restarts_the_clock_up_to_the_maximum(
     if outcome == "error":
         assert trio.current_time() - started == pytest.approx(25)  # the maximum
     assert len([m for m in client.others if m.get("method") == "notifications/progress"]) >= 4
+
+
+async def test_a_flood_of_server_pings_is_answered_in_order(nursery: trio.Nursery) -> None:
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    await broker.upstreams["s"].wait_ready()
+    link = script.links[0]
+    for i in range(500):
+        await link.send({"jsonrpc": "2.0", "id": f"ping-{i}", "method": "ping"})
+    with trio.fail_after(10):
+        while len([m for m in script.received if str(m.get("id", "")).startswith("ping-")]) < 500:
+            await trio.sleep(0.01)
+    answers = [m for m in script.received if str(m.get("id", "")).startswith("ping-")]
+    assert [m["id"] for m in answers] == [f"ping-{i}" for i in range(500)]
+    assert all(m["result"] == {} for m in answers)

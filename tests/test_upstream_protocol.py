@@ -105,6 +105,11 @@ def test_client_request_after_gone() -> None:
     with pytest.raises(JsonRpcError) as info:
         proto.client_request(A, request(3))
     assert info.value.code == CONNECTION_CLOSED
+    assert "(it exited; restarting)" in info.value.message
+    assert info.value.data == {"server": "files"}
+    with pytest.raises(JsonRpcError) as restarting:  # until the new process is ready
+        proto.restarted().client_request(A, request(4))
+    assert "(it exited; restarting)" in restarting.value.message
 
 
 def test_late_handshake_id_is_dropped_once_ready() -> None:
