@@ -75,6 +75,7 @@ class Registry:
         self._client = InternalClient()
         self._subscribers: dict[SessionHandle, frozenset[str]] = {}
         self._generation = dict.fromkeys(upstreams, 0)
+        self._pending: dict[str, set[Kind]] = {}  # lists to refresh, per server being refreshed
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
         for upstream in upstreams.values():
@@ -121,14 +122,14 @@ class Registry:
         elif event.list_changed is not None:
             kinds = KINDS_BY_NOTIFICATION.get(event.list_changed, ())
             if kinds and self._catalog.entry(event.server).state is ServerState.READY:
-                self._spawn(self._refresh, event.server, kinds)
+                self._want_refresh(event.server, kinds)
 
     def _status_changed(self, server: str, status: Status) -> None:
         self._generation[server] += 1
         entry = self._catalog.entry(server)
         if status is Status.READY:
             self._publish(attrs.evolve(entry, state=ServerState.LOADING, error=None))
-            self._spawn(self._refresh, server, KINDS)
+            self._want_refresh(server, KINDS)
         elif status is Status.STARTING:
             self._publish(attrs.evolve(entry, state=ServerState.LOADING))
         elif status is Status.DOWN:
@@ -136,9 +137,28 @@ class Registry:
             self._publish(attrs.evolve(entry, state=ServerState.DOWN, lists={}, error=error))
             self._notify(server, [kind for kind in KINDS if entry.items(kind)])
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
+    def _want_refresh(self, server: str, kinds: tuple[Kind, ...]) -> None:
+        """Refresh some of a server's lists: one task per server at a time.
+
+        Requests that arrive while a refresh runs are merged and done after it,
+        so refreshes of one server never overlap or publish out of order, and a
+        server that floods list_changed costs one task.
+        """
+        pending = self._pending.get(server)
+        if pending is not None:
+            pending.update(kinds)
+            return
+        self._pending[server] = set(kinds)
         assert self._nursery is not None
-        self._nursery.start_soon(fn, *args)
+        self._nursery.start_soon(self._refresh_while_wanted, server)
+
+    async def _refresh_while_wanted(self, server: str) -> None:
+        try:
+            while wanted := self._pending[server]:
+                self._pending[server] = set()
+                await self._refresh(server, tuple(k for k in KINDS if k in wanted))
+        finally:
+            del self._pending[server]
 
     # -- fetching -------------------------------------------------------------
 

@@ -444,3 +444,25 @@ async def test_a_flood_of_server_pings_is_answered_in_order(nursery: trio.Nurser
     answers = [m for m in script.received if str(m.get("id", "")).startswith("ping-")]
     assert [m["id"] for m in answers] == [f"ping-{i}" for i in range(500)]
     assert all(m["result"] == {} for m in answers)
+
+
+async def test_a_flood_of_list_changed_costs_few_fetches_and_one_notification(
+    nursery: trio.Nursery,
+) -> None:
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    await client.request("ping")
+    await trio.testing.wait_all_tasks_blocked()
+    fetches_before = len(script.requests("tools/list"))
+    script.tools.append({"name": "late", "inputSchema": {"type": "object"}})
+    note = jsonrpc.encode(jsonrpc.notification("notifications/tools/list_changed"))
+    await script.links[0]._theirs.send_all(note * 50)  # all at once, as a flooding server
+    await trio.testing.wait_all_tasks_blocked()
+    # One refresh at a time, each taking in every notice that came meanwhile
+    # (without coalescing this was 50 overlapping fetches).
+    assert 1 <= len(script.requests("tools/list")) - fetches_before <= 25
+    assert (await client.request("ping", id="after"))["id"] == "after"
+    changed = [m for m in client.others if m.get("method") == "notifications/tools/list_changed"]
+    assert len(changed) == 1
