@@ -176,9 +176,7 @@ class Session:
             if hello.command is not None:
                 return hello.command
             view = resolve_view(hello, self._upstreams)
-            # Naming exactly one server asks for it as it is (transparent).
-            transparent = hello.servers is not None and len(view) == 1
-            self._protocol = SessionProtocol(view, self._registry, transparent=transparent)
+            self._protocol = SessionProtocol(view, self._registry, transparent=hello.transparent)
         except HelloError as exc:
             self._log.warning("session.bad_hello", error=str(exc))
             self._protocol = SessionProtocol((), self._registry, refusal=str(exc))
@@ -189,7 +187,6 @@ class Session:
         self.is_control = True
         answer = self._control(command) if self._control else {"error": "no control here"}
         await self._reply(answer)
-        self._client_closed = True
         self._handle.close_reason = f"answered {command!r}"
 
     def statistics(self) -> SessionStatistics:

@@ -45,13 +45,15 @@ class ServerGroup:
         self.name = name
         self.config = config
         self.settings = settings
-        self._catalog = self._instance(lazy=config.startup == "lazy")
+        self._catalog = self._instance(0)
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[Upstream, trio.CancelScope] = {}
         self._log = get_logger(server=name)
 
-    def _instance(self, *, lazy: bool = False, numbering: tuple[int, int] = (1, 1)) -> Upstream:
-        return Upstream(self.name, self.config, self.settings, lazy=lazy, numbering=numbering)
+    def _instance(self, index: int) -> Upstream:
+        """Instance ``index``; the first (the catalog's) follows the config's startup."""
+        lazy = index == 0 and self.config.startup == "lazy"
+        return Upstream(self.name, self.config, self.settings, lazy=lazy)
 
     # -- the face of an Upstream -----------------------------------------------
 
@@ -147,7 +149,7 @@ class PerSessionServer(ServerGroup):
                 self._log.info("server.instance_stopped", session=session.id)
             return
         if instance is None:
-            instance = self._mine[session] = self._instance()
+            instance = self._mine[session] = self._instance(len(self._mine) + 1)
             await self._start(instance)
             self._log.info("server.instance_started", session=session.id)
         await instance.send(item)
@@ -156,14 +158,14 @@ class PerSessionServer(ServerGroup):
 class PooledServer(ServerGroup):
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         super().__init__(name, config, settings)
-        size = config.pool
-        # Instance i numbers its requests to clients i+1, i+1+size, ...: never the same.
-        self._catalog = self._instance(lazy=config.startup == "lazy", numbering=(1, size))
-        self._pool = [self._catalog] + [
-            self._instance(lazy=config.startup == "lazy", numbering=(i + 1, size))
-            for i in range(1, size)
-        ]
+        self._pool = [self._catalog] + [self._instance(i) for i in range(1, config.pool)]
         self._assigned: dict[SessionHandle, Upstream] = {}
+
+    def _instance(self, index: int) -> Upstream:
+        # Instance i numbers its requests to clients i+1, i+1+N, ...: never the same.
+        lazy = self.config.startup == "lazy"
+        numbering = (index + 1, self.config.pool)
+        return Upstream(self.name, self.config, self.settings, lazy=lazy, numbering=numbering)
 
     def request_start(self) -> None:
         for instance in self._pool:

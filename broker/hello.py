@@ -38,6 +38,11 @@ class Hello:
     # one line of JSON and closes the connection (``mcpbroker status``).
     command: str | None = None
 
+    @property
+    def transparent(self) -> bool:
+        """Naming exactly one server asks to see it as it is (docs/naming-and-routing.md)."""
+        return self.servers is not None and len(self.servers) == 1
+
 
 def read_hello(message: Any) -> Hello | None:
     """The hello in a first line, or None if the line is plain MCP."""

@@ -82,3 +82,9 @@ def test_unknown_servers() -> None:
 def test_unknown_server_with_nothing_configured() -> None:
     with pytest.raises(HelloError, match=r"configured servers: none"):
         resolve_view(Hello(("files",)), ())
+
+
+def test_naming_exactly_one_server_asks_for_it_transparently() -> None:
+    assert Hello(("a",)).transparent
+    assert not Hello(("a", "b")).transparent
+    assert not Hello().transparent  # every server: aggregated, however many there are
