@@ -152,7 +152,7 @@ class UpstreamStatistics:
     in_flight: int
     inbox: int
     last_error: str | None
-    requests: int = 0  # sent to this server by sessions since the daemon started
+    requests: int = 0  # sent to this server since the daemon started (catalog fetches too)
     timeouts: int = 0  # of those, answered -32001 by the broker
     instances: int = 1
 
