@@ -29,11 +29,12 @@ class InternalClient:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async for message in self._receive:
-            if isinstance(message, dict) and "method" not in message:
-                waiter = self._waiting.pop(message.get("id"), None)  # type: ignore[arg-type]
-                if waiter is not None:
-                    waiter.send_nowait(message)
+        async for delivery in self._receive:
+            for message in delivery:
+                if isinstance(message, dict) and "method" not in message:
+                    waiter = self._waiting.pop(message.get("id"), None)  # type: ignore[arg-type]
+                    if waiter is not None:
+                        waiter.send_nowait(message)
 
     async def call(self, upstream: ServerActor, method: str, params: dict[str, Any]) -> Any:
         """Send one request and return its result; raises JsonRpcError on an error.
@@ -46,7 +47,7 @@ class InternalClient:
         request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
         response: Message | None = None
         try:
-            await upstream.send(ClientRequest(self.handle, request))
+            await upstream.send(ClientRequest(self.handle, [request]))
             response = await receive.receive()
         finally:
             self._waiting.pop(id, None)

@@ -17,26 +17,40 @@ import trio
 
 from broker.jsonrpc import Message
 
-# Messages a session may have waiting to be written before it counts as not
-# reading (and is disconnected). Large enough for 16 requests in flight each
-# with plenty of progress notifications, small enough to bound memory.
+# Deliveries a session may have waiting to be written before it counts as not
+# reading (and is disconnected). A delivery is one message, or the messages
+# for this session that one read from a server's stdout produced (at most
+# READ_CHUNK bytes of them). Large enough for 16 requests in flight each with
+# plenty of progress notifications, small enough to bound memory.
 OUTBOX_SIZE = 1024
+
+# What a session writes: a message, or a batch response (a JSON array).
+Outgoing = Message | list[Message]
 
 _session_ids = itertools.count(1)
 
 
 @attrs.define(eq=False)
 class SessionHandle:
-    outbox: trio.MemorySendChannel[Message | list[Message]]
+    outbox: trio.MemorySendChannel[list[Outgoing]]
     cancel_scope: trio.CancelScope
     id: int = attrs.field(factory=lambda: next(_session_ids))
     close_reason: str | None = None
     internal: bool = False  # the broker's own requests (catalog fetches), not a client
 
-    def deliver(self, message: Message | list[Message]) -> None:
+    def deliver(self, message: Outgoing) -> None:
         """Queue a message for the client without waiting; never raises."""
+        self.deliver_all([message])
+
+    def deliver_all(self, messages: list[Outgoing]) -> None:
+        """Queue messages for the client, in order, as one delivery; never raises.
+
+        One delivery rather than one per message: a server's read that answers
+        many of this session's requests costs the session's queue one slot and
+        its writer one wake-up.
+        """
         try:
-            self.outbox.send_nowait(message)
+            self.outbox.send_nowait(messages)
         except trio.WouldBlock:
             self.disconnect(f"outbound queue full ({OUTBOX_SIZE} messages): client not reading")
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -52,7 +66,7 @@ class SessionHandle:
 
 
 def open_outbox() -> tuple[
-    trio.MemorySendChannel[Message | list[Message]],
-    trio.MemoryReceiveChannel[Message | list[Message]],
+    trio.MemorySendChannel[list[Outgoing]],
+    trio.MemoryReceiveChannel[list[Outgoing]],
 ]:
     return trio.open_memory_channel[Any](OUTBOX_SIZE)

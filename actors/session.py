@@ -26,7 +26,7 @@ import trio
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
 from actors.logs import get_logger
-from actors.mailbox import SessionHandle, open_outbox
+from actors.mailbox import Outgoing, SessionHandle, open_outbox
 from actors.registry import Registry
 from actors.upstream import (
     Attach,
@@ -141,6 +141,11 @@ class Session:
                 return
             if not data:
                 return
+            # Requests to forward, gathered per server while this chunk is read
+            # and sent as one inbox item each: one channel hop per server and
+            # chunk, not per request. Anything else first sends what is
+            # gathered, so every server hears this session's messages in order.
+            forwards: dict[str, list[Message]] = {}
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
                     await self._reply(self._oversize(line.size))
@@ -158,8 +163,34 @@ class Session:
                             await self._run_command(command)
                             return
                         continue
+                forward = self._protocol.forward_fast(message)
+                if forward is not None:  # the hot path: a call to pass on
+                    gathered = forwards.get(forward.server)
+                    if gathered is None:
+                        forwards[forward.server] = [forward.message]
+                    else:
+                        gathered.append(forward.message)
+                    continue
+                if forwards:
+                    await self._send_forwards(forwards)
+                    forwards = {}
                 for action in self._protocol.receive(message):
                     await self._execute(action)
+            if forwards:
+                await self._send_forwards(forwards)
+
+    async def _send_forwards(self, forwards: dict[str, list[Message]]) -> None:
+        for server, messages in forwards.items():
+            upstream = self._upstreams.get(server)
+            if upstream is None:  # a routing bug, not a client error: say so
+                for message in messages:
+                    await self._reply(
+                        jsonrpc.error_response(
+                            message["id"], CONNECTION_CLOSED, f"No server {server!r}"
+                        )
+                    )
+                continue
+            await upstream.send(ClientRequest(self._handle, messages))
 
     def _oversize(self, size: int) -> Message:
         limit = self._settings.max_message_bytes
@@ -201,16 +232,8 @@ class Session:
         )
 
     async def _execute(self, action: Action) -> None:
-        if isinstance(action, Forward):  # the hot path first
-            upstream = self._upstreams.get(action.server)
-            if upstream is None:  # a routing bug, not a client error: say so
-                await self._reply(
-                    jsonrpc.error_response(
-                        action.message["id"], CONNECTION_CLOSED, f"No server {action.server!r}"
-                    )
-                )
-                return
-            await upstream.send(ClientRequest(self._handle, action.message))
+        if isinstance(action, Forward):
+            await self._send_forwards({action.server: [action.message]})
         elif isinstance(action, Reply):
             await self._reply(action.message)
             if self._protocol.phase is Phase.OPERATING and self._attached is None:
@@ -232,11 +255,11 @@ class Session:
             for upstream in self._attached or ():
                 await upstream.send(ClientNotification(self._handle, action.message))
 
-    async def _reply(self, message: Message | list[Message]) -> None:
+    async def _reply(self, message: Outgoing) -> None:
         try:
-            self._outbox_send.send_nowait(message)  # no checkpoint when there is room
+            self._outbox_send.send_nowait([message])  # no checkpoint when there is room
         except trio.WouldBlock:
-            await self._outbox_send.send(message)
+            await self._outbox_send.send([message])
 
     async def _attach(self) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
@@ -262,15 +285,15 @@ class Session:
     # -- writing ------------------------------------------------------------
 
     async def _write_loop(self) -> None:
-        async for message in self._outbox:
+        async for delivery in self._outbox:
             chunks: list[bytes] = []
-            size = self._add(chunks, message)
+            size = self._add(chunks, delivery)
             while size < WRITE_BATCH_BYTES:
                 try:
-                    message = self._outbox.receive_nowait()
+                    delivery = self._outbox.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-                size += self._add(chunks, message)
+                size += self._add(chunks, delivery)
             if chunks:
                 try:
                     with map_transport_errors():
@@ -281,10 +304,14 @@ class Session:
             if self._client_closed and not self._protocol.inflight:
                 self._drained.set()
 
-    def _add(self, chunks: list[bytes], message: Message | list[Message]) -> int:
-        out = self._protocol.outgoing(message)
-        if out is None:
-            return 0
-        data = jsonrpc.encode(out)
-        chunks.append(data)
-        return len(data)
+    def _add(self, chunks: list[bytes], delivery: list[Outgoing]) -> int:
+        """Encode a delivery's messages onto ``chunks``; the bytes added."""
+        outgoing, encode = self._protocol.outgoing, jsonrpc.encode
+        size = 0
+        for message in delivery:
+            out = outgoing(message)
+            if out is not None:
+                data = encode(out)
+                chunks.append(data)
+                size += len(data)
+        return size

@@ -38,6 +38,7 @@ from actors.upstream import (
     UpstreamStatistics,
 )
 from broker.config import BrokerSettings, ServerConfig
+from broker.jsonrpc import Message
 
 
 class ServerGroup:
@@ -177,7 +178,8 @@ class PooledServer(ServerGroup):
 
     async def send(self, item: InboxItem) -> None:
         if isinstance(item, ClientRequest):
-            await self._pick(item).send(item)
+            for message in item.messages:  # each to the least busy instance
+                await self._pick(item.session, message).send(ClientRequest(item.session, [message]))
             return
         if isinstance(item, Attach):
             self._assigned[item.session] = min(
@@ -188,9 +190,9 @@ class PooledServer(ServerGroup):
         for instance in self._pool:
             await instance.send(item)
 
-    def _pick(self, item: ClientRequest) -> Upstream:
-        if item.message["method"] in ("resources/subscribe", "resources/unsubscribe"):
-            assigned = self._assigned.get(item.session)
+    def _pick(self, session: SessionHandle, message: Message) -> Upstream:
+        if message["method"] in ("resources/subscribe", "resources/unsubscribe"):
+            assigned = self._assigned.get(session)
             if assigned is not None:
                 return assigned
         return min(self._pool, key=lambda instance: instance.load)

@@ -28,7 +28,7 @@ import trio
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
 from actors.logs import get_logger
-from actors.mailbox import SessionHandle
+from actors.mailbox import Outgoing, SessionHandle
 from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
@@ -56,10 +56,12 @@ EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
 STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
 
 
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
+@attrs.define  # not frozen: one per chunk read on the hot path (benchmarks/README.md)
 class ClientRequest:
+    """Requests from one session, in the order it sent them."""
+
     session: SessionHandle
-    message: Message
+    messages: list[Message]
 
 
 @attrs.frozen
@@ -218,13 +220,14 @@ class Upstream:
     # -- the actor's public face -------------------------------------------
 
     async def send(self, item: InboxItem) -> None:
-        self._queued += 1
+        count = _count(item)
+        self._queued += count
         try:
             self._inbox_send.send_nowait(item)  # no checkpoint when there is room
         except trio.WouldBlock:
             await self._inbox_send.send(item)
         except BaseException:
-            self._queued -= 1
+            self._queued -= count
             raise
 
     @property
@@ -280,19 +283,21 @@ class Upstream:
                 except trio.WouldBlock:
                     break
             out: list[Message] = []
+            now = trio.current_time()
             for item in batch:
                 if isinstance(item, ClientRequest) and self._status in _NOT_YET:
                     await self._write(out)
                     out = []
                     await self._wait_not_starting()
-                out.extend(self._handle(item))
-                self._queued -= 1
+                    now = trio.current_time()
+                out.extend(self._handle(item, now))
+                self._queued -= _count(item)
             await self._write(out)
 
-    def _handle(self, item: InboxItem) -> list[Message]:
+    def _handle(self, item: InboxItem, now: float) -> list[Message]:
         protocol = self._protocol
         if isinstance(item, ClientRequest):
-            return self._forward(item.session, item.message)
+            return self._forward(item.session, item.messages, now)
         if isinstance(item, ClientCancelled):
             out = protocol.client_cancelled(item.session, item.params)
         elif isinstance(item, ClientResponse):
@@ -308,14 +313,23 @@ class Upstream:
             return protocol.session_closed(item.session)
         return [] if out is None else [out]
 
-    def _forward(self, session: SessionHandle, request: Message) -> list[Message]:
-        self._requests += 1
-        try:
-            actions = self._protocol.client_request(session, request, trio.current_time())
-        except JsonRpcError as exc:
-            session.deliver(exc.to_response())
-            return []
-        return self._split(actions)
+    def _forward(
+        self, session: SessionHandle, requests: list[Message], now: float
+    ) -> list[Message]:
+        self._requests += len(requests)
+        client_request = self._protocol.client_request
+        out: list[Message] = []
+        for request in requests:
+            try:
+                actions = client_request(session, request, now)
+            except JsonRpcError as exc:
+                session.deliver(exc.to_response())
+                continue
+            if len(actions) == 1 and type(actions[0]) is SendUpstream:
+                out.append(actions[0].message)  # nearly always: the request, rewritten
+            else:
+                out += self._split(actions)
+        return out
 
     def _split(self, actions: list[Action]) -> list[Message]:
         """Carry out every action but the writes, and return the messages to write."""
@@ -490,21 +504,41 @@ class Upstream:
                 data = b""
             if not data:
                 return "exited" if self._status is Status.READY else "exited during startup"
+            now = trio.current_time()
+            # Messages for each session from this chunk, delivered together at
+            # its end (one outbox item and one writer wake-up per session, not
+            # per message). Any other action first delivers what is gathered,
+            # so each session gets its messages in the server's order.
+            deliveries: dict[SessionHandle, list[Outgoing]] = {}
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
                     message = jsonrpc.decode(line)
-                    self._apply(self._protocol.server_message(message, trio.current_time()))
+                    actions = self._protocol.server_message(message, now)
                 except JsonRpcError as exc:
                     self._log.warning(
                         "server.invalid_message",
                         error=exc.message,
                         line=line[:200].decode(errors="replace"),
                     )
+                    continue
                 except HandshakeError as exc:
                     return f"failed the initialize handshake: {exc}"
+                for action in actions:
+                    if type(action) is Deliver:
+                        session = cast(SessionHandle, action.session)
+                        gathered = deliveries.get(session)
+                        if gathered is None:
+                            deliveries[session] = [action.message]
+                        else:
+                            gathered.append(action.message)
+                    else:
+                        _deliver_all(deliveries)
+                        deliveries = {}
+                        self._apply([action])
+            _deliver_all(deliveries)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
@@ -546,3 +580,13 @@ class Upstream:
                     else line.decode(errors="replace")
                 )
                 self._log.info("server.stderr", line=text)
+
+
+def _count(item: InboxItem) -> int:
+    """How many requests or notices an inbox item carries (for :attr:`Upstream.load`)."""
+    return len(item.messages) if isinstance(item, ClientRequest) else 1
+
+
+def _deliver_all(deliveries: dict[SessionHandle, list[Outgoing]]) -> None:
+    for session, messages in deliveries.items():
+        session.deliver_all(messages)

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, Message, RequestId, id_key
+from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, Message, RequestId
 
 
 @attrs.define(slots=True)
@@ -38,7 +38,9 @@ class RequestMap:
     def __init__(self) -> None:
         self._next_id = 1
         self._by_upstream: dict[int, InFlight] = {}
-        self._by_client: dict[tuple[Hashable, tuple[type, RequestId]], int] = {}
+        # (session, client id) -> upstream id. Client ids are int or str (never
+        # bool or float, which would alias ints), so they are keys as they are.
+        self._by_client: dict[tuple[Hashable, RequestId], int] = {}
 
     def __len__(self) -> int:
         return len(self._by_upstream)
@@ -57,7 +59,9 @@ class RequestMap:
         request in flight with the same id (MCP forbids reusing one).
         """
         client_id = request["id"]
-        key = (session, id_key(client_id))
+        if type(client_id) is not int and type(client_id) is not str:
+            raise JsonRpcError(INVALID_REQUEST, f"Invalid request id: {client_id!r}")
+        key = (session, client_id)
         if key in self._by_client:
             raise JsonRpcError(
                 INVALID_REQUEST, f"Request id {client_id!r} is already in use", id=client_id
@@ -65,10 +69,12 @@ class RequestMap:
         upstream_id = self._next_id
         self._next_id += 1
         entry = InFlight(session, client_id, request["method"])
-        meta = _meta_of(request)
-        if meta is not None and "progressToken" in meta:
-            entry.client_token = meta["progressToken"]
-            request["params"]["_meta"] = {**meta, "progressToken": upstream_id}
+        params = request.get("params")
+        if type(params) is dict and "_meta" in params:
+            meta = params["_meta"]
+            if isinstance(meta, dict) and "progressToken" in meta:
+                entry.client_token = meta["progressToken"]
+                params["_meta"] = {**meta, "progressToken": upstream_id}
         request["id"] = upstream_id
         self._by_upstream[upstream_id] = entry
         self._by_client[key] = upstream_id
@@ -112,9 +118,9 @@ class RequestMap:
 
         Its late response, if the server still sends one, will be dropped.
         """
-        if not isinstance(client_id, (int, str)):
+        if type(client_id) is not int and type(client_id) is not str:
             return None
-        upstream_id = self._by_client.get((session, id_key(client_id)))
+        upstream_id = self._by_client.get((session, client_id))
         if upstream_id is not None:
             self._pop(upstream_id)
         return upstream_id
@@ -143,13 +149,5 @@ class RequestMap:
     def _pop(self, upstream_id: int) -> InFlight | None:
         entry = self._by_upstream.pop(upstream_id, None)
         if entry is not None:
-            del self._by_client[(entry.session, id_key(entry.client_id))]
+            del self._by_client[(entry.session, entry.client_id)]
         return entry
-
-
-def _meta_of(request: Message) -> dict[str, Any] | None:
-    params = request.get("params")
-    if not isinstance(params, dict):
-        return None
-    meta = params.get("_meta")
-    return meta if isinstance(meta, dict) else None

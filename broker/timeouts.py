@@ -30,12 +30,13 @@ class TimeoutPolicy:
 class Deadlines:
     def __init__(self, policy: TimeoutPolicy) -> None:
         self.policy = policy
+        self._enabled = policy.enabled
         self._heap: list[tuple[float, int]] = []
         # upstream id -> (sent at, current deadline)
         self._times: dict[int, tuple[float, float]] = {}
 
     def add(self, upstream_id: int, now: float) -> None:
-        if not self.policy.enabled:
+        if not self._enabled:
             return
         deadline = now + self.policy.timeout
         self._times[upstream_id] = (now, deadline)

@@ -99,13 +99,16 @@ class UpstreamProtocol:
         self.last_error: str | None = None  # why the last process went away
         self.tasks = TaskTable(name)
         self._own_ids = itertools.count(1)
-        # Sessions using this server -> their capabilities, least recently active first.
+        # Sessions using this server -> their capabilities.
         self.sessions: dict[Hashable, dict[str, Any]] = {}
+        # Session -> the upstream id of its latest request (a clock of activity).
+        self.last_active: dict[Hashable, int] = {}
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
         fresh = UpstreamProtocol(self.name, self.deadlines.policy, self.numbering)
         fresh.sessions = self.sessions
+        fresh.last_active = self.last_active
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
@@ -130,7 +133,9 @@ class UpstreamProtocol:
             )
         method, params = request["method"], request.get("params") or {}
         note: Any = None
-        if method in ("resources/subscribe", "resources/unsubscribe"):
+        if method == "tools/call" and "task" not in params:
+            pass  # nearly every request: nothing to note
+        elif method in ("resources/subscribe", "resources/unsubscribe"):
             note = _uri_of(request)
             answered = self._subscription(session, request, note)
             if answered is not None:
@@ -146,8 +151,7 @@ class UpstreamProtocol:
         if note is not None:
             self.requests.note(upstream_id, note)
         self.deadlines.add(upstream_id, now)
-        if session in self.sessions:  # now the most recently active
-            self.sessions[session] = self.sessions.pop(session)
+        self.last_active[session] = upstream_id
         return [SendUpstream(request)]
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
@@ -220,6 +224,7 @@ class UpstreamProtocol:
     def session_closed(self, session: Hashable) -> list[Message]:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
+        self.last_active.pop(session, None)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
@@ -271,6 +276,8 @@ class UpstreamProtocol:
         if entry is None:
             return []
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
+        if entry.note is None and entry.method != "resources/subscribe":
+            return [Deliver(entry.session, message)]  # nearly every response
         if entry.method == "resources/subscribe" and "error" in message:
             self.fanout.unsubscribe(entry.session, entry.note)  # the server refused it
         elif entry.note == "creates-task":
@@ -323,7 +330,9 @@ class UpstreamProtocol:
     def _server_request(self, message: Message) -> list[Action]:
         if message["method"] == "ping":
             return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
-        route = self.server_requests.route(message, self.requests.sessions(), self.sessions)
+        recency = self.last_active.get
+        attached = dict(sorted(self.sessions.items(), key=lambda item: recency(item[0], 0)))
+        route = self.server_requests.route(message, self.requests.sessions(), attached)
         if not isinstance(route, Route):
             return [SendUpstream(route)]
         actions: list[Action] = [Deliver(route.session, route.message)]

@@ -466,3 +466,28 @@ async def test_a_flood_of_list_changed_costs_few_fetches_and_one_notification(
     assert (await client.request("ping", id="after"))["id"] == "after"
     changed = [m for m in client.others if m.get("method") == "notifications/tools/list_changed"]
     assert len(changed) == 1
+
+
+CANCELLED = "notifications/cancelled"
+
+
+async def test_one_chunk_of_calls_and_a_cancel_reaches_the_server_in_order(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # The session sends the calls of one read as one inbox item; a cancel in
+    # the same read must still reach the server after the call it cancels.
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    calls = [
+        {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": call("sleep", seconds=i)}
+        for i in range(1, 6)
+    ]
+    cancel = jsonrpc.notification(CANCELLED, {"requestId": 3})
+    await client.stream.send_all(b"".join(map(jsonrpc.encode, [*calls[:3], cancel, *calls[3:]])))
+    answers = {(await client.receive())["id"] for _ in range(4)}
+    assert answers == {1, 2, 4, 5}
+    sent = [m for m in script.received if m.get("method") in ("tools/call", CANCELLED)]
+    upstream_ids = [m["id"] for m in sent if m["method"] == "tools/call"]
+    assert [m["method"] for m in sent] == ["tools/call"] * 3 + [CANCELLED] + ["tools/call"] * 2
+    assert sent[3]["params"]["requestId"] == upstream_ids[2]

@@ -7,6 +7,7 @@ with MCP's own method names and plausible-but-wrong parameters.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 from hypothesis import given, settings
@@ -152,3 +153,50 @@ def test_an_upstream_answers_anything(from_server: list[Any], from_client: list[
             proto.server_message(message)
     proto.expire(now=10_000)
     proto.session_closed("A")
+
+
+routed_calls = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0"]),
+        "method": st.sampled_from(["tools/call", "prompts/get", "resources/read", "ping"]),
+        "id": st.one_of(st.integers(), st.text(max_size=3), st.booleans(), st.floats()),
+    },
+    optional={
+        "params": st.one_of(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["t", "a__t", "b__t", "x"])},
+                optional={"arguments": json_values, "_meta": json_values},
+            ),
+            json_values,
+        )
+    },
+)
+
+
+def _initialized(view: tuple[str, ...], transparent: bool) -> SessionProtocol:
+    session = SessionProtocol(view, Catalogs(), transparent=transparent)
+    session.receive(
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "x"}}
+    )
+    return session
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(routed_calls, messages), max_size=4), st.booleans(), st.booleans())
+def test_the_fast_path_does_what_receive_does(
+    received: list[Any], transparent: bool, initialized: bool
+) -> None:
+    view = ("a",) if transparent else ("a", "b")
+    if initialized:
+        fast, slow = _initialized(view, transparent), _initialized(view, transparent)
+    else:
+        fast = SessionProtocol(view, Catalogs(), transparent=transparent)
+        slow = SessionProtocol(view, Catalogs(), transparent=transparent)
+    for message in received:
+        taken = fast.forward_fast(copy.deepcopy(message))
+        answer = slow.receive(copy.deepcopy(message))
+        if taken is None:
+            fast.receive(copy.deepcopy(message))
+        else:
+            assert answer == [taken]
+        assert fast.inflight == slow.inflight

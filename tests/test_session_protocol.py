@@ -15,7 +15,6 @@ from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    id_key,
 )
 from broker.lifecycle import LATEST_LEGACY_VERSION, LEGACY_VERSIONS, ServerIdentity
 from broker.session import (
@@ -342,7 +341,7 @@ def test_unknown_name_deferred_until_settled(state: ServerState) -> None:
     assert proto.inflight == set()
     settle(proto)
     assert proto.receive(message, settled=True) == [forwarded(4, "github", "search")]
-    assert proto.inflight == {id_key(4)}
+    assert proto.inflight == {4}
 
 
 def test_unknown_name_after_settling_is_an_error() -> None:
@@ -469,7 +468,7 @@ def test_call_forwarded_with_the_servers_own_name(
     before = copy.deepcopy(message)
     assert proto.receive(message) == [Forward(server_name, req(7, method, {"name": own, **extra}))]
     assert message == before  # the client's message is not changed
-    assert proto.inflight == {id_key(7)}
+    assert proto.inflight == {7}
 
 
 def test_transparent_call_forwarded_as_it_is() -> None:
@@ -650,12 +649,12 @@ def test_inflight_cleared_by_outgoing_response() -> None:
     proto = session()
     proto.receive(call(1))
     proto.receive(call("1"))
-    assert proto.inflight == {id_key(1), id_key("1")}
+    assert proto.inflight == {1, "1"}
     assert proto.outgoing(upstream_answer("1")) == upstream_answer("1")
-    assert proto.inflight == {id_key(1)}
+    assert proto.inflight == {1}
     note = jsonrpc.notification("notifications/progress", {"progressToken": 1})
     assert proto.outgoing(note) == note
-    assert proto.inflight == {id_key(1)}
+    assert proto.inflight == {1}
     assert proto.outgoing(upstream_answer(1)) == upstream_answer(1)
     assert proto.inflight == set()
 
@@ -722,7 +721,7 @@ def test_mixed_batch_collected_into_one_array() -> None:
         [req(1, "ping"), call(2), jsonrpc.notification("notifications/initialized"), invalid]
     )
     assert actions == [ok(1), forwarded(2)]
-    assert proto.inflight == {id_key(2)}
+    assert proto.inflight == {2}
 
     # The actor passes the ping reply through outgoing(): held for the batch.
     assert sent_out(proto, replies(actions)) == []
