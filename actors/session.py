@@ -165,11 +165,12 @@ class Session:
                         continue
                 forward = self._protocol.forward_fast(message)
                 if forward is not None:  # the hot path: a call to pass on
-                    gathered = forwards.get(forward.server)
+                    server, request = forward
+                    gathered = forwards.get(server)
                     if gathered is None:
-                        forwards[forward.server] = [forward.message]
+                        forwards[server] = [request]
                     else:
-                        gathered.append(forward.message)
+                        gathered.append(request)
                     continue
                 if forwards:
                     await self._send_forwards(forwards)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Hashable
 from typing import Any, Protocol, cast
 
 import attrs
@@ -317,18 +318,16 @@ class Upstream:
         self, session: SessionHandle, requests: list[Message], now: float
     ) -> list[Message]:
         self._requests += len(requests)
-        client_request = self._protocol.client_request
+        protocol = self._protocol
         out: list[Message] = []
         for request in requests:
             try:
-                actions = client_request(session, request, now)
+                if protocol.forward_fast(session, request, now):
+                    out.append(request)  # nearly always: the request, rewritten
+                else:
+                    out += self._split(protocol.client_request(session, request, now))
             except JsonRpcError as exc:
                 session.deliver(exc.to_response())
-                continue
-            if len(actions) == 1 and type(actions[0]) is SendUpstream:
-                out.append(actions[0].message)  # nearly always: the request, rewritten
-            else:
-                out += self._split(actions)
         return out
 
     def _split(self, actions: list[Action]) -> list[Message]:
@@ -509,13 +508,21 @@ class Upstream:
             # its end (one outbox item and one writer wake-up per session, not
             # per message). Any other action first delivers what is gathered,
             # so each session gets its messages in the server's order.
-            deliveries: dict[SessionHandle, list[Outgoing]] = {}
+            deliveries: dict[Hashable, list[Outgoing]] = {}
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
                     message = jsonrpc.decode(line)
+                    session = self._protocol.response_fast(message)
+                    if session is not None:  # the hot path: an answer to pass on
+                        gathered = deliveries.get(session)
+                        if gathered is None:
+                            deliveries[session] = [message]
+                        else:
+                            gathered.append(message)
+                        continue
                     actions = self._protocol.server_message(message, now)
                 except JsonRpcError as exc:
                     self._log.warning(
@@ -528,10 +535,9 @@ class Upstream:
                     return f"failed the initialize handshake: {exc}"
                 for action in actions:
                     if type(action) is Deliver:
-                        session = cast(SessionHandle, action.session)
-                        gathered = deliveries.get(session)
+                        gathered = deliveries.get(action.session)
                         if gathered is None:
-                            deliveries[session] = [action.message]
+                            deliveries[action.session] = [action.message]
                         else:
                             gathered.append(action.message)
                     else:
@@ -587,6 +593,6 @@ def _count(item: InboxItem) -> int:
     return len(item.messages) if isinstance(item, ClientRequest) else 1
 
 
-def _deliver_all(deliveries: dict[SessionHandle, list[Outgoing]]) -> None:
+def _deliver_all(deliveries: dict[Hashable, list[Outgoing]]) -> None:
     for session, messages in deliveries.items():
-        session.deliver_all(messages)
+        cast(SessionHandle, session).deliver_all(messages)

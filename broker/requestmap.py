@@ -80,6 +80,9 @@ class RequestMap:
         self._by_client[key] = upstream_id
         return upstream_id
 
+    def peek(self, upstream_id: int) -> InFlight | None:
+        return self._by_upstream.get(upstream_id)
+
     def close(self, response: Message) -> InFlight | None:
         """Match a server's response, restoring the client's id in place.
 

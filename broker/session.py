@@ -164,12 +164,13 @@ class SessionProtocol:
         except JsonRpcError as exc:
             return [Reply(exc.to_response())]
 
-    def forward_fast(self, message: Any) -> Forward | None:
+    def forward_fast(self, message: Any) -> tuple[str, Message] | None:
         """The common case, cheaply: a request to forward on an operating session.
 
-        Returns None for anything else (and then :meth:`receive` decides); for
-        the messages it takes it does exactly what :meth:`receive` would
-        (tests/test_fuzz.py holds the two to the same answers).
+        Returns the server and the request in its terms, as the one
+        :class:`Forward` that :meth:`receive` would return; None for anything
+        else (then :meth:`receive` decides). tests/test_fuzz.py holds the two
+        to the same answers.
         """
         if (
             type(message) is not dict
@@ -187,7 +188,7 @@ class SessionProtocol:
         except JsonRpcError:
             return None  # unknown (or not yet known) name: receive() answers or defers
         self.inflight.add(id)
-        return Forward(server, rewritten)
+        return server, rewritten
 
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:
         kind = jsonrpc.classify(message)

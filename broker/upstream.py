@@ -154,6 +154,27 @@ class UpstreamProtocol:
         self.last_active[session] = upstream_id
         return [SendUpstream(request)]
 
+    def forward_fast(self, session: Hashable, request: Message, now: float = 0.0) -> bool:
+        """The common case of :meth:`client_request`, cheaply: a request that
+        needs no note (not a subscription or a task), rewritten in place for
+        the server. False: not such a request (nothing changed), use
+        :meth:`client_request`. Raises what it would raise (a reused id).
+        tests/test_fuzz.py holds the two to the same answers.
+        """
+        if self.phase is not Phase.READY:
+            return False
+        method = request["method"]
+        if method == "tools/call":
+            params = request.get("params")
+            if type(params) is dict and "task" in params and isinstance(params["task"], dict):
+                return False
+        elif method in NOTED_METHODS:
+            return False
+        upstream_id = self.requests.open(session, request)
+        self.deadlines.add(upstream_id, now)
+        self.last_active[session] = upstream_id
+        return True
+
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""
         done = Deliver(session, jsonrpc.result_response(request["id"], {}))
@@ -252,6 +273,29 @@ class UpstreamProtocol:
             return self._notification(message, now)
         return self._server_request(message)
 
+    def response_fast(self, message: Any) -> Hashable | None:
+        """The common case of :meth:`server_message`, cheaply: the answer to a
+        request that needs no note, given its client's id back in place;
+        returns the session to deliver it to. None: not such an answer
+        (nothing changed), use :meth:`server_message`. tests/test_fuzz.py
+        holds the two to the same answers.
+        """
+        if type(message) is not dict or "method" in message:
+            return None
+        upstream_id = message.get("id")
+        if (
+            type(upstream_id) is not int
+            or message.get("jsonrpc") != "2.0"
+            or ("result" in message) is ("error" in message)
+        ):
+            return None
+        entry = self.requests.peek(upstream_id)
+        if entry is None or entry.note is not None:  # (a subscription notes its URI)
+            return None
+        self.requests.close(message)
+        self.deadlines.discard(upstream_id)
+        return entry.session
+
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""
         self.phase = Phase.GONE
@@ -276,8 +320,8 @@ class UpstreamProtocol:
         if entry is None:
             return []
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
-        if entry.note is None and entry.method != "resources/subscribe":
-            return [Deliver(entry.session, message)]  # nearly every response
+        if entry.note is None:  # nearly every response (a subscription notes its URI)
+            return [Deliver(entry.session, message)]
         if entry.method == "resources/subscribe" and "error" in message:
             self.fanout.unsubscribe(entry.session, entry.note)  # the server refused it
         elif entry.note == "creates-task":
@@ -346,6 +390,12 @@ class UpstreamProtocol:
                 )
             )
         return actions
+
+
+# Requests whose answer the broker reads (or that it may answer itself).
+NOTED_METHODS = frozenset({"resources/subscribe", "resources/unsubscribe", "tasks/list"}) | (
+    TASK_METHODS
+)
 
 
 def _uri_of(request: Message) -> str:

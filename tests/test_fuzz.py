@@ -17,8 +17,8 @@ from broker import jsonrpc
 from broker.catalog import Catalog, ServerEntry, ServerState
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
-from broker.session import SessionProtocol
-from broker.upstream import UpstreamProtocol
+from broker.session import Forward, SessionProtocol
+from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
 
 METHODS = [
     "initialize",
@@ -198,5 +198,99 @@ def test_the_fast_path_does_what_receive_does(
         if taken is None:
             fast.receive(copy.deepcopy(message))
         else:
-            assert answer == [taken]
+            assert answer == [Forward(*taken)]
         assert fast.inflight == slow.inflight
+
+
+def _ready_upstream() -> UpstreamProtocol:
+    proto = UpstreamProtocol("s")
+    proto.start()
+    proto.server_message(
+        jsonrpc.result_response(
+            "mcpbroker-initialize",
+            {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "s"}},
+        )
+    )
+    for session in ("A", "B"):
+        proto.attach(session, {})
+    return proto
+
+
+upstream_requests = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.just("2.0"),
+        "method": st.sampled_from(
+            ["tools/call", "tools/call", "resources/subscribe", "resources/read", "tasks/get"]
+        ),
+        "id": st.one_of(st.integers(0, 3), st.sampled_from(["0", "x"])),
+    },
+    optional={
+        "params": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.just("t"),
+                "uri": st.sampled_from(["u", 5]),
+                "task": st.one_of(st.just({}), json_values),
+                "taskId": st.sampled_from(["t1", "t2"]),
+                "_meta": st.one_of(st.just({"progressToken": "p"}), json_values),
+            },
+        )
+    },
+)
+server_answers = st.one_of(
+    st.fixed_dictionaries(
+        {"id": st.one_of(st.integers(0, 8), st.booleans(), st.sampled_from(["1", 1.0]))},
+        optional={
+            "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0"]),
+            "result": st.one_of(
+                st.just({"task": {"taskId": "t1", "status": "working"}}), json_values
+            ),
+            "error": json_values,
+            "method": st.just("ping"),
+        },
+    ),
+    messages,
+)
+upstream_events = st.lists(
+    st.one_of(
+        st.tuples(st.just("client"), st.sampled_from(["A", "B"]), upstream_requests),
+        st.tuples(st.just("server"), st.just(""), server_answers),
+    ),
+    max_size=12,
+)
+
+
+def _outcome(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except JsonRpcError as exc:
+        return ("error", exc.code, exc.message)
+
+
+@settings(max_examples=500, deadline=None)
+@given(upstream_events)
+def test_the_upstream_fast_paths_do_what_the_general_ones_do(events: list[Any]) -> None:
+    fast, slow = _ready_upstream(), _ready_upstream()
+    for now, (source, session, message) in enumerate(events):
+        ours, theirs = copy.deepcopy(message), copy.deepcopy(message)
+        if source == "client":
+            taken = _outcome(fast.forward_fast, session, ours, now)
+            answer = _outcome(slow.client_request, session, theirs, now)
+            if taken is False:
+                assert _outcome(fast.client_request, session, ours, now) == answer
+            elif taken is True:
+                assert answer == [SendUpstream(theirs)] and ours == theirs
+            else:
+                assert taken == answer  # the same error
+        else:
+            delivered = _outcome(fast.response_fast, ours)
+            answer = _outcome(slow.server_message, theirs, now)
+            if delivered is None:
+                assert _outcome(fast.server_message, ours, now) == answer
+            else:
+                assert answer == [Deliver(delivered, theirs)] and ours == theirs
+        assert len(fast.requests) == len(slow.requests)
+        assert len(fast.deadlines) == len(slow.deadlines)
+        assert fast.last_active == slow.last_active
+        assert fast.tasks._owners == slow.tasks._owners
+        assert fast.fanout.subscribed_uris() == slow.fanout.subscribed_uris()
