@@ -44,7 +44,18 @@ class LineFramer:
 
     def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversize]:
         # bytes.split does the scanning in C; under load a chunk holds many lines.
-        *lines, rest = bytes(chunk).split(b"\n")
+        chunk = bytes(chunk)
+        *lines, rest = chunk.split(b"\n")
+        if (
+            not self._held
+            and self._skipped is None
+            and len(chunk) <= self.max_bytes
+            and b"\r" not in chunk
+        ):
+            # The usual chunk: whole lines, none too long, none to trim; just
+            # skip blank ones (what _emit would do, without a call per line).
+            self._hold(rest)
+            return [line for line in lines if line and (line[0] not in _BLANK or line.strip())]
         out: list[bytes | Oversize] = []
         for line in lines:
             if self._skipped is not None:

@@ -289,10 +289,9 @@ class UpstreamProtocol:
             or ("result" in message) is ("error" in message)
         ):
             return None
-        entry = self.requests.peek(upstream_id)
-        if entry is None or entry.note is not None:  # (a subscription notes its URI)
+        entry = self.requests.close_plain(message, upstream_id)
+        if entry is None:
             return None
-        self.requests.close(message)
         self.deadlines.discard(upstream_id)
         return entry.session
 
