@@ -189,6 +189,9 @@ class _Relay:
         self.to_host = bytearray()
         self.stdin_open = True
         self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
+        # Whether poll waits for what it waits for while both buffers are empty
+        # (the steady state: then nothing needs looking at between two polls).
+        self._steady = False
 
     def run(self) -> int:
         poller = select.poll()
@@ -209,6 +212,9 @@ class _Relay:
     def _register(self, poller: select.poll) -> None:
         """Tell poll what to wait for, touching only what changed since last time."""
         to_daemon, to_host = len(self.to_daemon), len(self.to_host)
+        if self._steady and not to_daemon and not to_host:
+            return
+        self._steady = not to_daemon and not to_host
         stdin = select.POLLIN if self.stdin_open and to_daemon < BUFFER_LIMIT else 0
         stdout = select.POLLOUT if to_host else 0
         sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (
@@ -230,6 +236,7 @@ class _Relay:
         data = os.read(STDIN, CHUNK)
         if not data:
             self.stdin_open = False
+            self._steady = False  # stop polling stdin
         elif not self.to_daemon:  # the usual case: send it now, keep only what is left
             try:
                 sent = self.sock.send(data)
