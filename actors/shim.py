@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import _socket
 import contextlib
+import errno
 import os
 import select
+import stat
 import sys
 import time
 
@@ -168,20 +170,140 @@ def _tail(path: str, lines: int = 10) -> str:
 def relay(sock: _socket.socket) -> int:
     """Copy stdin to the socket and the socket to stdout until the daemon closes.
 
-    One thread woken by ``poll``. Writes never block: each direction has a
-    buffer, and while one is full (:data:`BUFFER_LIMIT`) its source is not
-    read, so a host that stops reading stalls only its own direction.
+    One thread woken by ``poll``, splicing when stdin and stdout are pipes
+    (:class:`_SpliceRelay`), copying otherwise (:class:`_Relay`).
     """
     sock.setblocking(False)
     was_blocking = os.get_blocking(STDOUT)
     os.set_blocking(STDOUT, False)
     try:
+        if _is_pipe(STDIN) and _is_pipe(STDOUT):
+            with contextlib.suppress(_SpliceUnsupported):  # then nothing is held here
+                return _SpliceRelay(sock).run()
         return _Relay(sock).run()
     finally:
         os.set_blocking(STDOUT, was_blocking)
 
 
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+class _SpliceUnsupported(Exception):
+    """This kernel cannot splice between these descriptors (nothing was moved)."""
+
+
+class _SpliceRelay:
+    """The relay when stdin and stdout are both pipes (as hosts launch servers).
+
+    ``splice`` moves bytes between a pipe and the socket inside the kernel:
+    one system call per direction and wake-up instead of a read and a write,
+    and no buffer in this process. What a destination cannot take yet stays
+    in its source (the host's pipe, or the socket), and while it does, that
+    source is not polled: each direction stalls alone, as in :class:`_Relay`.
+    """
+
+    FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self.sock = sock
+        self.sock_fd = sock.fileno()
+        self.stdin_open = True
+        self.up_blocked = False  # the socket took no more: wait until it can
+        self.down_blocked = False  # stdout took no more: wait until it can
+        self.hung_up = False  # the daemon closed the connection
+
+    def run(self) -> int:
+        poller = select.poll()
+        flags = self.FLAGS
+        waiting = None
+        while True:
+            wanted = (self.stdin_open, self.up_blocked, self.down_blocked, self.hung_up)
+            if wanted != waiting:
+                self._register(poller)
+                waiting = wanted
+            for fd, events in poller.poll():
+                if fd == STDOUT:
+                    if events & (select.POLLERR | select.POLLHUP):
+                        return 0  # the host stopped reading: it is going away
+                    self.down_blocked = False
+                    continue
+                if fd == STDIN:
+                    self._up(flags)
+                    continue
+                if events & (select.POLLHUP | select.POLLERR):
+                    self.hung_up = True  # the daemon is gone: nothing more goes up
+                elif events & select.POLLOUT:
+                    self.up_blocked = False
+                    self._up(flags)
+                if events & ~select.POLLOUT and not self.down_blocked:
+                    done = self._down(flags)
+                    if done is not None:
+                        return done
+
+    def _register(self, poller: select.poll) -> None:
+        up = self.stdin_open and not self.hung_up
+        stdin = select.POLLIN if up and not self.up_blocked else 0
+        stdout = select.POLLOUT if self.down_blocked else 0
+        sock = (select.POLLOUT if up and self.up_blocked else 0) | (
+            0 if self.down_blocked else select.POLLIN
+        )
+        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
+            if events:
+                poller.register(fd, events)  # (or modify: poll objects take either)
+            else:
+                with contextlib.suppress(KeyError):
+                    poller.unregister(fd)
+
+    def _up(self, flags: int) -> None:
+        if not self.stdin_open:
+            return
+        try:
+            moved = os.splice(STDIN, self.sock_fd, CHUNK, flags=flags)
+        except (BlockingIOError, InterruptedError):
+            self.up_blocked = True  # or a spurious wake-up: the socket is writable then
+            return
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise _SpliceUnsupported from None
+            self.hung_up = True  # the daemon is gone; reading the socket says so
+            return
+        if not moved:
+            self.stdin_open = False
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(_socket.SHUT_WR)
+
+    def _down(self, flags: int) -> int | None:
+        """Move what the daemon sent to stdout; the exit code once there is no more."""
+        try:
+            if os.splice(self.sock_fd, STDOUT, CHUNK, flags=flags):
+                return None
+        except (BlockingIOError, InterruptedError):
+            self.down_blocked = True  # or a spurious wake-up: stdout is writable then
+            return None
+        except BrokenPipeError:
+            return 0  # the host stopped reading: it is going away
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise _SpliceUnsupported from None
+            print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
+        if self.stdin_open:
+            print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
+            return 1
+        return 0
+
+
 class _Relay:
+    """The relay for any stdin and stdout (a file, a terminal, a socket).
+
+    Writes never block: each direction has a buffer, and while one is full
+    (:data:`BUFFER_LIMIT`) its source is not read, so a host that stops
+    reading stalls only its own direction.
+    """
+
     def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.sock_fd = sock.fileno()

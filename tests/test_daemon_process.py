@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import trio
 
 from tests.conftest import MCPBROKER, REPO, demo_server, shim_client, text_of
@@ -178,20 +180,49 @@ async def test_a_bad_config_file_is_reported_with_the_key_at_fault(tmp_path: Pat
     assert b"mcpServers.x.args" in result.stderr and b"list of strings" in result.stderr
 
 
-async def test_the_shim_relays_large_traffic_both_ways_at_once(socket_path: str) -> None:
+class SocketStdio:
+    """A shim's stdin and stdout as one end of a socket pair (not pipes: the
+    shim then copies instead of splicing)."""
+
+    def __init__(self) -> None:
+        ours, self.theirs = socket.socketpair()
+        self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        self.stdin = self.stdout = self
+
+    async def send_all(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def receive_some(self) -> bytes:
+        return bytes(await self.stream.receive_some())
+
+    async def aclose(self) -> None:
+        self.stream.socket.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.parametrize("stdio", ["pipes", "socket"])
+async def test_the_shim_relays_large_traffic_both_ways_at_once(
+    socket_path: str, stdio: str
+) -> None:
     """Many big requests written while big answers come back: no direction blocks the other."""
     config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
     count, size = 200, 50_000
     with trio.fail_after(60):
         daemon = await start_daemon(config, socket_path)
         try:
-            shim = await trio.lowlevel.open_process(
-                [MCPBROKER, "connect", "--socket", socket_path, "--server", "demo"],
-                env=ENV,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-            )
-            assert shim.stdin is not None and shim.stdout is not None
+            command = [MCPBROKER, "connect", "--socket", socket_path, "--server", "demo"]
+            pair = SocketStdio() if stdio == "socket" else None
+            if pair is None:
+                shim: Any = await trio.lowlevel.open_process(
+                    command, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                )
+                ends: Any = shim
+            else:
+                shim = await trio.lowlevel.open_process(
+                    command, env=ENV, stdin=pair.theirs.fileno(), stdout=pair.theirs.fileno()
+                )
+                pair.theirs.close()
+                ends = pair
+            assert ends.stdin is not None and ends.stdout is not None
             init = {
                 "jsonrpc": "2.0",
                 "id": "init",
@@ -220,12 +251,12 @@ async def test_the_shim_relays_large_traffic_both_ways_at_once(socket_path: str)
 
             async def write() -> None:
                 for line in lines:
-                    await shim.stdin.send_all(line.encode() + b"\n")
+                    await ends.stdin.send_all(line.encode() + b"\n")
 
             async def read() -> None:
                 buffer = b""
                 while len(received) < count + 1:
-                    data = await shim.stdout.receive_some()
+                    data = await ends.stdout.receive_some()
                     assert data, "the shim closed its stdout"
                     buffer += data
                     *complete, buffer = buffer.split(b"\n")
@@ -234,7 +265,7 @@ async def test_the_shim_relays_large_traffic_both_ways_at_once(socket_path: str)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(write)
                 nursery.start_soon(read)
-            await shim.stdin.aclose()
+            await ends.stdin.aclose()
             assert await shim.wait() == 0
         finally:
             daemon.send_signal(signal.SIGTERM)
@@ -242,3 +273,63 @@ async def test_the_shim_relays_large_traffic_both_ways_at_once(socket_path: str)
     answers = {m["id"]: m["result"]["content"][0]["text"] for m in received if m["id"] != "init"}
     assert sorted(answers) == list(range(count))
     assert all(len(text) >= size - 10 for text in answers.values())
+
+
+async def _open_shim(socket_path: str, stdio: str) -> tuple[trio.Process, Any]:
+    """A shim on ``socket_path`` (no hello), with pipes or a socket pair as its stdio."""
+    command = [MCPBROKER, "connect", "--socket", socket_path]
+    if stdio == "pipes":
+        shim = await trio.lowlevel.open_process(
+            command, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        return shim, shim
+    pair = SocketStdio()
+    shim = await trio.lowlevel.open_process(
+        command,
+        env=ENV,
+        stdin=pair.theirs.fileno(),
+        stdout=pair.theirs.fileno(),
+        stderr=subprocess.PIPE,
+    )
+    pair.theirs.close()
+    return shim, pair
+
+
+@pytest.mark.parametrize("stdio", ["pipes", "socket"])
+async def test_the_shim_hands_over_the_last_words_when_the_daemon_leaves(
+    socket_path: str, stdio: str
+) -> None:
+    listener = trio.socket.socket(socket.AF_UNIX)
+    await listener.bind(socket_path)
+    listener.listen()
+    with trio.fail_after(20):
+        shim, ends = await _open_shim(socket_path, stdio)
+        conn, _ = await listener.accept()
+        await conn.send(b'{"last":"words"}\n')
+        conn.close()
+        assert await ends.stdout.receive_some() == b'{"last":"words"}\n'
+        assert await shim.wait() == 1  # the host still had its stdin open
+        stderr = await shim.stderr.receive_some()
+    assert b"the daemon closed the connection" in stderr
+    listener.close()
+
+
+@pytest.mark.parametrize("stdio", ["pipes", "socket"])
+async def test_the_shim_leaves_when_the_host_stops_reading(socket_path: str, stdio: str) -> None:
+    listener = trio.socket.socket(socket.AF_UNIX)
+    await listener.bind(socket_path)
+    listener.listen()
+    with trio.fail_after(20):
+        shim, ends = await _open_shim(socket_path, stdio)
+        conn, _ = await listener.accept()
+        if stdio == "pipes":
+            await shim.stdout.aclose()
+        else:
+            ends.stream.socket.shutdown(socket.SHUT_RD)
+            ends.stream.socket.close()
+        with contextlib.suppress(OSError):
+            for _ in range(64):  # more than any pipe or socket buffer holds
+                await conn.send(b"x" * 65536 + b"\n")
+        assert await shim.wait() == 0
+        conn.close()
+    listener.close()
