@@ -33,6 +33,7 @@ from actors.mailbox import Outgoing, SessionHandle
 from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
+from broker.envelope import LARGE, parse_large_answer
 from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import JsonRpcError, Message
 from broker.lifecycle import HandshakeError
@@ -514,8 +515,13 @@ class Upstream:
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
-                    message = jsonrpc.decode(line)
-                    session = self._protocol.response_fast(message)
+                    # A large answer's result is passed on unparsed (broker/envelope.py)
+                    # unless the broker must read it; then the line is parsed in full.
+                    message: Any = parse_large_answer(line) if len(line) >= LARGE else None
+                    session = None if message is None else self._protocol.response_fast(message)
+                    if session is None:
+                        message = jsonrpc.decode(line)
+                        session = self._protocol.response_fast(message)
                     if session is not None:  # the hot path: an answer to pass on
                         gathered = deliveries.get(session)
                         if gathered is None:
