@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from broker.envelope import LARGE, parse_large_answer
@@ -22,7 +22,10 @@ def line_of(message: Any) -> bytes:
 
 @given(st.integers(0, 2**62), json_values)
 def test_an_answer_comes_out_as_it_went_in(id: int, value: Any) -> None:
-    line = line_of({"jsonrpc": "2.0", "id": id, "result": {"pad": PAD, "value": value}})
+    try:
+        line = line_of({"jsonrpc": "2.0", "id": id, "result": {"pad": PAD, "value": value}})
+    except TypeError:  # an integer past 64 bits: no server's answer holds one either
+        assume(False)
     answer = parse_large_answer(line)
     assert answer is not None and answer["id"] == id
     assert orjson.loads(orjson.dumps(answer)) == orjson.loads(line)
