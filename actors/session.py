@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -145,7 +146,7 @@ class Session:
             # and sent as one inbox item each: one channel hop per server and
             # chunk, not per request. Anything else first sends what is
             # gathered, so every server hears this session's messages in order.
-            forwards: dict[str, list[Message]] = {}
+            forwards: defaultdict[str, list[Message]] = defaultdict(list)
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
                     await self._reply(self._oversize(line.size))
@@ -166,15 +167,11 @@ class Session:
                 forward = self._protocol.forward_fast(message)
                 if forward is not None:  # the hot path: a call to pass on
                     server, request = forward
-                    gathered = forwards.get(server)
-                    if gathered is None:
-                        forwards[server] = [request]
-                    else:
-                        gathered.append(request)
+                    forwards[server].append(request)
                     continue
                 if forwards:
                     await self._send_forwards(forwards)
-                    forwards = {}
+                    forwards.clear()
                 for action in self._protocol.receive(message):
                     await self._execute(action)
             if forwards:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, Protocol, cast
 
@@ -517,7 +518,7 @@ class Upstream:
             # its end (one outbox item and one writer wake-up per session, not
             # per message). Any other action first delivers what is gathered,
             # so each session gets its messages in the server's order.
-            deliveries: dict[Hashable, list[Outgoing]] = {}
+            deliveries: defaultdict[Hashable, list[Outgoing]] = defaultdict(list)
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
                     self._log.error("server.message_too_large", size=line.size)
@@ -531,11 +532,7 @@ class Upstream:
                         message = jsonrpc.decode(line)
                         session = self._protocol.response_fast(message)
                     if session is not None:  # the hot path: an answer to pass on
-                        gathered = deliveries.get(session)
-                        if gathered is None:
-                            deliveries[session] = [message]
-                        else:
-                            gathered.append(message)
+                        deliveries[session].append(message)
                         continue
                     actions = self._protocol.server_message(message, now)
                 except JsonRpcError as exc:
@@ -549,14 +546,10 @@ class Upstream:
                     return f"failed the initialize handshake: {exc}"
                 for action in actions:
                     if type(action) is Deliver:
-                        gathered = deliveries.get(action.session)
-                        if gathered is None:
-                            deliveries[action.session] = [action.message]
-                        else:
-                            gathered.append(action.message)
+                        deliveries[action.session].append(action.message)
                     else:
                         _deliver_all(deliveries)
-                        deliveries = {}
+                        deliveries.clear()
                         self._apply([action])
             _deliver_all(deliveries)
 

@@ -275,6 +275,14 @@ async def test_the_shim_relays_large_traffic_both_ways_at_once(
     assert all(len(text) >= size - 10 for text in answers.values())
 
 
+async def _fake_daemon(socket_path: str) -> trio.socket.SocketType:
+    """A listening unix socket where a daemon would be: the test plays the daemon."""
+    listener = trio.socket.socket(socket.AF_UNIX)
+    await listener.bind(socket_path)
+    listener.listen()
+    return listener
+
+
 async def _open_shim(socket_path: str, stdio: str) -> tuple[trio.Process, Any]:
     """A shim on ``socket_path`` (no hello), with pipes or a socket pair as its stdio."""
     command = [MCPBROKER, "connect", "--socket", socket_path]
@@ -299,9 +307,7 @@ async def _open_shim(socket_path: str, stdio: str) -> tuple[trio.Process, Any]:
 async def test_the_shim_hands_over_the_last_words_when_the_daemon_leaves(
     socket_path: str, stdio: str
 ) -> None:
-    listener = trio.socket.socket(socket.AF_UNIX)
-    await listener.bind(socket_path)
-    listener.listen()
+    listener = await _fake_daemon(socket_path)
     with trio.fail_after(20):
         shim, ends = await _open_shim(socket_path, stdio)
         conn, _ = await listener.accept()
@@ -316,9 +322,7 @@ async def test_the_shim_hands_over_the_last_words_when_the_daemon_leaves(
 
 @pytest.mark.parametrize("stdio", ["pipes", "socket"])
 async def test_the_shim_leaves_when_the_host_stops_reading(socket_path: str, stdio: str) -> None:
-    listener = trio.socket.socket(socket.AF_UNIX)
-    await listener.bind(socket_path)
-    listener.listen()
+    listener = await _fake_daemon(socket_path)
     with trio.fail_after(20):
         shim, ends = await _open_shim(socket_path, stdio)
         conn, _ = await listener.accept()
