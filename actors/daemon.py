@@ -20,9 +20,10 @@ from actors.listener import hold_socket_lock, serve_unix
 from actors.logs import get_logger
 from actors.paths import ensure_private_dir
 from actors.registry import Registry
+from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
-from actors.upstream import ServerActor, Upstream, UpstreamStatistics
+from actors.upstream import Upstream
 from broker.config import BrokerSettings, Config, ServerConfig
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from actors.mailbox import SessionHandle
-from actors.upstream import ClientCancelled, ClientRequest, ServerActor
+from actors.server_actor import ClientCancelled, ClientRequest, ServerActor
 from broker.jsonrpc import JsonRpcError, Message
 
 OUTBOX_SIZE = 1024

@@ -28,7 +28,7 @@ import trio
 from actors.internal import InternalClient
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
-from actors.upstream import ServerActor, ServerEvent, Status
+from actors.server_actor import ServerActor, ServerEvent, Status
 from broker import jsonrpc
 from broker.catalog import (
     KINDS,

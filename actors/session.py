@@ -29,7 +29,7 @@ from actors.fastio import FastIO
 from actors.logs import get_logger
 from actors.mailbox import Outgoing, SessionHandle, open_outbox
 from actors.registry import Registry
-from actors.upstream import (
+from actors.server_actor import (
     Attach,
     ClientCancelled,
     ClientLogLevel,

@@ -28,15 +28,15 @@ import trio
 
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
-from actors.upstream import (
+from actors.server_actor import (
     Attach,
     ClientRequest,
     Detach,
     InboxItem,
     Status,
-    Upstream,
     UpstreamStatistics,
 )
+from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
 from broker.jsonrpc import Message
 

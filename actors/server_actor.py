@@ -1,0 +1,127 @@
+"""What sessions, the Registry and the daemon use of a server.
+
+The face of an Upstream (actors/upstream.py) or a group of them
+(actors/sharing.py): the items its inbox takes, its status and the events it
+reports, its statistics, and :class:`ServerActor`, the protocol both kinds
+implement.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from actors.mailbox import SessionHandle
+from broker.jsonrpc import Message
+
+
+@attrs.define  # not frozen: one per chunk read on the hot path (benchmarks/README.md)
+class ClientRequest:
+    """Requests from one session, in the order it sent them."""
+
+    session: SessionHandle
+    messages: list[Message]
+
+
+@attrs.frozen
+class ClientCancelled:
+    session: SessionHandle
+    params: dict[str, Any]
+
+
+@attrs.frozen
+class Attach:
+    """A session now uses this server: it gets the server's notifications and requests."""
+
+    session: SessionHandle
+    capabilities: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ClientResponse:
+    """A client's answer to a request this server sent it."""
+
+    session: SessionHandle
+    message: Message
+
+
+@attrs.frozen
+class ClientLogLevel:
+    session: SessionHandle
+    level: str
+
+
+@attrs.frozen
+class ClientNotification:
+    session: SessionHandle
+    message: Message
+
+
+@attrs.frozen
+class Detach:
+    """A session went away: cancel what it had in flight here."""
+
+    session: SessionHandle
+
+
+InboxItem = (
+    ClientRequest
+    | ClientCancelled
+    | ClientResponse
+    | ClientNotification
+    | ClientLogLevel
+    | Attach
+    | Detach
+)
+
+
+class Status(enum.Enum):
+    IDLE = "idle"  # a lazy server nobody has needed yet
+    STARTING = "starting"
+    READY = "ready"
+    DOWN = "down"
+
+
+@attrs.frozen
+class ServerEvent:
+    """What the Registry hears from an Upstream: a new status, or a list_changed."""
+
+    server: str
+    status: Status | None = None
+    list_changed: str | None = None
+
+
+@attrs.frozen
+class UpstreamStatistics:
+    name: str
+    status: str
+    pid: int | None
+    restarts: int
+    sessions: int
+    in_flight: int
+    inbox: int
+    last_error: str | None
+    requests: int = 0  # sent to this server since the daemon started (catalog fetches too)
+    timeouts: int = 0  # of those, answered -32001 by the broker
+    instances: int = 1
+
+
+class ServerActor(Protocol):
+    """What sessions, the Registry and the daemon use of a server: an Upstream,
+    or a group of them (actors/sharing.py)."""
+
+    name: str
+    events: Any
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def identity(self) -> Any: ...
+    async def send(self, item: InboxItem) -> None: ...
+    def request_start(self) -> None: ...
+    async def wait_ready(self) -> None: ...
+    def statistics(self) -> UpstreamStatistics: ...
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None: ...
