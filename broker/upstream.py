@@ -133,9 +133,7 @@ class UpstreamProtocol:
             )
         method, params = request["method"], request.get("params") or {}
         note: Any = None
-        if method == "tools/call" and "task" not in params:
-            pass  # nearly every request: nothing to note
-        elif method in ("resources/subscribe", "resources/unsubscribe"):
+        if method in ("resources/subscribe", "resources/unsubscribe"):
             note = _uri_of(request)
             answered = self._subscription(session, request, note)
             if answered is not None:
