@@ -12,57 +12,113 @@ The first round of prototypes (no checkpoint when an fd or channel is ready,
 framing with ``bytes.split``, 1 MiB server pipes) landed in the code itself
 in commit 2f507a0 and was removed from here.
 
-- ``envelope``: a server's line that starts with the canonical envelope
-  ``{"jsonrpc":"2.0","id":<digits>,"result":`` and ends with ``}`` is not
-  decoded: the result stays the line's own bytes, wrapped in an
-  ``orjson.Fragment``, which ``orjson.dumps`` writes back out as it is. The
-  broker still reads and rewrites the id; the payload is never parsed or
-  rebuilt. Only for lines of at least :data:`ENVELOPE_MIN` bytes (below
-  that, decoding costs a microsecond or two and validates the result).
+The second round's ``envelope`` prototype (a large answer's result left
+unparsed) landed as broker/envelope.py in dbeff60 and was removed too.
+
+- ``writethrough``: when a session's writer is idle and its outbox empty, the
+  upstream's reader encodes and writes a delivery to the client's socket
+  itself (non-blocking; what the socket does not take goes to the writer as
+  raw bytes, in order). One task wake-up less per delivery, at the price of
+  an upstream task running the session's outgoing rule and touching its
+  socket: the line DESIGN.md draws between actors. Measured here so the
+  decision can be made on figures (benchmarks/README.md, "What is left").
 """
 
 from __future__ import annotations
 
-import re
+import os
 import sys
-import types
+import weakref
 from typing import Any
 
-import orjson
-
-ENVELOPE_MIN = 16 * 1024
-_ENVELOPE = re.compile(rb'\{"jsonrpc":"2\.0","id":(\d{1,15}),"result":')
+import trio
 
 
-def lazy_decode(decode: Any) -> Any:
-    """``jsonrpc.decode`` that leaves a large result undecoded (an orjson.Fragment)."""
-
-    def decode_line(line: bytes) -> Any:
-        if len(line) >= ENVELOPE_MIN and line.endswith(b"}"):
-            match = _ENVELOPE.match(line)
-            if match is not None:
-                raw = line[match.end() : -1]
-                return {
-                    "jsonrpc": "2.0",
-                    "id": int(match[1]),
-                    "result": orjson.Fragment(raw),
-                }
-        return decode(line)
-
-    return decode_line
-
-
-def patch_envelope() -> None:
-    from actors import upstream
+def patch_writethrough() -> None:
+    from actors import mailbox, session
+    from actors.errors import TransportClosed, map_transport_errors
     from broker import jsonrpc
 
-    proxy = types.ModuleType("jsonrpc_envelope")
-    proxy.__dict__.update(jsonrpc.__dict__)
-    proxy.decode = lazy_decode(jsonrpc.decode)  # type: ignore[attr-defined]
-    upstream.jsonrpc = proxy  # type: ignore[attr-defined]  # the upstream reader only
+    original_init = session.Session.__init__
+    owners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._writer_idle = False
+        owners[self._handle] = self
+
+    def deliver_all(handle: Any, messages: list[Any]) -> None:
+        owner = owners.get(handle)
+        if owner is not None and owner._writer_idle and owner._io._fileno is not None:
+            statistics = owner._outbox.statistics()
+            if statistics.current_buffer_used == 0 and statistics.open_send_channels != 0:
+                chunks: list[bytes] = []
+                owner._add(chunks, messages)
+                data = b"".join(chunks)
+                try:
+                    owner._io._check()
+                    written = os.write(owner._io._fd, data)
+                except (BlockingIOError, InterruptedError):
+                    written = 0
+                except (OSError, trio.ClosedResourceError):
+                    written = len(data)  # gone: the reader and writer will see it
+                if written < len(data):
+                    messages = [data[written:]]  # the rest, in order, via the writer
+                else:
+                    if owner._client_closed and not owner._protocol.inflight:
+                        owner._drained.set()
+                    return
+        original_deliver_all(handle, messages)
+
+    original_deliver_all = mailbox.SessionHandle.deliver_all
+
+    async def write_loop(self: Any) -> None:
+        while True:
+            self._writer_idle = True
+            try:
+                delivery = await self._outbox.receive()
+            except trio.EndOfChannel:
+                return
+            finally:
+                self._writer_idle = False
+            chunks: list[bytes] = []
+            size = self._add(chunks, delivery)
+            while size < session.WRITE_BATCH_BYTES:
+                try:
+                    delivery = self._outbox.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                size += self._add(chunks, delivery)
+            if chunks:
+                try:
+                    with map_transport_errors():
+                        await self._io.send_all(b"".join(chunks))
+                except TransportClosed:
+                    self._handle.disconnect("client closed the connection")
+                    return
+            if self._client_closed and not self._protocol.inflight:
+                self._drained.set()
+
+    def add(self: Any, chunks: list[bytes], delivery: list[Any]) -> int:
+        size = 0
+        for message in delivery:
+            data = message if isinstance(message, bytes) else None
+            if data is None:
+                out = self._protocol.outgoing(message)
+                if out is None:
+                    continue
+                data = jsonrpc.encode(out)
+            chunks.append(data)
+            size += len(data)
+        return size
+
+    session.Session.__init__ = init  # type: ignore[method-assign]
+    session.Session._write_loop = write_loop  # type: ignore[method-assign]
+    session.Session._add = add  # type: ignore[method-assign]
+    mailbox.SessionHandle.deliver_all = deliver_all  # type: ignore[method-assign]
 
 
-PATCHES = {"envelope": patch_envelope}
+PATCHES = {"writethrough": patch_writethrough}
 
 
 def apply(names: str) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
 
-SETS = ["", "envelope"]
+SETS = ["", "writethrough"]
 LOADS = {  # name: clients, in flight, tool, arguments
     "1x1": (1, 1, "echo", {"text": "hello, broker"}),
     "64x16": (64, 16, "echo", {"text": "hello, broker"}),
