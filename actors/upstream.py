@@ -443,6 +443,7 @@ class Upstream:
                     )
                     continue
                 except HandshakeError as exc:
+                    _deliver_all(deliveries)  # what came before it still goes out
                     return f"failed the initialize handshake: {exc}"
                 for action in actions:
                     if type(action) is Deliver:
