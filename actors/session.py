@@ -284,23 +284,29 @@ class Session:
 
     async def _write_loop(self) -> None:
         async for delivery in self._outbox:
-            chunks: list[bytes] = []
-            size = self._add(chunks, delivery)
-            while size < WRITE_BATCH_BYTES:
-                try:
-                    delivery = self._outbox.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                size += self._add(chunks, delivery)
-            if chunks:
-                try:
-                    with map_transport_errors():
-                        await self._io.send_all(b"".join(chunks))
-                except TransportClosed:
-                    self._handle.disconnect("client closed the connection")
-                    return
-            if self._client_closed and not self._protocol.inflight:
-                self._drained.set()
+            if not await self._write_out(delivery):
+                return
+
+    async def _write_out(self, delivery: list[Outgoing]) -> bool:
+        """Write a delivery and whatever else is ready; False once the client is gone."""
+        chunks: list[bytes] = []
+        size = self._add(chunks, delivery)
+        while size < WRITE_BATCH_BYTES:
+            try:
+                delivery = self._outbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            size += self._add(chunks, delivery)
+        if chunks:
+            try:
+                with map_transport_errors():
+                    await self._io.send_all(b"".join(chunks))
+            except TransportClosed:
+                self._handle.disconnect("client closed the connection")
+                return False
+        if self._client_closed and not self._protocol.inflight:
+            self._drained.set()
+        return True
 
     def _add(self, chunks: list[bytes], delivery: list[Outgoing]) -> int:
         """Encode a delivery's messages onto ``chunks``; the bytes added."""

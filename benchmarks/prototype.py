@@ -36,7 +36,6 @@ import trio
 
 def patch_writethrough() -> None:
     from actors import mailbox, session
-    from actors.errors import TransportClosed, map_transport_errors
     from broker import jsonrpc
 
     original_init = session.Session.__init__
@@ -81,23 +80,8 @@ def patch_writethrough() -> None:
                 return
             finally:
                 self._writer_idle = False
-            chunks: list[bytes] = []
-            size = self._add(chunks, delivery)
-            while size < session.WRITE_BATCH_BYTES:
-                try:
-                    delivery = self._outbox.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-                size += self._add(chunks, delivery)
-            if chunks:
-                try:
-                    with map_transport_errors():
-                        await self._io.send_all(b"".join(chunks))
-                except TransportClosed:
-                    self._handle.disconnect("client closed the connection")
-                    return
-            if self._client_closed and not self._protocol.inflight:
-                self._drained.set()
+            if not await self._write_out(delivery):
+                return
 
     def add(self: Any, chunks: list[bytes], delivery: list[Any]) -> int:
         size = 0
