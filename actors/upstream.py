@@ -75,6 +75,11 @@ BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
 STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
+# Messages of the broker's own (ping replies, cancellations) that may wait for
+# a server to read them. A server that sends requests while it does not read
+# its input would otherwise grow that queue without end: past this, it is
+# taken as stuck, stopped and restarted.
+CONTROL_LIMIT = 4096
 
 
 _NOT_YET = (Status.IDLE, Status.STARTING)
@@ -123,6 +128,7 @@ class Upstream:
         self._write_lock = trio.StrictFIFOLock()
         self._control_out: list[Message] = []  # see _write_soon
         self._control_writing = False
+        self._abandoned: str | None = None  # why the broker stopped this process, if it did
         self._process_nursery: trio.Nursery | None = None
         self._pid: int | None = None
         self._restarts = 0
@@ -272,11 +278,19 @@ class Upstream:
         waiting: the reader and the timer must never block on the server's stdin.
 
         Messages queue here while one writer task writes them, so a server that
-        floods the broker with requests costs a list, not a task per message.
+        floods the broker with requests costs a list, not a task per message;
+        one that does so without reading is stopped (:data:`CONTROL_LIMIT`).
         """
+        assert self._process_nursery is not None
+        if len(self._control_out) >= CONTROL_LIMIT:
+            self._abandoned = (
+                f"stopped reading its input ({CONTROL_LIMIT} messages of the broker's "
+                "own were waiting for it)"
+            )
+            self._process_nursery.cancel_scope.cancel()
+            return
         self._control_out.append(message)
         if not self._control_writing:
-            assert self._process_nursery is not None
             self._control_writing = True
             self._process_nursery.start_soon(self._write_control)
 
@@ -357,6 +371,7 @@ class Upstream:
         async with trio.open_nursery() as nursery:
             self._process_nursery = nursery
             self._control_out = []  # anything left was for the previous process
+            self._abandoned = None
             self._stdin = FastIO(link.send_stream)
             if link.stderr is not None:
                 nursery.start_soon(self._pump_stderr, link.stderr)
@@ -366,7 +381,7 @@ class Upstream:
             reason = await self._read(FastIO(link.receive_stream))
             nursery.cancel_scope.cancel()
         self._process_nursery = None
-        return reason
+        return self._abandoned or reason
 
     async def _expire_requests(self) -> None:
         """Answer and cancel requests that outlive their timeout.

@@ -337,3 +337,32 @@ async def test_the_shim_leaves_when_the_host_stops_reading(socket_path: str, std
         assert await shim.wait() == 0
         conn.close()
     listener.close()
+
+
+FLOODER = """
+import json, sys, time
+request = json.loads(sys.stdin.buffer.readline())
+out = sys.stdout.buffer
+result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "flood"}}
+out.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode() + b"\\n")
+for i in range(100_000):  # pings, and never another read: the answers pile up
+    out.write(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\\n' % i)
+out.flush()
+time.sleep(60)
+"""
+
+
+async def test_a_server_that_floods_without_reading_is_stopped_not_fed_forever() -> None:
+    from actors.upstream import CONTROL_LIMIT, Upstream
+    from broker.config import BrokerSettings, ServerConfig
+
+    config = ServerConfig(command=sys.executable, args=["-c", FLOODER])
+    upstream = Upstream("flood", config, BrokerSettings())
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.run)
+            while upstream.statistics().last_error is None:
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    assert "stopped reading its input" in str(upstream.statistics().last_error)
+    assert len(upstream._control_out) <= CONTROL_LIMIT
