@@ -54,6 +54,7 @@ from broker.upstream import (
     Action,
     Broadcast,
     Deliver,
+    ListChanged,
     Ready,
     SendUpstream,
     UpstreamProtocol,
@@ -83,14 +84,6 @@ CONTROL_LIMIT = 4096
 
 
 _NOT_YET = (Status.IDLE, Status.STARTING)
-
-LIST_CHANGED = frozenset(
-    {
-        "notifications/tools/list_changed",
-        "notifications/prompts/list_changed",
-        "notifications/resources/list_changed",
-    }
-)
 
 
 class Upstream:
@@ -473,11 +466,10 @@ class Upstream:
         for action in actions:
             if isinstance(action, Deliver):
                 cast(SessionHandle, action.session).deliver(action.message)
-            elif isinstance(action, Broadcast):
-                if action.message["method"] in LIST_CHANGED and self.events is not None:
-                    # The Registry refreshes its cache first, then tells sessions.
-                    self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
-                    continue
+            elif isinstance(action, ListChanged) and self.events is not None:
+                # The Registry refreshes its cache first, then tells sessions.
+                self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
+            elif isinstance(action, Broadcast | ListChanged):  # (no Registry: as is)
                 for session in self._protocol.sessions:
                     cast(SessionHandle, session).deliver(action.message)
             elif isinstance(action, SendUpstream):

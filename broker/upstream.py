@@ -7,6 +7,8 @@ server writes, and carries out the actions it returns:
 - :class:`SendUpstream`: write this message to the server;
 - :class:`Deliver`: put this message in that session's outbound queue;
 - :class:`Broadcast`: give this notification to every session using the server;
+- :class:`ListChanged`: one of the server's lists changed: the catalog refreshes
+  it before sessions hear of it;
 - :class:`Ready`: the handshake is done (the server's identity attached).
 """
 
@@ -41,6 +43,13 @@ from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 
 HANDSHAKE_ID = "mcpbroker-initialize"
+LIST_CHANGED = frozenset(
+    {
+        "notifications/tools/list_changed",
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    }
+)
 
 
 @attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
@@ -60,6 +69,13 @@ class Broadcast:
 
 
 @attrs.frozen
+class ListChanged:
+    """A ``notifications/*/list_changed`` from the server (``message``)."""
+
+    message: Message
+
+
+@attrs.frozen
 class Ready:
     identity: ServerIdentity
 
@@ -72,7 +88,7 @@ class Warn:
     detail: str
 
 
-Action = SendUpstream | Deliver | Broadcast | Ready | Warn
+Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn
 
 
 class Phase(enum.Enum):
@@ -366,6 +382,8 @@ class UpstreamProtocol:
             return [] if routed is None else [Deliver(*routed)]
         if method == "notifications/resources/updated":
             return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
+        if method in LIST_CHANGED:
+            return [ListChanged(message)]
         return [Broadcast(message)]
 
     def _server_request(self, message: Message) -> list[Action]:
@@ -414,6 +432,7 @@ __all__ = [
     "Broadcast",
     "Deliver",
     "HandshakeError",
+    "ListChanged",
     "Phase",
     "Ready",
     "SendUpstream",

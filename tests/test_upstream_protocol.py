@@ -13,6 +13,7 @@ from broker.upstream import (
     HANDSHAKE_ID,
     Broadcast,
     Deliver,
+    ListChanged,
     Phase,
     Ready,
     SendUpstream,
@@ -175,10 +176,16 @@ def test_unknown_server_request(method: str) -> None:
         "notifications/prompts/list_changed",
     ],
 )
-def test_list_changed_broadcast(method: str) -> None:
+def test_list_changed_goes_to_the_catalog_first(method: str) -> None:
     proto = ready_protocol()
     note = jsonrpc.notification(method)
-    assert proto.server_message(note) == [Broadcast(jsonrpc.notification(method))]
+    assert proto.server_message(note) == [ListChanged(jsonrpc.notification(method))]
+
+
+def test_other_notifications_are_broadcast() -> None:
+    proto = ready_protocol()
+    note = jsonrpc.notification("notifications/custom", {"x": 1})
+    assert proto.server_message(note) == [Broadcast(note)]
 
 
 def test_progress_delivered_with_client_token() -> None:
