@@ -43,7 +43,7 @@ from broker import jsonrpc
 from broker.config import BrokerSettings
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
-from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, JsonRpcError, Message
+from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
 from broker.session import (
     Action,
     CancelUpstream,
@@ -149,7 +149,7 @@ class Session:
             forwards: defaultdict[str, list[Message]] = defaultdict(list)
             for line in framer.feed(data):
                 if isinstance(line, Oversize):
-                    await self._reply(self._oversize(line.size))
+                    await self._reply(line.error_response(self._settings.max_message_bytes))
                     continue
                 try:
                     message = jsonrpc.decode(line)
@@ -189,12 +189,6 @@ class Session:
                     )
                 continue
             await upstream.send(ClientRequest(self._handle, messages))
-
-    def _oversize(self, size: int) -> Message:
-        limit = self._settings.max_message_bytes
-        return jsonrpc.error_response(
-            None, INVALID_REQUEST, f"Message too large: {size} bytes (the limit is {limit})"
-        )
 
     def _take_hello(self, message: object) -> str | None:
         """Apply a first-line hello: None if the line was MCP, else its command ("" if none)."""

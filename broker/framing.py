@@ -10,7 +10,11 @@ huge message gets an error and can carry on.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+from broker.jsonrpc import INVALID_REQUEST, JsonRpcError
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -24,6 +28,12 @@ class Oversize:
     """
 
     size: int
+
+    def error_response(self, limit: int) -> dict[str, Any]:
+        """The JSON-RPC error a client gets for it (no id: the line was never parsed)."""
+        return JsonRpcError(
+            INVALID_REQUEST, f"Message too large: {self.size} bytes (the limit is {limit})"
+        ).to_response()
 
 
 class LineFramer:

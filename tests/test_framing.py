@@ -153,3 +153,13 @@ def test_any_chunking_same_result_with_a_limit(
     assert whole == [
         line if len(line) <= max_bytes else Oversize(len(line) + extra) for line in lines
     ]
+
+
+def test_an_oversize_line_is_answered_with_its_size_and_the_limit() -> None:
+    (line,) = feed_chunks([b"x" * 40 + b"\n"], max_bytes=30)
+    assert isinstance(line, Oversize)
+    assert line.error_response(30) == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": "Message too large: 40 bytes (the limit is 30)"},
+    }
