@@ -57,10 +57,6 @@ class ServerConfig:
     pool: int = 1
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
 
-    @property
-    def is_stdio(self) -> bool:
-        return self.command is not None
-
 
 @attrs.frozen
 class BrokerSettings:

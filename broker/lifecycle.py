@@ -58,18 +58,6 @@ def read_client_initialize(params: dict[str, Any] | None) -> tuple[str, dict[str
     return params["protocolVersion"], capabilities, params.get("clientInfo")
 
 
-def broker_capabilities(version: str) -> dict[str, Any]:
-    """What the broker serves itself, as the aggregate of its servers."""
-    capabilities: dict[str, Any] = {
-        "tools": {"listChanged": True},
-        "resources": {"listChanged": True},
-        "prompts": {"listChanged": True},
-    }
-    if version != "2024-11-05":
-        capabilities["completions"] = {}
-    return capabilities
-
-
 def initialize_result(
     version: str,
     capabilities: dict[str, Any],

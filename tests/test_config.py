@@ -69,8 +69,9 @@ def test_empty_config() -> None:
 
 def test_transport_kinds() -> None:
     config = parse_config(servers(local=stdio(), remote={"url": "http://h/mcp"}))
-    assert config.servers["local"].is_stdio
-    assert not config.servers["remote"].is_stdio
+    local, remote = config.servers["local"], config.servers["remote"]
+    assert local.command is not None and local.url is None
+    assert remote.command is None and remote.url == "http://h/mcp"
 
 
 def test_host_keys_accepted_without_warnings() -> None:

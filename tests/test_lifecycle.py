@@ -12,7 +12,6 @@ from broker.lifecycle import (
     LEGACY_VERSIONS,
     HandshakeError,
     ServerIdentity,
-    broker_capabilities,
     initialize_request,
     initialize_result,
     negotiate_version,
@@ -78,13 +77,6 @@ def test_read_client_initialize_invalid(params: Any) -> None:
     with pytest.raises(JsonRpcError) as info:
         read_client_initialize(params)
     assert info.value.code == INVALID_PARAMS
-
-
-def test_capabilities_by_version() -> None:
-    assert "completions" not in broker_capabilities("2024-11-05")
-    for version in LEGACY_VERSIONS[1:]:
-        assert broker_capabilities(version)["completions"] == {}
-    assert broker_capabilities("2024-11-05")["tools"] == {"listChanged": True}
 
 
 def test_initialize_result_instructions_only_when_given() -> None:
