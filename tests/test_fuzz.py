@@ -17,7 +17,7 @@ from broker import jsonrpc
 from broker.catalog import Catalog, ServerEntry, ServerState
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
-from broker.session import Forward, SessionProtocol
+from broker.session import Forward, Reply, SessionProtocol
 from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
 
 METHODS = [
@@ -54,6 +54,7 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
+levels = st.sampled_from(["debug", "info", "error"])
 params = st.dictionaries(
     st.sampled_from(
         [
@@ -75,7 +76,7 @@ params = st.dictionaries(
             "logger",
         ]
     ),
-    json_values,
+    st.one_of(json_values, levels),
     max_size=4,
 )
 messages = st.one_of(
@@ -109,15 +110,41 @@ class Catalogs:
     )
 
 
+# Requests the session answers itself, well formed, so that their answers are checked too.
+local_requests = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.just("2.0"),
+        "id": st.one_of(st.integers(0, 3), st.just("r")),
+        "method": st.sampled_from(["ping", "logging/setLevel", "tools/list", "prompts/list"]),
+        "params": st.fixed_dictionaries({"level": levels}),
+    }
+)
+
+
+def _is_request(message: Any) -> bool:
+    try:
+        return jsonrpc.classify(message) is jsonrpc.Kind.REQUEST
+    except JsonRpcError:
+        return False
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(messages, max_size=6), st.booleans())
-def test_a_session_answers_anything(received: list[Any], transparent: bool) -> None:
+@given(st.lists(st.one_of(messages, local_requests), max_size=6), st.booleans(), st.booleans())
+def test_a_session_answers_anything(
+    received: list[Any], transparent: bool, initialized: bool
+) -> None:
     view = ("a",) if transparent else ("a", "b")
-    session = SessionProtocol(view, Catalogs(), transparent=transparent)
+    if initialized:
+        session = _initialized(view, transparent)
+    else:
+        session = SessionProtocol(view, Catalogs(), transparent=transparent)
     session.receive(jsonrpc.notification("x"))
     for message in received:
         for settled in (False, True):
-            session.receive(message, settled=settled)
+            actions = session.receive(message, settled=settled)
+            if settled and _is_request(message):  # nothing lost: answered or passed on
+                handled = [a for a in actions if isinstance(a, Reply | Forward)]
+                assert [a.message["id"] for a in handled] == [message["id"]]
     for message in received:
         if isinstance(message, dict) and "method" not in message:
             session.outgoing(message)
