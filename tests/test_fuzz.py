@@ -169,8 +169,13 @@ def test_an_upstream_answers_anything(from_server: list[Any], from_client: list[
     for message in from_client:  # what a session passes on: valid JSON-RPC only
         with contextlib.suppress(JsonRpcError):
             kind = jsonrpc.classify(message)
-            if kind is jsonrpc.Kind.REQUEST:
-                proto.client_request("A", dict(message))
+            if kind is jsonrpc.Kind.REQUEST:  # forwarded, or answered here (or it raised)
+                actions = proto.client_request("A", dict(message))
+                assert any(
+                    isinstance(a, SendUpstream)
+                    or (isinstance(a, Deliver) and a.message.get("id") == message["id"])
+                    for a in actions
+                )
             elif kind is jsonrpc.Kind.RESPONSE:
                 proto.client_response("A", message)
             else:
