@@ -192,6 +192,14 @@ def _is_pipe(fd: int) -> bool:
         return False
 
 
+def _exit_code(stdin_open: bool) -> int:
+    """Once the daemon has closed: 0 if the host had finished too, else 1 (and why)."""
+    if stdin_open:
+        print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
+        return 1
+    return 0
+
+
 class _SpliceUnsupported(Exception):
     """This kernel cannot splice between these descriptors (nothing was moved)."""
 
@@ -290,10 +298,7 @@ class _SpliceRelay:
             if exc.errno == errno.EINVAL:
                 raise _SpliceUnsupported from None
             print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
-        if self.stdin_open:
-            print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
-            return 1
-        return 0
+        return _exit_code(self.stdin_open)
 
 
 class _Relay:
@@ -421,7 +426,4 @@ class _Relay:
         with contextlib.suppress(BrokenPipeError):
             while self.to_host:
                 del self.to_host[: os.write(STDOUT, self.to_host)]
-        if self.stdin_open:
-            print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
-            return 1
-        return 0
+        return _exit_code(self.stdin_open)
