@@ -62,8 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--socket", metavar="PATH", default=None, help="the daemon's socket")
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--config", metavar="FILE", default=None, help="with --direct: the config to launch from"
+    )
+    source.add_argument(
+        "--demo",
+        action="store_true",
+        help="with --direct: launch from the built-in demo configuration (serve --demo)",
     )
 
 
@@ -155,13 +161,17 @@ def _raise_fd_limit(clients: int) -> None:
 
 
 def _direct_target(args: argparse.Namespace) -> Target:
-    from broker.config import ConfigError, load_config
+    from actors.cli import demo_config
+    from broker.config import ConfigError, load_config, parse_config
 
-    path = args.config or default_config_path()
+    path = "the demo configuration" if args.demo else args.config or default_config_path()
     try:
-        config = load_config(path)
+        config = parse_config(demo_config()) if args.demo else load_config(path)
     except ConfigError as exc:
-        raise ValueError(f"--direct needs the server's config: {exc}") from None
+        raise ValueError(
+            f"--direct launches the server itself, from the config the daemon runs: {exc} "
+            "(pass --config FILE, or --demo for a daemon started with serve --demo)"
+        ) from None
     server = config.enabled_servers.get(args.server)
     if server is None or not server.command:
         raise ValueError(f"{path} has no stdio server {args.server!r} to launch directly")

@@ -121,6 +121,24 @@ async def test_bench_direct_and_json_from_the_command_line(socket_path: str) -> 
     assert report["direct"]["server"]["pid"] not in (None, report["broker"]["server"]["pid"])
 
 
+async def test_bench_direct_against_the_demo_daemon(socket_path: str) -> None:
+    # The README's daemon (serve --demo) has no config file: --demo says where to launch from.
+    argv = [MCPBROKER, "bench", "--socket", socket_path, "--server", "demo", "--tool", "echo"]
+    argv += ["--args", '{"text": "hi"}', "--requests", "20", "--direct", "--json"]
+    with trio.fail_after(30):
+        async with running_daemon({"demo": demo_server()}, socket_path):
+            missing = await trio.run_process(
+                [*argv, "--config", socket_path + ".nope"], capture_stderr=True, check=False
+            )
+            done = await trio.run_process(
+                [*argv, "--demo"], capture_stdout=True, capture_stderr=True, check=False
+            )
+    assert missing.returncode == 1 and b"--demo" in missing.stderr
+    assert done.returncode == 0, done.stderr.decode()
+    report = orjson.loads(done.stdout)
+    assert report["broker"]["calls"] == report["direct"]["calls"] == 20
+
+
 async def test_bench_names_an_unknown_server(socket_path: str) -> None:
     with trio.fail_after(30):
         async with running_daemon({"demo": demo_server()}, socket_path):
