@@ -358,7 +358,7 @@ class UpstreamProtocol:
     def _notification(self, message: Message, now: float) -> list[Action]:
         method = message["method"]
         if method == "notifications/progress":
-            upstream_id = message.get("params", {}).get("progressToken")
+            upstream_id = (message.get("params") or {}).get("progressToken")
             entry = self.requests.progress(message)
             if entry is None:
                 return []

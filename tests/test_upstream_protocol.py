@@ -265,3 +265,10 @@ def test_session_closed_cancels_its_requests() -> None:
     assert proto.server_message(result(up_a1)) == []
     assert proto.server_message(result(up_b)) == [Deliver(B, result(1))]
     assert proto.session_closed(A) == []
+
+
+def test_progress_with_null_params_is_dropped_not_a_crash() -> None:
+    # "params": null is a valid notification; a progress without a token matches nothing.
+    proto = ready_protocol()
+    note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": None}
+    assert proto.server_message(note) == []
