@@ -43,7 +43,6 @@ from broker.jsonrpc import (
 )
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
 from broker.server_requests import server_of
-from broker.tasks import TASK_METHODS
 from broker.views import initialize_for, route
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
@@ -184,9 +183,6 @@ class SessionProtocol:
         method, id = message.get("method"), message.get("id")
         if (type(id) is not int and type(id) is not str) or method not in ROUTED_METHODS:
             return None
-        if self.transparent and method not in TASK_METHODS:
-            self.inflight.add(id)
-            return self.view[0], message  # what route() does here, without the call
         try:
             server, rewritten = route(self.catalogs.current, self.view, self.transparent, message)
         except JsonRpcError:

@@ -147,6 +147,8 @@ class UpstreamProtocol:
             raise JsonRpcError(
                 CONNECTION_CLOSED, message, data={"server": self.name}, id=request["id"]
             )
+        if self.forward_fast(session, request, now):
+            return [SendUpstream(request)]
         method, params = request["method"], request.get("params") or {}
         note: Any = None
         if method in ("resources/subscribe", "resources/unsubscribe"):
@@ -159,21 +161,17 @@ class UpstreamProtocol:
             note = "task"
         elif method == "tasks/list":
             note = "task-list"
-        elif method == "tools/call" and isinstance(params.get("task"), dict):
+        else:  # a tools/call that creates a task (the rest took the fast path)
             note = "creates-task"
-        upstream_id = self.requests.open(session, request)
-        if note is not None:
-            self.requests.note(upstream_id, note)
-        self.deadlines.add(upstream_id, now)
-        self.last_active[session] = upstream_id
+        self.requests.note(self._open(session, request, now), note)
         return [SendUpstream(request)]
 
     def forward_fast(self, session: Hashable, request: Message, now: float = 0.0) -> bool:
-        """The common case of :meth:`client_request`, cheaply: a request that
-        needs no note (not a subscription or a task), rewritten in place for
-        the server. False: not such a request (nothing changed), use
-        :meth:`client_request`. Raises what it would raise (a reused id).
-        tests/test_fuzz.py holds the two to the same answers.
+        """The common case of :meth:`client_request` (which starts with it): a
+        request that needs no note (not a subscription or a task), rewritten in
+        place for the server. False: not such a request (nothing changed), or
+        the server is not ready. Raises what :meth:`client_request` would (a
+        reused id). The actor calls it first to skip building actions.
         """
         if self.phase is not Phase.READY:
             return False
@@ -184,10 +182,15 @@ class UpstreamProtocol:
                 return False
         elif method in NOTED_METHODS:
             return False
+        self._open(session, request, now)
+        return True
+
+    def _open(self, session: Hashable, request: Message, now: float) -> int:
+        """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         self.last_active[session] = upstream_id
-        return True
+        return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""
