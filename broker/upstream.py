@@ -361,11 +361,11 @@ class UpstreamProtocol:
     def _notification(self, message: Message, now: float) -> list[Action]:
         method = message["method"]
         if method == "notifications/progress":
-            upstream_id = (message.get("params") or {}).get("progressToken")
+            sent: dict[str, Any] = message.get("params") or {}  # (progress() replaces it)
             entry = self.requests.progress(message)
             if entry is None:
                 return []
-            self.deadlines.touch(upstream_id, now)
+            self.deadlines.touch(sent["progressToken"], now)  # matched: the upstream id
             return [Deliver(entry.session, message)]
         params = message.get("params") or {}
         if method == "notifications/cancelled":
