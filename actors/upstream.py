@@ -47,7 +47,7 @@ from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.envelope import LARGE, parse_large_answer
 from broker.framing import LineFramer, Oversize
-from broker.jsonrpc import JsonRpcError, Message
+from broker.jsonrpc import INTERNAL_ERROR, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -200,7 +200,10 @@ class Upstream:
                     out = []
                     await self._wait_not_starting()
                     now = trio.current_time()
-                out.extend(self._handle(item, now))
+                try:
+                    out.extend(self._handle(item, now))
+                except Exception:  # a bug of the broker's: this item only, not the daemon
+                    self._log.exception("server.inbox_item_failed", item=type(item).__name__)
                 self._queued -= _count(item)
             await self._write(out)
 
@@ -237,6 +240,16 @@ class Upstream:
                     out += self._split(protocol.client_request(session, request, now))
             except JsonRpcError as exc:
                 session.deliver(exc.to_response())
+            except Exception:  # a bug of the broker's: answer this request, go on
+                self._log.exception("server.request_failed", method=request.get("method"))
+                session.deliver(
+                    jsonrpc.error_response(
+                        request.get("id"),
+                        INTERNAL_ERROR,
+                        "mcpbroker: internal error while forwarding this request "
+                        "(the daemon's log has the details)",
+                    )
+                )
         return out
 
     def _split(self, actions: list[Action]) -> list[Message]:
@@ -346,7 +359,11 @@ class Upstream:
         self._pid = link.pid
         self._log.info("server.started", pid=link.pid, command=self.config.command)
         try:
-            reason = await self._serve_link(link)
+            try:
+                reason = await self._serve_link(link)
+            except Exception as exc:  # a bug of the broker's: restart this server, not the daemon
+                self._log.exception("server.handling_failed")
+                reason = f"was stopped after an internal error of the broker ({type(exc).__name__})"
             self._stdin = None
             with trio.move_on_after(EXIT_CODE_WAIT):
                 code = await link.wait()

@@ -19,6 +19,7 @@ from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer
+from broker.upstream import UpstreamProtocol
 from tests.scripted import ScriptedServer
 
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
@@ -491,3 +492,47 @@ async def test_one_chunk_of_calls_and_a_cancel_reaches_the_server_in_order(
     upstream_ids = [m["id"] for m in sent if m["method"] == "tools/call"]
     assert [m["method"] for m in sent] == ["tools/call"] * 3 + [CANCELLED] + ["tools/call"] * 2
     assert sent[3]["params"]["requestId"] == upstream_ids[2]
+
+
+async def test_a_broker_bug_on_a_request_answers_it_and_spares_the_rest(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stand-in for a bug in the rules: forwarding one particular call raises.
+    real = UpstreamProtocol.forward_fast
+
+    def buggy(self: UpstreamProtocol, session: Any, request: Any, now: float = 0.0) -> bool:
+        if (request.get("params") or {}).get("name") == "bug":
+            raise RuntimeError("a bug")
+        return real(self, session, request, now)
+
+    monkeypatch.setattr(UpstreamProtocol, "forward_fast", buggy)
+    client = await open_client(nursery, await start_upstream(nursery, ScriptedServer(nursery)))
+    await client.initialize()
+    answer = await client.request("tools/call", call("bug"), id="b")
+    assert answer["error"]["code"] == jsonrpc.INTERNAL_ERROR
+    assert (await client.request("tools/call", call("echo", ok=1)))["result"]["echo"] == {"ok": 1}
+
+
+async def test_a_broker_bug_on_a_server_message_restarts_that_server_only(
+    nursery: trio.Nursery, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = UpstreamProtocol.server_message
+
+    def buggy(self: UpstreamProtocol, message: Any, now: float = 0.0) -> Any:
+        if isinstance(message, dict) and message.get("method") == "notifications/boom":
+            raise RuntimeError("a bug")
+        return real(self, message, now)
+
+    monkeypatch.setattr(UpstreamProtocol, "server_message", buggy)
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script, name="s")
+    upstream = broker.upstreams["s"]
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    await script.links[0].send(jsonrpc.notification("notifications/boom"))
+    while upstream.statistics().restarts == 0:
+        await trio.sleep(0.1)
+    assert "internal error of the broker" in str(upstream.statistics().last_error)
+    await upstream.wait_ready()
+    assert script.launches == 2
+    assert (await client.request("tools/call", call("echo", ok=2)))["result"]["echo"] == {"ok": 2}
