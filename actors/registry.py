@@ -108,7 +108,10 @@ class Registry:
             await nursery.start(self._client.run)
             task_status.started()
             async for event in self._events:
-                self._handle(event)
+                try:
+                    self._handle(event)
+                except Exception:  # a bug of the broker's: this event only, not the daemon
+                    self._log.exception("catalog.event_failed", event=repr(event))
 
     # -- events ---------------------------------------------------------------
 
@@ -156,7 +159,16 @@ class Registry:
         try:
             while wanted := self._pending[server]:
                 self._pending[server] = set()
-                await self._refresh(server, tuple(k for k in KINDS if k in wanted))
+                try:
+                    await self._refresh(server, tuple(k for k in KINDS if k in wanted))
+                except Exception:  # a bug of the broker's: keep what is known, settle
+                    self._log.exception("catalog.refresh_failed", server=server)
+                    entry = self._catalog.entry(server)
+                    if entry.state is ServerState.LOADING:
+                        identity = self._upstreams[server].identity
+                        self._publish(
+                            attrs.evolve(entry, state=ServerState.READY, identity=identity)
+                        )
         finally:
             del self._pending[server]
 

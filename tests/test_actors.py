@@ -536,3 +536,31 @@ async def test_a_broker_bug_on_a_server_message_restarts_that_server_only(
     await upstream.wait_ready()
     assert script.launches == 2
     assert (await client.request("tools/call", call("echo", ok=2)))["result"]["echo"] == {"ok": 2}
+
+
+async def test_a_broker_bug_while_fetching_a_catalog_settles_it_and_the_rest_goes_on(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+    real = Registry._fetch
+
+    async def buggy(self: Registry, upstream: Any, kind: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first fetch only: stand-in for a bug in reading a list
+            raise RuntimeError("a bug")
+        return await real(self, upstream, kind)
+
+    monkeypatch.setattr(Registry, "_fetch", buggy)
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker)
+    with trio.fail_after(5):  # nothing waits for a catalog that never settles
+        assert "result" in await client.initialize()
+        assert (await client.request("ping", id="p"))["id"] == "p"
+        await trio.testing.wait_all_tasks_blocked()  # subscribed to list changes
+        script.tools.append({"name": "new_tool", "inputSchema": {"type": "object"}})
+        await script.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
+        assert (await client.receive())["method"] == "notifications/tools/list_changed"
+        tools = (await client.request("tools/list"))["result"]["tools"]
+    assert "new_tool" in [t["name"] for t in tools]
