@@ -14,6 +14,7 @@ import trio
 
 from actors.mailbox import SessionHandle
 from actors.server_actor import ClientCancelled, ClientRequest, ServerActor
+from broker.envelope import Answer
 from broker.jsonrpc import JsonRpcError, Message
 
 OUTBOX_SIZE = 1024
@@ -31,6 +32,8 @@ class InternalClient:
         task_status.started()
         async for delivery in self._receive:
             for message in delivery:
+                if isinstance(message, Answer):
+                    message = message.read()
                 if isinstance(message, dict) and "method" not in message:
                     waiter = self._waiting.pop(message.get("id"), None)  # type: ignore[arg-type]
                     if waiter is not None:

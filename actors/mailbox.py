@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import trio
 
+from broker.envelope import Answer
 from broker.jsonrpc import Message
 
 # Deliveries a session may have waiting to be written before it counts as not
@@ -24,8 +25,9 @@ from broker.jsonrpc import Message
 # plenty of progress notifications, small enough to bound memory.
 OUTBOX_SIZE = 1024
 
-# What a session writes: a message, or a batch response (a JSON array).
-Outgoing = Message | list[Message]
+# What a session writes: a message, a batch response (a JSON array), or a
+# server's answer passed on unparsed (broker/envelope.py).
+Outgoing = Message | list[Message] | Answer
 
 _session_ids = itertools.count(1)
 

@@ -41,6 +41,7 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
+from broker.envelope import Answer
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
@@ -309,7 +310,7 @@ class Session:
         for message in delivery:
             out = outgoing(message)
             if out is not None:
-                data = encode(out)
+                data = out.encode() if type(out) is Answer else encode(out)
                 chunks.append(data)
                 size += len(data)
         return size

@@ -45,7 +45,7 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.envelope import LARGE, parse_large_answer
+from broker.envelope import split_answer
 from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import INTERNAL_ERROR, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
@@ -449,14 +449,17 @@ class Upstream:
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
-                    # A large answer's result is passed on unparsed (broker/envelope.py)
+                    # The hot path: an answer passed on unparsed (broker/envelope.py),
                     # unless the broker must read it; then the line is parsed in full.
-                    message: Any = parse_large_answer(line) if len(line) >= LARGE else None
-                    session = None if message is None else self._protocol.response_fast(message)
-                    if session is None:
-                        message = jsonrpc.decode(line)
-                        session = self._protocol.response_fast(message)
-                    if session is not None:  # the hot path: an answer to pass on
+                    answer = split_answer(line)
+                    if answer is not None:
+                        session = self._protocol.answer_fast(answer)
+                        if session is not None:
+                            deliveries[session].append(answer)
+                            continue
+                    message = jsonrpc.decode(line)
+                    session = self._protocol.response_fast(message)
+                    if session is not None:  # an answer in another shape
                         deliveries[session].append(message)
                         continue
                     actions = self._protocol.server_message(message, now)

@@ -80,15 +80,15 @@ class RequestMap:
         self._by_client[key] = upstream_id
         return upstream_id
 
-    def close_plain(self, response: Message, upstream_id: int) -> InFlight | None:
-        """:meth:`close` for the answer to a request without a note (nearly
-        every one), given its (int) id; None, and nothing changed, otherwise."""
+    def close_plain(self, upstream_id: int) -> InFlight | None:
+        """Forget the request with this (int) id, answered, if it has no note
+        (nearly every one); None, and nothing changed, otherwise. Unlike
+        :meth:`close`, the caller puts the client's id on the answer."""
         entry = self._by_upstream.get(upstream_id)
         if entry is None or entry.note is not None:
             return None
         del self._by_upstream[upstream_id]
         del self._by_client[(entry.session, entry.client_id)]
-        response["id"] = entry.client_id
         return entry
 
     def close(self, response: Message) -> InFlight | None:

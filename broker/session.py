@@ -30,6 +30,7 @@ import attrs
 
 from broker import jsonrpc
 from broker.catalog import KIND_BY_METHOD, Catalog
+from broker.envelope import Answer
 from broker.fanout import level_rank
 from broker.jsonrpc import (
     INVALID_PARAMS,
@@ -306,8 +307,16 @@ class SessionProtocol:
 
     # -- output -------------------------------------------------------------
 
-    def outgoing(self, message: Message | list[Message]) -> Message | list[Message] | None:
+    def outgoing(
+        self, message: Message | list[Message] | Answer
+    ) -> Message | list[Message] | Answer | None:
         """What to write for a message bound for the client (None: hold it)."""
+        if type(message) is Answer:  # nearly every one: an answer, unparsed
+            if self.inflight:
+                self.inflight.discard(message.id)
+            if not self.batches.pending:
+                return message
+            message = message.read()  # (batches are rare: look inside this one)
         if type(message) is dict and "method" not in message:
             if self.inflight:
                 id = message.get("id")

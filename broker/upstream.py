@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
+from broker.envelope import Answer
 from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
@@ -306,10 +307,26 @@ class UpstreamProtocol:
             or ("result" in message) is ("error" in message)
         ):
             return None
-        entry = self.requests.close_plain(message, upstream_id)
+        entry = self.requests.close_plain(upstream_id)
         if entry is None:
             return None
         self.deadlines.discard(upstream_id)
+        message["id"] = entry.client_id
+        return entry.session
+
+    def answer_fast(self, answer: Answer) -> Hashable | None:
+        """:meth:`response_fast` for an answer left unparsed (broker/envelope.py):
+        the session to deliver it to, with the client's id put in place. None:
+        not the answer to a request that needs no note (nothing changed);
+        parse the line and use :meth:`server_message`."""
+        upstream_id = answer.id
+        if type(upstream_id) is not int:
+            return None
+        entry = self.requests.close_plain(upstream_id)
+        if entry is None:
+            return None
+        self.deadlines.discard(upstream_id)
+        answer.id = entry.client_id
         return entry.session
 
     def server_gone(self, reason: str) -> list[Deliver]:

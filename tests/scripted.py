@@ -3,7 +3,8 @@
 :class:`MemoryLink` is a :class:`actors.process.ServerLink` whose far end is a
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
 ``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
-``seconds`` first, ``die`` makes the "process" exit), and records everything
+``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
+``line`` argument as it is, with ``ID`` replaced by the request's id), and records everything
 it received so a test can assert on what crossed the wire. Its catalog
 (``tools``, ``prompts``, ``resources``, ``templates``) is plain lists a test
 may change, and every result names the server (``label``) that produced it.
@@ -20,7 +21,7 @@ import trio.testing
 from broker import jsonrpc
 from broker.framing import LineFramer
 
-TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks")
+TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks", "raw")
 
 
 class ScriptedServer:
@@ -129,6 +130,11 @@ class MemoryLink:
             }
         elif method == "tools/call" and params.get("name") == "die":
             await self.die()
+            return
+        elif method == "tools/call" and params.get("name") == "raw":
+            line = params["arguments"]["line"].replace("ID", str(request["id"]))
+            async with self._write_lock:
+                await self._theirs.send_all(line.encode() + b"\n")
             return
         elif method == "tools/call":
             arguments = params.get("arguments") or {}

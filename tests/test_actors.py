@@ -159,6 +159,33 @@ async def test_ids_come_back_exactly_as_sent(nursery: trio.Nursery) -> None:
         assert response["id"] == id and type(response["id"]) is type(id)
 
 
+async def test_an_answer_reaches_the_client_as_the_server_wrote_it(
+    nursery: trio.Nursery,
+) -> None:
+    # Parsed and encoded again, the number would become a float and the escape
+    # would change; the TypeScript SDK's key order would be lost.
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    body = '"result":{"n":123456789012345678901234567890,"s":"\\u00e9"}'
+    for server_line, client_line in (
+        ('{"jsonrpc":"2.0","id":ID,' + body + "}", '{"jsonrpc":"2.0","id":"c",' + body + "}"),
+        ("{" + body + ',"jsonrpc":"2.0","id":ID}', "{" + body + ',"jsonrpc":"2.0","id":"c"}'),
+    ):
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": "c",
+                "method": "tools/call",
+                "params": call("raw", line=server_line),
+            }
+        )
+        data = b""
+        while not data.endswith(b"\n"):
+            data += await client.stream.receive_some()
+        assert data == client_line.encode() + b"\n"
+
+
 async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     client = await open_client(nursery, await start_upstream(nursery, script))

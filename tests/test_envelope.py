@@ -1,4 +1,4 @@
-"""Large answers whose result crosses the broker unparsed."""
+"""Answers that cross the broker unparsed (broker/envelope.py)."""
 
 from __future__ import annotations
 
@@ -9,43 +9,81 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from broker.envelope import LARGE, parse_large_answer
+from broker.envelope import Answer, split_answer
+from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
-from tests.test_fuzz import _ready_upstream, json_values
+from tests.test_fuzz import Catalogs, _initialized, _ready_upstream, json_values
 
-PAD = "x" * LARGE
-
-
-def line_of(message: Any) -> bytes:
-    return orjson.dumps(message)
+ids = st.integers(1, 2**62)
+client_ids = st.one_of(st.integers(-(2**62), 2**62), st.text(max_size=8))
+outcomes = st.sampled_from(["result", "error"])
 
 
-@given(st.integers(0, 2**62), json_values)
-def test_an_answer_comes_out_as_it_went_in(id: int, value: Any) -> None:
+def in_shape(id: int, key: str, value: Any, typescript: bool) -> bytes:
+    """A server's answer, in the Python SDK's key order or the TypeScript SDK's."""
+    if typescript:
+        return orjson.dumps({key: value, "jsonrpc": "2.0", "id": id})
+    return orjson.dumps({"jsonrpc": "2.0", "id": id, key: value})
+
+
+@given(ids, client_ids, outcomes, json_values, st.booleans())
+def test_an_answer_crosses_with_only_its_id_changed(
+    id: int, client_id: Any, key: str, value: Any, typescript: bool
+) -> None:
     try:
-        line = line_of({"jsonrpc": "2.0", "id": id, "result": {"pad": PAD, "value": value}})
+        line = in_shape(id, key, value, typescript)
     except TypeError:  # an integer past 64 bits: no server's answer holds one either
         assume(False)
-    answer = parse_large_answer(line)
-    assert answer is not None and answer["id"] == id
-    assert orjson.loads(orjson.dumps(answer)) == orjson.loads(line)
+    answer = split_answer(line)
+    assert answer is not None and answer.id == id
+    assert answer.head + orjson.dumps(id) + answer.tail == line
+    answer.id = client_id
+    out = answer.encode()
+    assert out == answer.head + orjson.dumps(client_id) + answer.tail + b"\n"
+    assert orjson.loads(out) == {**orjson.loads(line), "id": client_id}
+
+
+def test_the_servers_bytes_are_kept() -> None:
+    # Parsed and encoded again, these would change (or not parse at all).
+    line = b'{"jsonrpc":"2.0","id":7,"result":{"n":123456789012345678901234567890,"s":"\\u00e9"}}'
+    answer = split_answer(line)
+    assert answer is not None
+    answer.id = "c"
+    assert answer.encode() == line.replace(b'"id":7', b'"id":"c"') + b"\n"
 
 
 @pytest.mark.parametrize(
     "line",
     [
-        line_of({"jsonrpc": "2.0", "id": 1, "result": "small"}),  # not worth it
-        line_of({"jsonrpc": "2.0", "id": "s", "result": PAD}),  # not one of ours
-        line_of({"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": PAD}}),
-        line_of({"id": 1, "jsonrpc": "2.0", "result": PAD}),  # another order
-        b'{"jsonrpc": "2.0", "id": 1, "result": "' + PAD.encode() + b'"}',  # spaces
-        b'{"jsonrpc":"2.0","id":01,"result":"' + PAD.encode() + b'"}',  # not JSON
-        b'{"jsonrpc":"2.0","id":-1,"result":"' + PAD.encode() + b'"}',
-        b'{"jsonrpc":"2.0","id":1,"result":"' + PAD.encode() + b'"',  # cut short
+        b'{"jsonrpc":"2.0","id":"s","result":1}',  # not one of the broker's ids
+        b'{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}',
+        b'{"id":1,"jsonrpc":"2.0","result":1}',  # another order
+        b'{"jsonrpc": "2.0", "id": 1, "result": 1}',  # spaces
+        b'{"result":1, "jsonrpc":"2.0","id":1}',
+        b'{"jsonrpc":"2.0","id":01,"result":1}',  # not JSON
+        b'{"jsonrpc":"2.0","id":-1,"result":1}',
+        b'{"jsonrpc":"2.0","id":1,"result":1',  # cut short
+        b'{"result":1,"jsonrpc":"2.0","id":1',
+        b'{"jsonrpc":"2.0","id":1,"method":"roots/list"}',  # a request, not an answer
+        b'{"method":"roots/list","jsonrpc":"2.0","id":1}',
+        b'{"result":{"jsonrpc":"2.0","id":1}}',  # the id is not the answer's own
+        b'{"jsonrpc":"2.0","method":"notifications/progress","params":{}}',
+        b'{"jsonrpc":"2.0","id":12345678901234567890,"result":1}',  # longer than ours
+        b"[]",
+        b"",
     ],
 )
 def test_other_lines_are_left_to_the_parser(line: bytes) -> None:
-    assert parse_large_answer(line) is None
+    assert split_answer(line) is None
+
+
+def test_the_shortest_answers_are_split() -> None:
+    assert split_answer(b'{"result":1,"jsonrpc":"2.0","id":1}') == Answer(
+        b'{"result":1,"jsonrpc":"2.0","id":', 1, b"}"
+    )
+    assert split_answer(b'{"jsonrpc":"2.0","id":1,"error":{}}') == Answer(
+        b'{"jsonrpc":"2.0","id":', 1, b',"error":{}}'
+    )
 
 
 def forwarded(proto: UpstreamProtocol, request: dict[str, Any]) -> int:
@@ -59,6 +97,41 @@ def test_an_answer_the_broker_must_read_is_not_taken_unparsed() -> None:
     plain = forwarded(proto, dict(call))
     tasked = forwarded(proto, {**call, "id": 2, "params": {"name": "t", "task": {}}})
     for upstream_id, taken in ((plain, True), (tasked, False)):
-        answer = parse_large_answer(line_of({"jsonrpc": "2.0", "id": upstream_id, "result": PAD}))
+        answer = split_answer(in_shape(upstream_id, "result", {}, typescript=False))
         assert answer is not None
-        assert (proto.response_fast(answer) is not None) is taken
+        assert (proto.answer_fast(answer) is not None) is taken
+        assert answer.id == (1 if taken else upstream_id)  # the client's id, once matched
+    assert len(proto.requests) == 1  # the task's request is left for the parser
+
+
+def test_a_session_writes_an_answer_and_forgets_its_request() -> None:
+    session = _initialized(("a",), transparent=True)
+    request = {"jsonrpc": "2.0", "id": "r1", "method": "tools/call", "params": {"name": "t"}}
+    assert session.forward_fast(request) is not None
+    assert session.inflight == {"r1"}
+    answer = Answer(b'{"jsonrpc":"2.0","id":', "r1", b',"result":{}}')
+    assert session.outgoing(answer) is answer
+    assert not session.inflight
+
+
+def test_an_answer_in_a_batch_is_read_into_the_batch() -> None:
+    session = SessionProtocol(("a",), Catalogs(), transparent=True)
+    session.receive(
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {"protocolVersion": "2025-03-26"},
+        }
+    )
+    calls = [
+        {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "t"}} for n in (1, 2)
+    ]
+    session.receive(calls)
+    first = Answer(b'{"jsonrpc":"2.0","id":', 1, b',"result":{"n":1}}')
+    broken = Answer(b'{"jsonrpc":"2.0","id":', 2, b',"result":{"n":}')
+    assert session.outgoing(first) is None  # held for the rest of the batch
+    batch = session.outgoing(broken)
+    assert isinstance(batch, list)
+    assert batch[0] == {"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}
+    assert batch[1]["id"] == 2 and batch[1]["error"]["code"] == -32603
