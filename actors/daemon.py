@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import trio
 
+import broker.upstream
 from actors.listener import hold_socket_lock, serve_unix
 from actors.logs import get_logger
 from actors.paths import ensure_private_dir
@@ -26,6 +27,9 @@ from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, Config, ServerConfig
 
+# How broker/ was installed: compiled by mypyc (setup.py), or as Python.
+RULES = "compiled" if (broker.upstream.__file__ or "").endswith((".so", ".pyd")) else "Python"
+
 
 @attrs.frozen
 class DaemonStatistics:
@@ -34,6 +38,7 @@ class DaemonStatistics:
     uptime: float
     servers: tuple[UpstreamStatistics, ...]
     sessions: tuple[SessionStatistics, ...]
+    rules: str = RULES
 
 
 class Daemon:
@@ -79,6 +84,7 @@ class Daemon:
                     socket=self.socket_path,
                     servers=list(self.upstreams),
                     pid=os.getpid(),
+                    rules=RULES,
                 )
                 task_status.started()
 

@@ -44,7 +44,7 @@ def main(socket_path: str, as_json: bool) -> int:
 def render(status: dict[str, Any]) -> str:
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
-        f"up {_duration(status['uptime'])}",
+        f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}",
         "",
     ]
     servers = [

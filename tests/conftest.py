@@ -16,11 +16,15 @@ import trio
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from actors.daemon import Daemon
+from actors.daemon import RULES, Daemon
 from broker.config import parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 MCPBROKER = shutil.which("mcpbroker", path=os.path.dirname(sys.executable)) or "mcpbroker"
+
+
+def pytest_report_header() -> str:
+    return f"mcpbroker rules (broker/): {RULES}"
 
 
 @pytest.fixture

@@ -172,3 +172,5 @@ async def test_status_shows_servers_and_sessions(socket_path: str) -> None:
     assert session["view"] == ["sdk"] and session["protocol_version"] == "2025-11-25"
     assert session["client"]["name"] == "mcp"
     assert b"SERVER" in table.stdout and b"sdk" in table.stdout
+    assert status["rules"] in ("compiled", "Python")  # how broker/ was installed
+    assert f"rules {status['rules']}".encode() in table.stdout
