@@ -41,7 +41,7 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
-from broker.envelope import Answer
+from broker.envelope import Answer, Bytes
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
@@ -284,7 +284,7 @@ class Session:
 
     async def _write_out(self, delivery: list[Outgoing]) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
-        chunks: list[bytes] = []
+        chunks: list[Bytes] = []
         size = self._add(chunks, delivery)
         while size < WRITE_BATCH_BYTES:
             try:
@@ -303,14 +303,19 @@ class Session:
             self._drained.set()
         return True
 
-    def _add(self, chunks: list[bytes], delivery: list[Outgoing]) -> int:
+    def _add(self, chunks: list[Bytes], delivery: list[Outgoing]) -> int:
         """Encode a delivery's messages onto ``chunks``; the bytes added."""
         outgoing, encode = self._protocol.outgoing, jsonrpc.encode
         size = 0
         for message in delivery:
             out = outgoing(message)
-            if out is not None:
-                data = out.encode() if type(out) is Answer else encode(out)
+            if out is None:
+                continue
+            if type(out) is Answer:  # the server's bytes, joined once with the rest
+                chunks += out.pieces()
+                size += len(out.head) + len(out.tail)
+            else:
+                data = encode(out)
                 chunks.append(data)
                 size += len(data)
         return size

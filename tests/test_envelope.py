@@ -36,10 +36,10 @@ def test_an_answer_crosses_with_only_its_id_changed(
         assume(False)
     answer = split_answer(line)
     assert answer is not None and answer.id == id
-    assert answer.head + orjson.dumps(id) + answer.tail == line
+    assert bytes(answer.head) + orjson.dumps(id) + bytes(answer.tail) == line
     answer.id = client_id
     out = answer.encode()
-    assert out == answer.head + orjson.dumps(client_id) + answer.tail + b"\n"
+    assert out == bytes(answer.head) + orjson.dumps(client_id) + bytes(answer.tail) + b"\n"
     assert orjson.loads(out) == {**orjson.loads(line), "id": client_id}
 
 
