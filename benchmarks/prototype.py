@@ -37,6 +37,7 @@ import trio
 def patch_writethrough() -> None:
     from actors import mailbox, session
     from broker import jsonrpc
+    from broker.envelope import Answer
 
     original_init = session.Session.__init__
     owners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -91,7 +92,7 @@ def patch_writethrough() -> None:
                 out = self._protocol.outgoing(message)
                 if out is None:
                     continue
-                data = jsonrpc.encode(out)
+                data = out.encode() if isinstance(out, Answer) else jsonrpc.encode(out)
             chunks.append(data)
             size += len(data)
         return size

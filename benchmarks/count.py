@@ -1,0 +1,150 @@
+"""What the daemon executes per call, counted: figures that do not drift.
+
+Time on this machine drifts by a third over minutes, so a change worth 5%
+cannot be told from noise by timing it, even in alternating pairs. Counts
+can: run a fixed number of calls and count what the daemon executed, minus
+the same for fewer calls (which cancels start-up and shutdown).
+
+``python -m benchmarks.count lines [--clients C --in-flight K]``
+    Python lines and function calls executed per call (``sys.settrace`` in
+    the daemon), with the functions that execute most. Standard library
+    only; the daemon runs ~50x slower traced, so batches grow: compare
+    changes at the same load, not with the untraced figures. Compiled code
+    (``--compiled`` rules) is invisible to it.
+
+``python -m benchmarks.count instructions [--clients C --in-flight K]``
+    CPU instructions per call (valgrind's ``cachegrind``, which must be
+    installed), the compiled rules included; about a minute per figure.
+
+Both print one line per figure; ``--tree DIR`` counts another checkout or
+the compiled copy (``python -m benchmarks.compiled``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
+
+TRACE_FILE = "MCPBROKER_COUNT_TRACE"  # where the traced daemon writes its counts
+
+
+def traced_daemon(argv: list[str]) -> int:
+    """``mcpbroker`` with every Python line and call counted (``python -m benchmarks.count
+    serve ...``); the counts go to the file named by $MCPBROKER_COUNT_TRACE at exit."""
+    from actors.cli import main as cli
+
+    counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event == "call":
+            counts[(code.co_filename, code.co_name, "call")] += 1
+        elif event == "line":
+            counts[(code.co_filename, code.co_name, "line")] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        return cli(argv)
+    finally:
+        sys.settrace(None)
+        rows = [[*key, value] for key, value in counts.items()]
+        Path(os.environ[TRACE_FILE]).write_text(json.dumps(rows))
+
+
+def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
+    with workdir() as directory, daemon(directory, {"echo": ECHO_SERVER}, prefix, module) as dm:
+        target = socket_target(dm.socket, "echo", args.clients)
+        load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
+        result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
+        errors = result["result"].get("errors")
+        if errors:
+            raise SystemExit(f"the load had errors: {errors}")
+
+
+def count_lines(args: argparse.Namespace) -> str:
+    totals = []
+    for calls in (args.calls // 5, args.calls):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            os.environ[TRACE_FILE] = out.name
+            _run(calls, args, (), "benchmarks.count")
+            time.sleep(0.5)
+            rows = json.loads(Path(out.name).read_text() or "[]")
+        totals.append(collections.Counter({(f, fn, kind): n for f, fn, kind, n in rows}))
+    per_call = {key: (totals[1][key] - totals[0][key]) / (args.calls * 4 / 5) for key in totals[1]}
+    lines = sum(v for (_, _, kind), v in per_call.items() if kind == "line")
+    calls = sum(v for (_, _, kind), v in per_call.items() if kind == "call")
+    out = [f"{lines:.1f} Python lines and {calls:.1f} calls per call"]
+    by_function = sorted(
+        ((v, f, fn) for (f, fn, kind), v in per_call.items() if kind == "line"), reverse=True
+    )
+    for v, f, fn in by_function[: args.top]:
+        name = f.split("site-packages/")[-1].removeprefix(str(Path.cwd()) + "/")
+        out.append(f"  {v:6.2f} lines  {per_call.get((f, fn, 'call'), 0):5.2f} calls  {name}:{fn}")
+    return "\n".join(out)
+
+
+def count_instructions(args: argparse.Namespace) -> str:
+    totals = []
+    for calls in (args.calls // 5, args.calls):
+        with tempfile.TemporaryDirectory() as directory:
+            out = os.path.join(directory, "cachegrind.out")
+            valgrind = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
+            _run(calls, args, (*valgrind, f"--cachegrind-out-file={out}"), "actors.cli")
+            for _ in range(100):  # valgrind writes it as the daemon exits
+                if os.path.exists(out) and os.path.getsize(out):
+                    break
+                time.sleep(0.2)
+            time.sleep(0.5)
+            found = re.search(r"^summary:\s+(\d+)", Path(out).read_text(), re.MULTILINE)
+            if found is None:
+                raise SystemExit("cachegrind wrote no summary")
+            totals.append(int(found.group(1)))
+    per_call = (totals[1] - totals[0]) / (args.calls * 4 / 5)
+    return f"{per_call:,.0f} instructions per call"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return traced_daemon(argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.count", description=__doc__)
+    parser.add_argument("what", choices=["lines", "instructions"])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
+    parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
+    args = parser.parse_args(argv)
+    if args.tree:
+        os.chdir(args.tree)
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
+    load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls"
+    print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))
+    return 0
+
+
+def _without_tree(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--tree":
+            skip = True
+        elif not arg.startswith("--tree="):
+            out.append(arg)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
