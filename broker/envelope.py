@@ -13,18 +13,21 @@ answers in one of two compact shapes, one line each:
 (N is one of the broker's own upstream ids, a positive integer), and an
 :class:`Answer` is what crosses to the session: the bytes before the id, the
 id (the client's, once the upstream has matched it), and the bytes after it.
-The session writes ``head + id + tail``. Parsing an answer and encoding it
-again was about a fifth of the broker's work per call, and for a large
-result (a file, a screenshot) nearly all of it (~1 ms per MiB here).
+The session writes ``head + id + tail``.
+
+Why: the client gets the server's bytes, numbers and escapes as written
+(parsed with orjson, an integer past 64 bits became a float and ``1e400``
+was refused), and a large result (a file, a screenshot) is not parsed at
+all, which was nearly all of the broker's work for it (~1 ms per MiB here).
+For small answers it costs about what parsing and encoding did.
 
 What the broker gives up: it no longer checks that such an answer is valid
 JSON. A server that writes a broken one hands its client a line that does
 not parse, as it would if the host had launched it directly (parsed, the line
-would have been logged and dropped, and the request left to time out). What
-is gained besides speed: the client gets the server's bytes, numbers and
-escapes as written. Answers the broker must read (tasks, subscriptions, its
-own requests), every other shape, and anything that is not an answer are
-parsed in full as before.
+would have been logged and dropped, and the request left to time out).
+Answers the broker must read (tasks, subscriptions, its own requests),
+every other shape, and anything that is not an answer are parsed in full
+as before.
 """
 
 from __future__ import annotations
