@@ -45,7 +45,6 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.envelope import split_answer
 from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import INTERNAL_ERROR, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
@@ -444,19 +443,18 @@ class Upstream:
             # per message). Any other action first delivers what is gathered,
             # so each session gets its messages in the server's order.
             deliveries: defaultdict[Hashable, list[Outgoing]] = defaultdict(list)
-            for line in framer.feed(data):
+            lines, i = framer.feed(data), 0
+            while True:
+                # The hot path: answers passed on unparsed (broker/envelope.py), as
+                # many as come in a row; the line after them is handled here.
+                i = self._protocol.take_answers(lines, i, deliveries)
+                if i == len(lines):
+                    break
+                line, i = lines[i], i + 1
                 if isinstance(line, Oversize):
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
-                    # The hot path: an answer passed on unparsed (broker/envelope.py),
-                    # unless the broker must read it; then the line is parsed in full.
-                    answer = split_answer(line)
-                    if answer is not None:
-                        session = self._protocol.answer_fast(answer)
-                        if session is not None:
-                            deliveries[session].append(answer)
-                            continue
                     message = jsonrpc.decode(line)
                     session = self._protocol.response_fast(message)
                     if session is not None:  # an answer in another shape

@@ -22,8 +22,9 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.envelope import Answer
+from broker.envelope import Answer, split_answer
 from broker.fanout import Fanout
+from broker.framing import Oversize
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INVALID_PARAMS,
@@ -328,6 +329,26 @@ class UpstreamProtocol:
         self.deadlines.discard(upstream_id)
         answer.id = entry.client_id
         return entry.session
+
+    def take_answers(
+        self, lines: list[bytes | Oversize], start: int, deliveries: dict[Hashable, list[Any]]
+    ) -> int:
+        """The hot path of a server's output, a run of lines at a time: from
+        ``lines[start]`` on, each answer that :meth:`answer_fast` takes (unparsed)
+        is added to its session's list in ``deliveries``, up to the first line
+        that needs more. Returns that line's index (``len(lines)``: none)."""
+        for i in range(start, len(lines)):
+            line = lines[i]
+            answer = split_answer(line) if type(line) is bytes else None
+            session = None if answer is None else self.answer_fast(answer)
+            if session is None:
+                return i
+            waiting = deliveries.get(session)
+            if waiting is None:
+                deliveries[session] = [answer]
+            else:
+                waiting.append(answer)
+        return len(lines)
 
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""

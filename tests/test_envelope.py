@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from broker.envelope import Answer, split_answer
 from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
-from tests.test_fuzz import Catalogs, _initialized, _ready_upstream, json_values
+from tests.test_fuzz import (
+    Catalogs,
+    _in_shape,
+    _initialized,
+    _ready_upstream,
+    json_values,
+    server_answers,
+)
 
 ids = st.integers(1, 2**62)
 client_ids = st.one_of(st.integers(-(2**62), 2**62), st.text(max_size=8))
@@ -135,3 +142,29 @@ def test_an_answer_in_a_batch_is_read_into_the_batch() -> None:
     assert isinstance(batch, list)
     assert batch[0] == {"jsonrpc": "2.0", "id": 1, "result": {"n": 1}}
     assert batch[1]["id"] == 2 and batch[1]["error"]["code"] == -32603
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["parsed", "prefix", "suffix"]), server_answers), max_size=8)
+)
+def test_taking_a_run_of_answers_is_taking_them_one_by_one(answers: list[Any]) -> None:
+    fast, slow = _ready_upstream(), _ready_upstream()
+    for proto in (fast, slow):
+        for n in range(8):  # upstream ids 1 to 8, half of them session A's
+            call = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": "t"}}
+            assert proto.forward_fast("AB"[n % 2], call)
+    lines: list[Any] = [_in_shape(shape, message) for shape, message in answers]
+    deliveries: dict[Any, list[Any]] = {}
+    taken = fast.take_answers(lines, 0, deliveries)
+    expected: dict[Any, list[Any]] = {}
+    for index, line in enumerate(lines):
+        answer = split_answer(line)
+        session = None if answer is None else slow.answer_fast(answer)
+        if session is None:
+            assert taken == index
+            break
+        expected.setdefault(session, []).append(answer)
+    else:
+        assert taken == len(lines)
+    assert deliveries == expected
+    assert len(fast.requests) == len(slow.requests) and len(fast.deadlines) == len(slow.deadlines)
