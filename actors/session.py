@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -147,8 +146,15 @@ class Session:
             # and sent as one inbox item each: one channel hop per server and
             # chunk, not per request. Anything else first sends what is
             # gathered, so every server hears this session's messages in order.
-            forwards: defaultdict[str, list[Message]] = defaultdict(list)
-            for line in framer.feed(data):
+            forwards: dict[str, list[Message]] = {}
+            lines, i = framer.feed(data), 0
+            while True:
+                # The hot path: calls to pass on, as many as come in a row; the
+                # line after them is handled here.
+                i = self._protocol.take_forwards(lines, i, forwards)
+                if i == len(lines):
+                    break
+                line, i = lines[i], i + 1
                 if isinstance(line, Oversize):
                     await self._reply(line.error_response(self._settings.max_message_bytes))
                     continue
@@ -165,11 +171,6 @@ class Session:
                             await self._run_command(command)
                             return
                         continue
-                forward = self._protocol.forward_fast(message)
-                if forward is not None:  # the hot path: a call to pass on
-                    server, request = forward
-                    forwards[server].append(request)
-                    continue
                 if forwards:
                     await self._send_forwards(forwards)
                     forwards.clear()

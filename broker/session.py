@@ -32,6 +32,7 @@ from broker import jsonrpc
 from broker.catalog import KIND_BY_METHOD, Catalog
 from broker.envelope import Answer
 from broker.fanout import level_rank
+from broker.framing import Oversize
 from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -190,6 +191,32 @@ class SessionProtocol:
             return None  # unknown (or not yet known) name: receive() answers or defers
         self.inflight.add(id)
         return server, rewritten
+
+    def take_forwards(
+        self, lines: list[bytes | Oversize], start: int, forwards: dict[str, list[Message]]
+    ) -> int:
+        """The hot path of a client's input, a run of lines at a time: from
+        ``lines[start]`` on, each request that :meth:`forward_fast` takes is added,
+        in its server's terms, to that server's list in ``forwards``, up to the
+        first line that needs more (not JSON, too long, or anything else). Returns
+        that line's index (``len(lines)``: none); the caller reads it again."""
+        for i in range(start, len(lines)):
+            line = lines[i]
+            if type(line) is not bytes:
+                return i
+            try:
+                forward = self.forward_fast(jsonrpc.decode(line))
+            except JsonRpcError:
+                return i
+            if forward is None:
+                return i
+            server, request = forward
+            waiting = forwards.get(server)
+            if waiting is None:
+                forwards[server] = [request]
+            else:
+                waiting.append(request)
+        return len(lines)
 
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:
         kind = jsonrpc.classify(message)
