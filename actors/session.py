@@ -40,7 +40,7 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
-from broker.envelope import Answer, Bytes
+from broker.envelope import Bytes
 from broker.framing import LineFramer, Oversize
 from broker.hello import HelloError, read_hello, resolve_view
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
@@ -286,13 +286,13 @@ class Session:
     async def _write_out(self, delivery: list[Outgoing]) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
         chunks: list[Bytes] = []
-        size = self._add(chunks, delivery)
+        size = self._protocol.encode_delivery(delivery, chunks)
         while size < WRITE_BATCH_BYTES:
             try:
                 delivery = self._outbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            size += self._add(chunks, delivery)
+            size += self._protocol.encode_delivery(delivery, chunks)
         if chunks:
             try:
                 with map_transport_errors():
@@ -303,20 +303,3 @@ class Session:
         if self._client_closed and not self._protocol.inflight:
             self._drained.set()
         return True
-
-    def _add(self, chunks: list[Bytes], delivery: list[Outgoing]) -> int:
-        """Encode a delivery's messages onto ``chunks``; the bytes added."""
-        outgoing, encode = self._protocol.outgoing, jsonrpc.encode
-        size = 0
-        for message in delivery:
-            out = outgoing(message)
-            if out is None:
-                continue
-            if type(out) is Answer:  # the server's bytes, joined once with the rest
-                chunks += out.pieces()
-                size += len(out.head) + len(out.tail)
-            else:
-                data = encode(out)
-                chunks.append(data)
-                size += len(data)
-        return size

@@ -36,8 +36,7 @@ import trio
 
 def patch_writethrough() -> None:
     from actors import mailbox, session
-    from broker import jsonrpc
-    from broker.envelope import Answer
+    from broker.session import SessionProtocol
 
     original_init = session.Session.__init__
     owners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -53,7 +52,7 @@ def patch_writethrough() -> None:
             statistics = owner._outbox.statistics()
             if statistics.current_buffer_used == 0 and statistics.open_send_channels != 0:
                 chunks: list[bytes] = []
-                owner._add(chunks, messages)
+                owner._protocol.encode_delivery(messages, chunks)
                 data = b"".join(chunks)
                 try:
                     owner._io._check()
@@ -84,22 +83,22 @@ def patch_writethrough() -> None:
             if not await self._write_out(delivery):
                 return
 
-    def add(self: Any, chunks: list[bytes], delivery: list[Any]) -> int:
+    original_encode = SessionProtocol.encode_delivery
+
+    def encode_delivery(self: Any, delivery: list[Any], chunks: list[Any]) -> int:
+        """What the session would write, with raw bytes (the rest of a write-through) as is."""
         size = 0
         for message in delivery:
-            data = message if isinstance(message, bytes) else None
-            if data is None:
-                out = self._protocol.outgoing(message)
-                if out is None:
-                    continue
-                data = out.encode() if isinstance(out, Answer) else jsonrpc.encode(out)
-            chunks.append(data)
-            size += len(data)
+            if isinstance(message, bytes):
+                chunks.append(message)
+                size += len(message)
+            else:
+                size += original_encode(self, [message], chunks)
         return size
 
     session.Session.__init__ = init  # type: ignore[method-assign]
     session.Session._write_loop = write_loop  # type: ignore[method-assign]
-    session.Session._add = add  # type: ignore[method-assign]
+    SessionProtocol.encode_delivery = encode_delivery  # type: ignore[method-assign]
     mailbox.SessionHandle.deliver_all = deliver_all  # type: ignore[method-assign]
 
 

@@ -30,7 +30,7 @@ import attrs
 
 from broker import jsonrpc
 from broker.catalog import KIND_BY_METHOD, Catalog
-from broker.envelope import Answer
+from broker.envelope import Answer, Bytes
 from broker.fanout import level_rank
 from broker.framing import Oversize
 from broker.jsonrpc import (
@@ -352,6 +352,27 @@ class SessionProtocol:
             if self.batches.pending:
                 return self.batches.collect(message)
         return message
+
+    def encode_delivery(
+        self, delivery: list[Message | list[Message] | Answer], chunks: list[Bytes]
+    ) -> int:
+        """Add to ``chunks`` what to write for a delivery of messages bound for
+        the client (answers held for a batch are added when it is complete);
+        returns the bytes added. An answer passed on unparsed is added in
+        pieces, so that its bytes are copied once, into the write."""
+        size = 0
+        for message in delivery:
+            out = self.outgoing(message)
+            if out is None:
+                continue
+            if type(out) is Answer:
+                chunks.extend(out.pieces())
+                size += len(out.head) + len(out.tail)
+            else:
+                data = jsonrpc.encode(out)
+                chunks.append(data)
+                size += len(data)
+        return size
 
 
 @attrs.define
