@@ -187,6 +187,24 @@ class UpstreamProtocol:
         self._open(session, request, now)
         return True
 
+    def take_requests(
+        self, session: Hashable, requests: list[Message], start: int, out: list[Message], now: float
+    ) -> int:
+        """:meth:`forward_fast` for a run of a session's requests: from
+        ``requests[start]`` on, each it takes is appended, rewritten, to ``out``,
+        up to the first it does not take or that raises. Returns that request's
+        index (``len(requests)``: none); the caller hands it to
+        :meth:`client_request`, which answers or raises."""
+        for i in range(start, len(requests)):
+            request = requests[i]
+            try:
+                if not self.forward_fast(session, request, now):
+                    return i
+            except Exception:  # the same again from client_request, answered there
+                return i
+            out.append(request)
+        return len(requests)
+
     def _open(self, session: Hashable, request: Message, now: float) -> int:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)

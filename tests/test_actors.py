@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from actors.daemon import RULES
 from actors.mailbox import OUTBOX_SIZE
 from actors.registry import Registry
 from actors.session import Session
@@ -521,6 +522,11 @@ async def test_one_chunk_of_calls_and_a_cancel_reaches_the_server_in_order(
     assert sent[3]["params"]["requestId"] == upstream_ids[2]
 
 
+@pytest.mark.skipif(
+    RULES == "compiled",
+    reason="the compiled rules call forward_fast directly: a patch of the class cannot reach it "
+    "(what is tested, the actor's containment, is the same Python in both builds)",
+)
 async def test_a_broker_bug_on_a_request_answers_it_and_spares_the_rest(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -328,6 +328,25 @@ upstream_events = st.lists(
 )
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(upstream_requests, max_size=8))
+def test_taking_a_run_of_requests_is_taking_them_one_by_one(requests: list[Any]) -> None:
+    fast, slow = _ready_upstream(), _ready_upstream()
+    ours, theirs = copy.deepcopy(requests), copy.deepcopy(requests)
+    out: list[Any] = []
+    taken = fast.take_requests("A", ours, 0, out, 0.0)
+    expected = []
+    for index, request in enumerate(theirs):
+        if _outcome(slow.forward_fast, "A", request, 0.0) is not True:
+            assert taken == index
+            break
+        expected.append(request)
+    else:
+        assert taken == len(theirs)
+    assert out == expected and ours[: len(out)] == out
+    assert len(fast.requests) == len(slow.requests) and fast.last_active == slow.last_active
+
+
 def _in_shape(shape: str, message: Any) -> bytes:
     """A server's line for ``message``: with its keys in the order of one of the
     compact shapes broker/envelope.py splits, or as generated ("parsed")."""
