@@ -24,7 +24,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-VALID_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+VALID_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # (use fullmatch: "$" admits a final newline)
 MAX_NAME = 128
 DEFAULT_SEPARATOR = "__"
 _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -38,7 +38,7 @@ def short_hash(*parts: str) -> str:
 
 def sanitize(name: str) -> str:
     """``name`` if valid, else its valid characters plus a hash of the original."""
-    if VALID_NAME.match(name):
+    if VALID_NAME.fullmatch(name):
         return name
     cleaned = _INVALID_CHARS.sub("_", name)[: MAX_NAME - HASH_CHARS - 1] or "_"
     return f"{cleaned}-{short_hash(name)}"

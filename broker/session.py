@@ -210,12 +210,7 @@ class SessionProtocol:
                 return i
             if forward is None:
                 return i
-            server, request = forward
-            waiting = forwards.get(server)
-            if waiting is None:
-                forwards[server] = [request]
-            else:
-                waiting.append(request)
+            forwards.setdefault(forward[0], []).append(forward[1])
         return len(lines)
 
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:

@@ -361,11 +361,7 @@ class UpstreamProtocol:
             session = None if answer is None else self.answer_fast(answer)
             if session is None:
                 return i
-            waiting = deliveries.get(session)
-            if waiting is None:
-                deliveries[session] = [answer]
-            else:
-                waiting.append(answer)
+            deliveries.setdefault(session, []).append(answer)
         return len(lines)
 
     def server_gone(self, reason: str) -> list[Deliver]:

@@ -45,7 +45,7 @@ def assigned(items: list[Pair], separator: str = DEFAULT_SEPARATOR) -> dict[Pair
 
 
 def assert_valid(name: str) -> None:
-    assert VALID_NAME.match(name), name
+    assert VALID_NAME.fullmatch(name), name
 
 
 # -- examples ----------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_invalid_names_are_sanitised_with_a_hash() -> None:
 
 
 def test_empty_and_symbol_only_names() -> None:
-    for original in ("", "   ", "ü", "工具", "🔧", "\x00"):
+    for original in ("", "   ", "ü", "工具", "🔧", "\x00", "search\n"):  # ("$" admits "\n")
         assert_valid(sanitize(original))
         assert_valid(qualify(original, original))
     assert sanitize("") != sanitize(" ")
