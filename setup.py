@@ -28,14 +28,15 @@ PURE = {"__init__.py", "config.py"}
 
 
 def compiled_rules() -> list[Extension]:
-    if os.environ.get("MCPBROKER_PURE") or "editable_wheel" in sys.argv:
+    editable = "editable_wheel" in sys.argv or "develop" in sys.argv  # (PEP 660, or legacy)
+    if os.environ.get("MCPBROKER_PURE") or editable:
         return []
     sources = sorted(str(p) for p in Path("broker").glob("*.py") if p.name not in PURE)
     try:
         from mypyc.build import mypycify
 
         extensions: list[Extension] = mypycify(sources, group_name="mcpbroker_rules")
-    except (ImportError, SystemExit, Exception) as exc:  # mypyc refused: install Python
+    except (Exception, SystemExit) as exc:  # no mypyc, or it refused: install Python
         print(f"mcpbroker: broker/ stays Python (mypyc: {exc!r})", file=sys.stderr)
         return []
     for extension in extensions:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -172,3 +173,20 @@ async def test_harness_tiny_run_completes_and_counts() -> None:
 
 def _remove(path: str) -> None:
     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+async def test_counting_per_call_cancels_start_up_and_sees_every_call() -> None:
+    # Each call goes through the session's and the upstream's fast paths exactly
+    # once: the difference of two runs must say 1.00, start-up and shutdown gone.
+    command = [sys.executable, "-m", "benchmarks.count", "lines"]
+    command += ["--clients", "2", "--in-flight", "2", "--calls", "500", "--top", "100"]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    found = re.search(r"([0-9.]+) Python lines and ([0-9.]+) calls per call", out)
+    assert found is not None and float(found[1]) > float(found[2]) > 0, out
+    for function in ("broker/session.py:forward_fast", "broker/upstream.py:answer_fast"):
+        assert re.search(rf"1\.00 calls  {function}$", out, re.MULTILINE), out
