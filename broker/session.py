@@ -199,7 +199,11 @@ class SessionProtocol:
         ``lines[start]`` on, each request that :meth:`forward_fast` takes is added,
         in its server's terms, to that server's list in ``forwards``, up to the
         first line that needs more (not JSON, too long, or anything else). Returns
-        that line's index (``len(lines)``: none); the caller reads it again."""
+        that line's index (``len(lines)``: none); the caller reads it again.
+        Before the handshake (or on a refused session) it takes nothing, so
+        those lines are decoded once, by the caller."""
+        if self.phase is not Phase.OPERATING or self.refusal is not None:
+            return start
         for i in range(start, len(lines)):
             line = lines[i]
             if type(line) is not bytes:
