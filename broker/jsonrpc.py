@@ -1,7 +1,10 @@
 """JSON-RPC 2.0 as MCP uses it: decoding, validation, error objects.
 
 A message is kept as the plain ``dict`` orjson decodes it into; the broker
-reads the few fields it routes on and passes everything else through. What is
+reads the few fields it routes on and passes everything else through. Every
+number survives that: one orjson cannot hold exactly (an integer past 64
+bits, which it would make a float, or ``1e400``, which it refuses) is kept as
+written, as an ``orjson.Fragment`` (:func:`decode`, :func:`needs_exact`). What is
 wrong with a message is raised as :class:`JsonRpcError`, which carries the
 error object to send back (in the spirit of h11's ``error_status_hint``), so
 an actor can answer and go on.
@@ -10,6 +13,8 @@ an actor can answer and go on.
 from __future__ import annotations
 
 import enum
+import json
+import math
 from typing import Any, TypeGuard
 
 import orjson
@@ -70,12 +75,61 @@ def notification(method: str, params: dict[str, Any] | None = None) -> Message:
     return message
 
 
-def decode(line: bytes) -> Any:
-    """Parse one line of JSON, or raise a -32700 :class:`JsonRpcError`."""
+def decode(line: bytes, exact: bool = False) -> Any:
+    """Parse one line of JSON, or raise a -32700 :class:`JsonRpcError`.
+
+    With ``exact`` (for a line :func:`needs_exact` picked out), an integer past
+    64 bits comes back as an ``orjson.Fragment`` of its digits, which encodes
+    as written, instead of the float orjson would make of it. A number past a
+    double's range (``1e400``) is kept likewise in any case.
+    """
     try:
-        return orjson.loads(line)
+        message = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise JsonRpcError(PARSE_ERROR, f"Parse error: {exc}") from None
+        return _beyond_orjson(line, exc)
+    return _EXACT.decode(line.decode()) if exact else message
+
+
+def needs_exact(data: bytes | bytearray) -> bool:
+    """Whether ``data`` may hold an integer orjson cannot keep: a run of 20
+    characters that are digits or minus signs (any integer with fewer digits
+    fits in 64 bits). A false alarm (such a run in a string, or ``2**64 - 1``)
+    only costs the slower exact parse. One pass in C over a copy, so callers
+    check a whole chunk at once."""
+    return _LONG in data.translate(_DIGITS)
+
+
+def _beyond_orjson(line: bytes, error: orjson.JSONDecodeError) -> Any:
+    # JSON has no limit on numbers; orjson refuses one past a double's range.
+    # Anything else orjson refuses (NaN, a lone surrogate, bad UTF-8) is
+    # refused here too: what orjson could not write back is not taken.
+    try:
+        message = _EXACT.decode(line.decode())
+        orjson.dumps(message)
+    except (ValueError, RecursionError, orjson.JSONEncodeError):
+        raise JsonRpcError(PARSE_ERROR, f"Parse error: {error}") from None
+    return message
+
+
+def _exact_int(text: str) -> Any:
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else orjson.Fragment(text)
+
+
+def _exact_float(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else orjson.Fragment(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+_EXACT = json.JSONDecoder(
+    parse_int=_exact_int, parse_float=_exact_float, parse_constant=_no_constant
+)
+_DIGITS = bytes(ord("0") if b in b"-0123456789" else b for b in range(256))
+_LONG = b"0" * 20
 
 
 def encode(message: Any) -> bytes:

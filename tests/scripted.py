@@ -40,6 +40,7 @@ class ScriptedServer:
             {"uriTemplate": f"mem://{label}/notes/{{id}}", "name": "note"}
         ]
         self.received: list[Any] = []
+        self.lines: list[bytes] = []  # what was received, as the bytes of each line
         self.launches = 0
         self.links: list[MemoryLink] = []
 
@@ -102,6 +103,7 @@ class MemoryLink:
                     break
                 for line in framer.feed(data):
                     assert isinstance(line, bytes)
+                    self.script.lines.append(line)
                     message = jsonrpc.decode(line)
                     self.script.received.append(message)
                     if "id" in message and "method" in message:

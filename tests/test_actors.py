@@ -187,6 +187,58 @@ async def test_an_answer_reaches_the_client_as_the_server_wrote_it(
         assert data == client_line.encode() + b"\n"
 
 
+# Integers orjson cannot hold (past 64 bits: it would make them floats), and a
+# number past a double's range (orjson refuses it), as JSON allows them.
+BIG_INTEGERS = b'{"big":1180591620717411303425,"low":-9223372036854775809}'
+BIG_NUMBERS = b'{"big":1180591620717411303425,"low":-9223372036854775809,"huge":1e400}'
+
+
+@pytest.mark.parametrize(
+    ("arguments", "step"), [(BIG_INTEGERS, None), (BIG_INTEGERS, 7), (BIG_NUMBERS, None)]
+)
+async def test_a_clients_numbers_reach_the_server_as_written(
+    nursery: trio.Nursery, arguments: bytes, step: int | None
+) -> None:
+    # ``step``: the line arrives in pieces, each number cut by one.
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    line = b'{"jsonrpc":"2.0","id":"n","method":"tools/call","params":{"name":"echo",'
+    line += b'"arguments":' + arguments + b"}}\n"
+    pieces = [line] if step is None else [line[i : i + step] for i in range(0, len(line), step)]
+    for piece in pieces:
+        await client.stream.send_all(piece)
+        await trio.testing.wait_all_tasks_blocked()  # each piece read on its own
+    response = await client.receive()
+    assert response["id"] == "n" and "result" in response
+    (sent,) = [raw for raw in script.lines if b'"echo"' in raw]
+    assert b'"arguments":' + arguments in sent
+
+
+async def test_a_servers_numbers_reach_the_client_as_written(nursery: trio.Nursery) -> None:
+    # Lines the broker parses (not an answer in a compact shape): a
+    # notification, and an answer written with spaces.
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    spaced = '{"jsonrpc": "2.0", "id": ID, "result": ' + BIG_NUMBERS.decode() + "}"
+    notice = '{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info",'
+    notice += '"data":' + BIG_NUMBERS.decode() + "}}"
+    for id, server_line in (("s1", notice), ("s2", spaced)):
+        await client.send(
+            {
+                "jsonrpc": "2.0",
+                "id": id,
+                "method": "tools/call",
+                "params": call("raw", line=server_line),
+            }
+        )
+    data = b""
+    while data.count(b"\n") < 2:
+        data += await client.stream.receive_some()
+    assert data.count(BIG_NUMBERS) == 2, data
+
+
 async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     client = await open_client(nursery, await start_upstream(nursery, script))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker import jsonrpc
 from broker.jsonrpc import (
@@ -15,6 +18,7 @@ from broker.jsonrpc import (
     classify,
     decode,
     encode,
+    needs_exact,
 )
 
 
@@ -135,6 +139,62 @@ def test_decode_bad_json_is_parse_error(line: bytes) -> None:
         decode(line)
     assert (info.value.code, info.value.id) == (PARSE_ERROR, None)
     assert info.value.to_response()["error"]["code"] == PARSE_ERROR
+
+
+# Lines orjson refuses whatever their numbers: refused the same when the
+# exact parser (more lenient) is asked to read them.
+@pytest.mark.parametrize(
+    "line", [b"NaN", b'{"a":Infinity}', b'"\\ud800"', b'["\xff"]', b"[1e400,", b"[" * 2000]
+)
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_decoding_refuses_what_orjson_refuses(line: bytes, exact: bool) -> None:
+    with pytest.raises(JsonRpcError) as info:
+        decode(line, exact)
+    assert info.value.code == PARSE_ERROR
+
+
+@pytest.mark.parametrize(
+    ("line", "exact"),
+    [
+        (b"18446744073709551616", True),  # 2**64
+        (b"-9223372036854775809", True),  # -(2**63) - 1
+        (b"18446744073709551615", True),  # 2**64 - 1 fits: a false alarm, harmless
+        (b'"12345678901234567890"', True),  # in a string: likewise
+        (b"1234567890123456789", False),  # nineteen digits always fit
+        (b"-999999999999999999", False),
+        (b'{"id":12345,"n":-1.5}', False),
+    ],
+)
+def test_needs_exact_spots_every_integer_past_64_bits(line: bytes, exact: bool) -> None:
+    assert needs_exact(line) is exact
+    assert encode(decode(line, exact)) == line + b"\n"
+
+
+def test_a_number_past_a_doubles_range_is_kept_as_written() -> None:
+    # orjson refuses these; JSON does not.
+    assert encode(decode(b"[1e400,-2E+999,1.5]")) == b"[1e400,-2E+999,1.5]\n"
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.integers(min_value=-(10**19), max_value=-(2**63) - 1)  # 19 digits, yet too low
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.characters(exclude_categories=["Cs"])),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(JSON_VALUES)
+def test_every_number_survives_decoding_and_encoding(value: Any) -> None:
+    # The standard library's json keeps integers exactly: what it reads from the
+    # broker's encoding must equal what it wrote.
+    line = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    assert json.loads(encode(decode(line, needs_exact(line)))) == value
 
 
 def test_encode_appends_newline() -> None:
