@@ -215,6 +215,18 @@ async def test_a_clients_numbers_reach_the_server_as_written(
     assert b'"arguments":' + arguments in sent
 
 
+async def test_an_id_past_64_bits_is_refused_and_the_session_goes_on(
+    nursery: trio.Nursery,
+) -> None:
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    await client.stream.send_all(b'{"jsonrpc":"2.0","id":123456789012345678901,"method":"ping"}\n')
+    refused = await client.receive()
+    assert refused["id"] is None and refused["error"]["code"] == jsonrpc.INVALID_REQUEST
+    assert "result" in await client.request("tools/call", call("echo"))
+
+
 async def test_a_servers_numbers_reach_the_client_as_written(nursery: trio.Nursery) -> None:
     # Lines the broker parses (not an answer in a compact shape): a
     # notification, and an answer written with spaces.

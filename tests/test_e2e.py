@@ -28,6 +28,8 @@ async def test_sdk_client_lists_and_calls_tools_of_an_sdk_server(socket_path: st
             tools = await client.list_tools()
             assert {"pid", "echo", "slow"} <= {tool.name for tool in tools.tools}
             assert text_of(await client.call_tool("echo", {"text": "héllo"})) == "héllo"
+            for n in (2**70 + 1, -(2**63) - 1):  # past 64 bits: as a float, the digits change
+                assert text_of(await client.call_tool("digits", {"n": n})) == str(n)
             resource = await client.read_resource("test://sdk-test-server/hello")
             assert resource.contents[0].text == "hello from sdk-test-server"
             prompt = await client.get_prompt("review", {"code": "x = 1"})

@@ -40,6 +40,12 @@ def echo(text: str) -> str:
 
 
 @server.tool()
+def digits(n: int) -> str:
+    """The integer's digits, as the server received it."""
+    return str(n)
+
+
+@server.tool()
 async def slow(seconds: float, ctx: Context) -> str:
     """Sleep, reporting progress every 0.1 s."""
     steps = max(1, int(seconds * 10))
