@@ -53,14 +53,31 @@ def machine_busy_seconds() -> float | None:
     Compared with the CPU time of the processes a benchmark watches, it shows
     how much of the machine something else was using meanwhile.
     """
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    fields = _proc_stat()
+    if fields is None:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    steal = fields[7] if len(fields) > 7 else 0  # another VM's time, not ours
-    return (sum(fields[:8]) - idle - steal) / _TICKS
+    return (sum(fields[:8]) - idle - _steal(fields)) / _TICKS
+
+
+def machine_stolen_seconds() -> float | None:
+    """CPU time the hypervisor gave other virtual machines while ours wanted it
+    ("steal" in /proc/stat; Linux, else None): a slow run with much stolen time
+    measured the host, not the broker."""
+    fields = _proc_stat()
+    return None if fields is None else _steal(fields) / _TICKS
+
+
+def _proc_stat() -> list[int] | None:
+    try:
+        with open("/proc/stat", "rb") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _steal(fields: list[int]) -> int:
+    return fields[7] if len(fields) > 7 else 0
 
 
 def memory(pid: int) -> Memory:

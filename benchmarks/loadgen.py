@@ -52,6 +52,7 @@ def _cpu(watch: dict[str, int], engine: Engine) -> dict[str, float | None]:
     usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, not clock ticks
     sample["loadgen"] = usage.ru_utime + usage.ru_stime
     sample["machine"] = bench_proc.machine_busy_seconds()
+    sample["stolen"] = bench_proc.machine_stolen_seconds()
     children = [c.pid for c in engine.clients if c.pid is not None]
     if children:
         sample["clients"] = sum(bench_proc.cpu_seconds(pid) or 0.0 for pid in children)

@@ -75,8 +75,20 @@ def others(out: dict[str, Any]) -> float | None:
     cpu, elapsed = out["cpu_s"], out["result"]["elapsed_s"]
     if "machine" not in cpu or elapsed < 1.0:  # /proc/stat counts 10 ms ticks
         return None
-    ours = sum(v for k, v in cpu.items() if k != "machine")
+    ours = sum(v for k, v in cpu.items() if k not in MACHINE)
     return float(max(0.0, cpu["machine"] - ours) / elapsed)
+
+
+def stolen(out: dict[str, Any]) -> float | None:
+    """Share of a core the hypervisor gave to other machines during the window."""
+    cpu, elapsed = out["cpu_s"], out["result"]["elapsed_s"]
+    if cpu.get("stolen") is None or elapsed < 1.0:
+        return None
+    return float(cpu["stolen"] / elapsed)
+
+
+# What the load generator samples of the whole machine, beside the processes.
+MACHINE = ("machine", "stolen")
 
 
 def _errors(result: dict[str, Any]) -> str:
@@ -92,15 +104,14 @@ def load_rows(paths: dict[str, dict[str, Any]], cpu_names: list[str]) -> list[st
     """One row per path (broker, direct) and a ratio row."""
     header = ["path", "calls", "calls/s", "p50 µs", "p99 µs", "p99.9 µs", "errors"]
     header += [f"{n} CPU µs/call (use)" for n in cpu_names]
-    header.append("other load")
+    header += ["other load", "stolen"]
     rows = []
     for label, out in paths.items():
         r, lat = out["result"], out["result"]["latency_us"]
         row = [label, _num(r["calls"]), _num(r["throughput"]), _num(lat["p50"])]
         row += [_num(lat["p99"]), _num(lat["p99.9"]), _errors(r)]
         row += [f"{_per_call_us(out, n)} ({_use(out, n)})" for n in cpu_names]
-        other = others(out)
-        row.append("n/a" if other is None else f"{other:.0%}")
+        row += [_share(others(out)), _share(stolen(out))]
         rows.append(row)
     if len(paths) == 2:
         (_, a), (_, b) = paths.items()
@@ -111,6 +122,10 @@ def load_rows(paths: dict[str, dict[str, Any]], cpu_names: list[str]) -> list[st
         ]
         rows.append(ratio + [""] * (len(header) - len(ratio)))
     return _table(header, rows)
+
+
+def _share(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
 
 
 def _ratio(a: float | None, b: float | None, digits: int) -> str:

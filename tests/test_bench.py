@@ -166,6 +166,9 @@ async def test_harness_tiny_run_completes_and_counts() -> None:
         result = results["latency"][path]["result"]
         assert (result["calls"], result["ok"], result["errors"], result["lost"]) == (40, 40, {}, 0)
     assert results["latency"]["broker"]["cpu_s"]["daemon"] >= 0
+    if os.path.exists("/proc/stat"):  # the host's share, to tell a slow host from a slow broker
+        assert results["latency"]["broker"]["cpu_s"]["stolen"] >= 0
+        assert "| other load | stolen |" in done.stdout.decode()
     assert results["idle"]["clients"] == 4
     assert results["idle"]["after"]["daemon"]["rss"] > 0
     assert "### Targets" in done.stdout.decode()
