@@ -147,22 +147,11 @@ class Session:
             # chunk, not per request. Anything else first sends what is
             # gathered, so every server hears this session's messages in order.
             forwards: dict[str, list[Message]] = {}
-            held = framer.pending
             lines, i = framer.feed(data), 0
-            # An integer past 64 bits must reach the server as the client wrote
-            # it: a chunk that may hold one (rare) is read exactly, line by line.
-            # A line begun in an earlier chunk is checked whole.
-            exact = jsonrpc.needs_exact(data) or (
-                held > 0
-                and bool(lines)
-                and type(lines[0]) is bytes
-                and jsonrpc.needs_exact(lines[0])
-            )
             while True:
                 # The hot path: calls to pass on, as many as come in a row; the
                 # line after them is handled here.
-                if not exact:
-                    i = self._protocol.take_forwards(lines, i, forwards)
+                i = self._protocol.take_forwards(lines, i, forwards)
                 if i == len(lines):
                     break
                 line, i = lines[i], i + 1
@@ -170,7 +159,7 @@ class Session:
                     await self._reply(line.error_response(self._settings.max_message_bytes))
                     continue
                 try:
-                    message = jsonrpc.decode(line, exact)
+                    message = jsonrpc.decode(line)
                 except JsonRpcError as exc:
                     await self._reply(exc.to_response())
                     continue

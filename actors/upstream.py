@@ -458,7 +458,7 @@ class Upstream:
                     self._log.error("server.message_too_large", size=line.size)
                     continue
                 try:
-                    message = jsonrpc.decode(line, jsonrpc.needs_exact(line))
+                    message = jsonrpc.decode(line)
                     session = self._protocol.response_fast(message)
                     if session is not None:  # an answer in another shape
                         deliveries[session].append(message)

@@ -73,9 +73,8 @@ class Answer:
         """The answer parsed, for the rare reader that must look inside (a
         batch, the broker's own requests); an error response for its id if the
         server's line is not JSON."""
-        line = self.encode()
         try:
-            return jsonrpc.decode(line, jsonrpc.needs_exact(line))
+            return jsonrpc.decode(self.encode())
         except jsonrpc.JsonRpcError as exc:
             return jsonrpc.error_response(
                 self.id, jsonrpc.INTERNAL_ERROR, f"The server's answer is not JSON ({exc.message})"

@@ -4,7 +4,7 @@ A message is kept as the plain ``dict`` orjson decodes it into; the broker
 reads the few fields it routes on and passes everything else through. Every
 number survives that: one orjson cannot hold exactly (an integer past 64
 bits, which it would make a float, or ``1e400``, which it refuses) is kept as
-written, as an ``orjson.Fragment`` (:func:`decode`, :func:`needs_exact`). What is
+written, as an ``orjson.Fragment`` (:func:`decode`). What is
 wrong with a message is raised as :class:`JsonRpcError`, which carries the
 error object to send back (in the spirit of h11's ``error_status_hint``), so
 an actor can answer and go on.
@@ -75,28 +75,26 @@ def notification(method: str, params: dict[str, Any] | None = None) -> Message:
     return message
 
 
-def decode(line: bytes, exact: bool = False) -> Any:
+def decode(line: bytes) -> Any:
     """Parse one line of JSON, or raise a -32700 :class:`JsonRpcError`.
 
-    With ``exact`` (for a line :func:`needs_exact` picked out), an integer past
-    64 bits comes back as an ``orjson.Fragment`` of its digits, which encodes
-    as written, instead of the float orjson would make of it. A number past a
-    double's range (``1e400``) is kept likewise in any case.
+    Every number comes back as written: one orjson cannot hold (an integer
+    past 64 bits, which it would make a float; ``1e400``, which it refuses)
+    as an ``orjson.Fragment`` of its text, which orjson encodes unchanged.
     """
     try:
         message = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         return _beyond_orjson(line, exc)
-    return _EXACT.decode(line.decode()) if exact else message
+    return _EXACT.decode(line.decode()) if needs_exact(line) else message
 
 
-def needs_exact(data: bytes | bytearray) -> bool:
-    """Whether ``data`` may hold an integer orjson cannot keep: a run of 20
+def needs_exact(line: bytes) -> bool:
+    """Whether ``line`` may hold an integer orjson cannot keep: a run of 20
     characters that are digits or minus signs (any integer with fewer digits
     fits in 64 bits). A false alarm (such a run in a string, or ``2**64 - 1``)
-    only costs the slower exact parse. One pass in C over a copy, so callers
-    check a whole chunk at once."""
-    return _LONG in data.translate(_DIGITS)
+    only costs the slower exact parse. One pass in C over a copy of the line."""
+    return _LONG in line.translate(_DIGITS)
 
 
 def _beyond_orjson(line: bytes, error: orjson.JSONDecodeError) -> Any:
