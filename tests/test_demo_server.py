@@ -186,11 +186,14 @@ async def test_tool_errors() -> None:
                 ("payload", {"size": -1}),
                 ("payload", {"size": 1.5}),
                 ("slow", {"steps": 0}),
+                ("add", {"a": 2**70, "b": 1}),  # a number, but past 64 bits
             ]
             for name, arguments in bad:
                 result = await session.call_tool(name, arguments)
                 assert result.is_error, (name, arguments)
                 assert "argument" in text_of(result)
+            big = await session.call_tool("add", {"a": 2**70, "b": 1})
+            assert "past what this server computes with" in text_of(big)  # not "not a number"
             # The server is still fine.
             assert text_of(await session.call_tool("echo", {"text": "ok"})) == "ok"
 
