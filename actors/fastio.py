@@ -62,6 +62,18 @@ class FastIO:
         if self._calls % CHECKPOINT_EVERY == 0:
             await trio.lowlevel.checkpoint()
 
+    def send_nowait(self, data: bytes) -> int:
+        """Write what the descriptor takes now, without waiting; how many bytes
+        that was (0 for a stream that is not a descriptor: use :meth:`send_all`).
+        Raises ``ClosedResourceError`` or ``OSError`` (a broken pipe) as a write would."""
+        if self._fileno is None:
+            return 0
+        self._check()
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            return 0
+
     def _check(self) -> None:
         assert self._fileno is not None
         if self._fileno() != self._fd:

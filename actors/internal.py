@@ -30,8 +30,9 @@ class InternalClient:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        async for delivery in self._receive:
-            for message in delivery:
+        async for messages, size in self._receive:
+            self.handle.written(size)
+            for message in messages:
                 if isinstance(message, Answer):
                     message = message.read()
                 if isinstance(message, dict) and "method" not in message:

@@ -3,8 +3,10 @@
 Upstreams hold a :class:`SessionHandle` for every session they serve and put
 responses and notifications into its outbound queue with :meth:`deliver`,
 which never waits: the reader of a shared server must never block on one
-slow client. A session whose queue is full is disconnected, with the reason
-logged, and the others carry on.
+slow client. The queue is bounded twice: in deliveries (:data:`OUTBOX_SIZE`)
+and in bytes (``broker.maxQueuedBytes``, counted from the bytes each message
+had on the wire, or will have). A session past either bound is not reading:
+it is disconnected, with the reason logged, and the others carry on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import attrs
 import trio
 
+from broker.config import DEFAULT_MAX_QUEUED_BYTES
 from broker.envelope import Answer
 from broker.jsonrpc import Message
 
@@ -29,34 +32,73 @@ OUTBOX_SIZE = 1024
 # server's answer passed on unparsed (broker/envelope.py).
 Outgoing = Message | list[Message] | Answer
 
+# What a message the broker made itself (an error, a list_changed) is counted
+# as, when nobody measured it: more than most such messages take.
+SMALL_MESSAGE = 512
+
+# One entry of the outbound queue: messages, and the bytes they are counted as.
+Delivery = tuple[list[Outgoing], int]
+
 _session_ids = itertools.count(1)
 
 
 @attrs.define(eq=False)
 class SessionHandle:
-    outbox: trio.MemorySendChannel[list[Outgoing]]
+    outbox: trio.MemorySendChannel[Delivery]
     cancel_scope: trio.CancelScope
     id: int = attrs.field(factory=lambda: next(_session_ids))
     close_reason: str | None = None
     internal: bool = False  # the broker's own requests (catalog fetches), not a client
+    max_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    queued_bytes: int = 0  # delivered and not yet written (see :meth:`written`)
 
-    def deliver(self, message: Outgoing) -> None:
+    def deliver(self, message: Outgoing, size: int = SMALL_MESSAGE) -> None:
         """Queue a message for the client without waiting; never raises."""
-        self.deliver_all([message])
+        self.deliver_all([message], size)
 
-    def deliver_all(self, messages: list[Outgoing]) -> None:
+    def deliver_all(self, messages: list[Outgoing], size: int) -> None:
         """Queue messages for the client, in order, as one delivery; never raises.
 
-        One delivery rather than one per message: a server's read that answers
-        many of this session's requests costs the session's queue one slot and
-        its writer one wake-up.
+        ``size`` is the bytes they count for. One delivery rather than one per
+        message: a server's read that answers many of this session's requests
+        costs the session's queue one slot and its writer one wake-up.
         """
+        queued = self.queued_bytes
+        if queued + size > self.max_bytes and queued and not self.internal:
+            self.disconnect(
+                f"outbound queue full ({queued} bytes waiting, the limit is "
+                f"broker.maxQueuedBytes = {self.max_bytes}): client not reading"
+            )
+            return
         try:
-            self.outbox.send_nowait(messages)
+            self.outbox.send_nowait((messages, size))
         except trio.WouldBlock:
-            self.disconnect(f"outbound queue full ({OUTBOX_SIZE} messages): client not reading")
+            self.disconnect(f"outbound queue full ({OUTBOX_SIZE} deliveries): client not reading")
+            return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the session is already gone; what it would have got goes with it
+            return  # the session is already gone; what it would have got goes with it
+        self.queued_bytes = queued + size
+
+    async def send(self, messages: list[Outgoing], size: int) -> None:
+        """Queue messages of the session's own (its answers to its client): waits
+        while the queue is full of deliveries (it is the client's own reader that
+        waits), and disconnects past the byte limit as :meth:`deliver_all` does."""
+        if self.queued_bytes + size > self.max_bytes and self.queued_bytes:
+            self.deliver_all(messages, size)  # (says why, and disconnects)
+            return
+        self.queued_bytes += size
+        try:
+            try:
+                self.outbox.send_nowait((messages, size))  # no checkpoint when there is room
+            except trio.WouldBlock:
+                await self.outbox.send((messages, size))
+        except BaseException:
+            self.queued_bytes -= size
+            raise
+
+    def written(self, size: int) -> None:
+        """The session wrote (or dropped) deliveries counted as ``size`` bytes."""
+        self.queued_bytes -= size
 
     def disconnect(self, reason: str) -> None:
         if self.close_reason is None:
@@ -67,8 +109,5 @@ class SessionHandle:
         return f"<session {self.id}>"
 
 
-def open_outbox() -> tuple[
-    trio.MemorySendChannel[list[Outgoing]],
-    trio.MemoryReceiveChannel[list[Outgoing]],
-]:
+def open_outbox() -> tuple[trio.MemorySendChannel[Delivery], trio.MemoryReceiveChannel[Delivery]]:
     return trio.open_memory_channel[Any](OUTBOX_SIZE)

@@ -20,10 +20,12 @@ from broker.jsonrpc import Message
 
 @attrs.define  # not frozen: one per chunk read on the hot path (benchmarks/README.md)
 class ClientRequest:
-    """Requests from one session, in the order it sent them."""
+    """Requests from one session, in the order it sent them, and the bytes they
+    are counted as (at most what the read that produced them held)."""
 
     session: SessionHandle
     messages: list[Message]
+    size: int = 0
 
 
 @attrs.frozen

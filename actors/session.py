@@ -26,7 +26,7 @@ import trio
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
 from actors.logs import get_logger
-from actors.mailbox import Outgoing, SessionHandle, open_outbox
+from actors.mailbox import SMALL_MESSAGE, Delivery, Outgoing, SessionHandle, open_outbox
 from actors.registry import Registry
 from actors.server_actor import (
     Attach,
@@ -100,8 +100,10 @@ class Session:
         self.is_control = False  # a control connection (``mcpbroker status``), not MCP
         self._started = trio.current_time()
         self._outbox_send, self._outbox = open_outbox()
-        self._handle = SessionHandle(self._outbox_send, trio.CancelScope())
-        self._protocol = SessionProtocol(tuple(upstreams), registry)
+        self._handle = SessionHandle(
+            self._outbox_send, trio.CancelScope(), max_bytes=settings.max_queued_bytes
+        )
+        self._protocol = self._new_protocol(tuple(upstreams))
         self._attached: list[ServerActor] | None = None  # set once initialized
         self._client_closed = False
         self._drained = trio.Event()
@@ -124,6 +126,7 @@ class Session:
                     self._outbox_send.close()
                     nursery.cancel_scope.deadline = trio.current_time() + FLUSH_SECONDS
         finally:
+            self._outbox.close()  # what was still queued goes now, not with the last reference
             with trio.CancelScope(shield=True):
                 await self._detach()
                 await self._stream.aclose()
@@ -147,6 +150,7 @@ class Session:
             # chunk, not per request. Anything else first sends what is
             # gathered, so every server hears this session's messages in order.
             forwards: dict[str, list[Message]] = {}
+            size = framer.pending + len(data)  # what this read's requests are counted as
             lines, i = framer.feed(data), 0
             while True:
                 # The hot path: calls to pass on, as many as come in a row; the
@@ -172,14 +176,14 @@ class Session:
                             return
                         continue
                 if forwards:
-                    await self._send_forwards(forwards)
+                    await self._send_forwards(forwards, size)
                     forwards.clear()
                 for action in self._protocol.receive(message):
                     await self._execute(action)
             if forwards:
-                await self._send_forwards(forwards)
+                await self._send_forwards(forwards, size)
 
-    async def _send_forwards(self, forwards: dict[str, list[Message]]) -> None:
+    async def _send_forwards(self, forwards: dict[str, list[Message]], size: int) -> None:
         for server, messages in forwards.items():
             upstream = self._upstreams.get(server)
             if upstream is None:  # a routing bug, not a client error: say so
@@ -190,7 +194,7 @@ class Session:
                         )
                     )
                 continue
-            await upstream.send(ClientRequest(self._handle, messages))
+            await upstream.send(ClientRequest(self._handle, messages, size))
 
     def _take_hello(self, message: object) -> str | None:
         """Apply a first-line hello: None if the line was MCP, else its command ("" if none)."""
@@ -201,11 +205,16 @@ class Session:
             if hello.command is not None:
                 return hello.command
             view = resolve_view(hello, self._upstreams)
-            self._protocol = SessionProtocol(view, self._registry, transparent=hello.transparent)
+            self._protocol = self._new_protocol(view, transparent=hello.transparent)
         except HelloError as exc:
             self._log.warning("session.bad_hello", error=str(exc))
-            self._protocol = SessionProtocol((), self._registry, refusal=str(exc))
+            self._protocol = self._new_protocol((), refusal=str(exc))
         return ""
+
+    def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
+        return SessionProtocol(
+            view, self._registry, max_in_flight=self._settings.max_in_flight, **options
+        )
 
     async def _run_command(self, command: str) -> None:
         """Answer a control command with one line of JSON; the connection then closes."""
@@ -227,7 +236,7 @@ class Session:
 
     async def _execute(self, action: Action) -> None:
         if isinstance(action, Forward):
-            await self._send_forwards({action.server: [action.message]})
+            await self._send_forwards({action.server: [action.message]}, SMALL_MESSAGE)
         elif isinstance(action, Reply):
             await self._reply(action.message)
             if self._protocol.phase is Phase.OPERATING and self._attached is None:
@@ -250,10 +259,9 @@ class Session:
                 await upstream.send(ClientNotification(self._handle, action.message))
 
     async def _reply(self, message: Outgoing) -> None:
-        try:
-            self._outbox_send.send_nowait([message])  # no checkpoint when there is room
-        except trio.WouldBlock:
-            await self._outbox_send.send([message])
+        """Queue an answer of the session's own. Unlike an upstream's delivery it may
+        wait for room: the only reader held up is this client's own."""
+        await self._handle.send([message], _size_of(message))
 
     async def _attach(self) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
@@ -283,16 +291,18 @@ class Session:
             if not await self._write_out(delivery):
                 return
 
-    async def _write_out(self, delivery: list[Outgoing]) -> bool:
+    async def _write_out(self, delivery: Delivery) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
         chunks: list[Bytes] = []
-        size = self._protocol.encode_delivery(delivery, chunks)
+        size = self._protocol.encode_delivery(delivery[0], chunks)
+        counted = delivery[1]
         while size < WRITE_BATCH_BYTES:
             try:
                 delivery = self._outbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            size += self._protocol.encode_delivery(delivery, chunks)
+            size += self._protocol.encode_delivery(delivery[0], chunks)
+            counted += delivery[1]
         if chunks:
             try:
                 with map_transport_errors():
@@ -300,6 +310,15 @@ class Session:
             except TransportClosed:
                 self._handle.disconnect("client closed the connection")
                 return False
+        self._handle.written(counted)
         if self._client_closed and not self._protocol.inflight:
             self._drained.set()
         return True
+
+
+def _size_of(message: Outgoing) -> int:
+    """The bytes an answer of the session's own will take on the wire."""
+    try:
+        return len(jsonrpc.encode(message))
+    except TypeError:  # (the writer answers for what it cannot encode)
+        return SMALL_MESSAGE

@@ -178,8 +178,10 @@ class PooledServer(ServerGroup):
 
     async def send(self, item: InboxItem) -> None:
         if isinstance(item, ClientRequest):
+            size = item.size // max(1, len(item.messages))
             for message in item.messages:  # each to the least busy instance
-                await self._pick(item.session, message).send(ClientRequest(item.session, [message]))
+                instance = self._pick(item.session, message)
+                await instance.send(ClientRequest(item.session, [message], size))
             return
         if isinstance(item, Attach):
             self._assigned[item.session] = min(

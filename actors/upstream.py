@@ -3,17 +3,25 @@
 Three kinds of task serve it:
 
 - the dispatcher takes client requests, cancellations and session arrivals
-  and departures from the inbox (one bounded channel, so a session that
-  outpaces the server waits), rewrites them with :class:`UpstreamProtocol`
-  and writes what is ready (up to :data:`DISPATCH_BATCH` items) in one
-  ``send_all``;
+  and departures from the inbox (one channel, bounded in items and bytes),
+  rewrites them with :class:`UpstreamProtocol` and writes what is ready (up
+  to :data:`DISPATCH_BATCH` items) in one write;
 - the reader turns the server's stdout into responses and notifications and
   delivers them with :meth:`SessionHandle.deliver`, which never waits;
 - the supervisor starts the process, runs the ``initialize`` handshake, and
   when the process dies fails every request in flight with an error naming
   the server, then restarts it with exponential backoff.
 
-A request that arrives while the server is starting waits for the handshake;
+**The dispatcher never waits** on the server, so one server that stops
+reading, or takes its time to start, never holds up a session's requests to
+other servers, nor other sessions (they all wait on this inbox only while
+the dispatcher is busy with the CPU). Writes go through :meth:`_send_nowait`:
+what the pipe does not take at once waits in a backlog, bounded in bytes
+(``broker.maxQueuedBytes``), that a writer task drains. A request that comes
+while the backlog is full is answered at once (-32005); one already in it is
+answered by its timeout like any other. A request that arrives while the
+server is starting is parked, bounded likewise, and handled once the
+handshake is done (or answered with an error if the server fails to start);
 one that arrives while it is down is answered at once with an error.
 """
 
@@ -29,7 +37,7 @@ import trio
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
 from actors.logs import get_logger
-from actors.mailbox import Outgoing, SessionHandle
+from actors.mailbox import SMALL_MESSAGE, Outgoing, SessionHandle
 from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from actors.server_actor import (
     Attach,
@@ -46,7 +54,7 @@ from actors.server_actor import (
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
-from broker.jsonrpc import INTERNAL_ERROR, JsonRpcError, Message
+from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -61,6 +69,9 @@ from broker.upstream import (
 )
 
 INBOX_SIZE = 256
+# Bytes of client requests the inbox may hold (each item is counted as the
+# read it came from); past this a session's reader waits for the dispatcher.
+INBOX_BYTES = 32 * 1024 * 1024
 # Inbox items (each one session's requests from one read) written to the
 # server together at most. Everything ready in one write costs the fewest
 # system calls but makes the server wait for the whole batch and the broker
@@ -75,11 +86,12 @@ BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
 STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
-# Messages of the broker's own (ping replies, cancellations) that may wait for
-# a server to read them. A server that sends requests while it does not read
-# its input would otherwise grow that queue without end: past this, it is
-# taken as stuck, stopped and restarted.
-CONTROL_LIMIT = 4096
+# Bytes of the broker's own messages (ping replies, cancellations) that may wait
+# for a server beyond the backlog's limit (client requests stop at the limit,
+# these do not). A server that sends requests while it does not read its input
+# would otherwise grow the backlog without end: past this, it is taken as
+# stuck, stopped and restarted.
+CONTROL_SLACK = 1024 * 1024
 
 
 _NOT_YET = (Status.IDLE, Status.STARTING)
@@ -105,11 +117,25 @@ class Upstream:
         self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         # Items sent and not yet handled (a channel hands an item straight to a
-        # waiting receiver, so its buffer alone undercounts).
+        # waiting receiver, so its buffer alone undercounts), and their bytes.
         self._queued = 0
+        self._queued_bytes = 0
+        self._inbox_room = trio.Event()  # set whenever the inbox's bytes fall below the limit
+        self._inbox_room.set()
+        # Requests that came while the server was starting, handled once it is ready.
+        self._parked: list[ClientRequest] = []
+        self._parked_bytes = 0
+        # What the server's stdin did not take yet, drained by the writer task.
+        self._backlog: list[bytes] = []
+        self._backlog_bytes = 0
+        self._writing = False  # the writer holds bytes taken from the backlog
+        self._backlog_ready = trio.Event()
+        self._max_backlog = settings.max_queued_bytes
         self._requests = 0
         self._timeouts_count = 0
-        self._protocol = UpstreamProtocol(name, self._timeouts, numbering)
+        self._protocol = UpstreamProtocol(
+            name, self._timeouts, numbering, settings.max_server_in_flight
+        )
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
@@ -117,9 +143,6 @@ class Upstream:
             self._start_requested.set()
         self.events = events
         self._stdin: FastIO | None = None
-        self._write_lock = trio.StrictFIFOLock()
-        self._control_out: list[Message] = []  # see _write_soon
-        self._control_writing = False
         self._abandoned: str | None = None  # why the broker stopped this process, if it did
         self._process_nursery: trio.Nursery | None = None
         self._pid: int | None = None
@@ -129,14 +152,19 @@ class Upstream:
     # -- the actor's public face -------------------------------------------
 
     async def send(self, item: InboxItem) -> None:
-        count = _count(item)
+        while self._queued_bytes >= INBOX_BYTES:
+            await self._inbox_room.wait()
+        count, size = _count(item), _size(item)
         self._queued += count
+        self._queued_bytes += size
+        if self._queued_bytes >= INBOX_BYTES:
+            self._inbox_room = trio.Event()
         try:
             self._inbox_send.send_nowait(item)  # no checkpoint when there is room
         except trio.WouldBlock:
             await self._inbox_send.send(item)
         except BaseException:
-            self._queued -= count
+            self._taken(item)
             raise
 
     @property
@@ -194,23 +222,32 @@ class Upstream:
             out: list[Message] = []
             now = trio.current_time()
             for item in batch:
-                if isinstance(item, ClientRequest) and self._status in _NOT_YET:
-                    await self._write(out)
-                    out = []
-                    await self._wait_not_starting()
-                    now = trio.current_time()
                 try:
                     out.extend(self._handle(item, now))
                 except Exception:  # a bug of the broker's: this item only, not the daemon
                     self._log.exception("server.inbox_item_failed", item=type(item).__name__)
-                self._queued -= _count(item)
-            await self._write(out)
+                self._taken(item)
+            self._send_nowait(out)
+
+    def _taken(self, item: InboxItem) -> None:
+        """An inbox item left the inbox: count it out."""
+        self._queued -= _count(item)
+        self._queued_bytes -= _size(item)
+        if self._queued_bytes < INBOX_BYTES:
+            self._inbox_room.set()
 
     def _handle(self, item: InboxItem, now: float) -> list[Message]:
         protocol = self._protocol
         if isinstance(item, ClientRequest):
+            if self._status in _NOT_YET:
+                self._park(item)
+                return []
+            if self._backlog_bytes >= self._max_backlog:
+                self._refuse(item, f"is not reading its input ({self._backlog_bytes} bytes wait)")
+                return []
             return self._forward(item.session, item.messages, now)
         if isinstance(item, ClientCancelled):
+            self._unpark_cancelled(item.session, item.params.get("requestId"))
             out = protocol.client_cancelled(item.session, item.params)
         elif isinstance(item, ClientResponse):
             out = protocol.client_response(item.session, item.message)
@@ -222,8 +259,51 @@ class Upstream:
         elif isinstance(item, ClientLogLevel):
             return self._split(protocol.client_log_level(item.session, item.level))
         else:
+            self._unpark_session(item.session)
             return protocol.session_closed(item.session)
         return [] if out is None else [out]
+
+    # -- requests that came while the server was starting ---------------------
+
+    def _park(self, item: ClientRequest) -> None:
+        self.request_start()
+        if self._parked_bytes + item.size > self._max_backlog and self._parked:
+            self._refuse(item, f"is starting, and {self._parked_bytes} bytes of requests wait")
+            return
+        self._parked.append(item)
+        self._parked_bytes += item.size
+
+    def _unpark(self) -> None:
+        """The server is ready (or down): handle what was parked, in order."""
+        parked, self._parked, self._parked_bytes = self._parked, [], 0
+        now = trio.current_time()
+        out: list[Message] = []
+        for item in parked:
+            out += self._forward(item.session, item.messages, now)
+        self._send_nowait(out)
+
+    def _unpark_cancelled(self, session: SessionHandle, request_id: Any) -> None:
+        """A parked request its client cancelled is dropped, never sent."""
+        for item in self._parked:
+            if item.session is session:
+                item.messages = [m for m in item.messages if m.get("id") != request_id]
+
+    def _unpark_session(self, session: SessionHandle) -> None:
+        kept = [item for item in self._parked if item.session is not session]
+        self._parked_bytes -= sum(item.size for item in self._parked if item.session is session)
+        self._parked = kept
+
+    def _refuse(self, item: ClientRequest, why: str) -> None:
+        """Answer every request of an item at once: the server cannot take them now."""
+        for request in item.messages:
+            item.session.deliver(
+                jsonrpc.error_response(
+                    request["id"],
+                    LIMIT_REACHED,
+                    f"MCP server {self.name!r} {why}; try again later",
+                    data={"server": self.name},
+                )
+            )
 
     def _forward(
         self, session: SessionHandle, requests: list[Message], now: float
@@ -261,54 +341,62 @@ class Upstream:
             self._apply([action for action in actions if not isinstance(action, SendUpstream)])
         return out
 
-    async def _write(self, messages: list[Message]) -> None:
-        if not messages:
-            return
+    def _send_nowait(self, messages: list[Message]) -> None:
+        """Write messages to the server without waiting: what its stdin does not
+        take now waits in the backlog, which :meth:`_drain_backlog` writes."""
+        stdin = self._stdin
+        if not messages or stdin is None or self._abandoned is not None:
+            return  # (the process is gone or going: the reader fails what was in flight)
         data = b"".join(map(jsonrpc.encode, messages))
-        try:
-            self._write_lock.acquire_nowait()  # no checkpoint when nobody else writes
-        except trio.WouldBlock:
-            await self._write_lock.acquire()
-        try:
-            stdin = self._stdin
-            if stdin is None:
-                return  # the process is gone; the reader has failed what was in flight
+        if not self._backlog and not self._writing:
             try:
                 with map_transport_errors():
-                    await stdin.send_all(data)
+                    sent = stdin.send_nowait(data)
             except TransportClosed:
-                pass  # likewise: the reader sees the exit
-        finally:
-            self._write_lock.release()
+                return  # likewise: the reader sees the exit
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self._backlog.append(data)
+        self._backlog_bytes += len(data)
+        self._backlog_ready.set()
 
     def _write_soon(self, message: Message) -> None:
-        """Write a message of the broker's own (a ping reply, a cancellation) without
-        waiting: the reader and the timer must never block on the server's stdin.
+        """Write a message of the broker's own (a ping reply, a cancellation).
 
-        Messages queue here while one writer task writes them, so a server that
-        floods the broker with requests costs a list, not a task per message;
-        one that does so without reading is stopped (:data:`CONTROL_LIMIT`).
-        """
-        assert self._process_nursery is not None
-        if len(self._control_out) >= CONTROL_LIMIT:
-            self._abandoned = (
-                f"stopped reading its input ({CONTROL_LIMIT} messages of the broker's "
-                "own were waiting for it)"
+        Client requests stop at the backlog's limit (plus the one read that
+        crossed it); these do not, so a server that keeps sending requests
+        while it reads nothing is stopped past :data:`CONTROL_SLACK` more."""
+        self._send_nowait([message])
+        limit = self._max_backlog + self.settings.max_message_bytes + READ_CHUNK + CONTROL_SLACK
+        if self._backlog_bytes > limit:
+            self._abandon(
+                f"stopped reading its input ({self._backlog_bytes} bytes were waiting for it)"
             )
-            self._process_nursery.cancel_scope.cancel()
-            return
-        self._control_out.append(message)
-        if not self._control_writing:
-            self._control_writing = True
-            self._process_nursery.start_soon(self._write_control)
 
-    async def _write_control(self) -> None:
-        try:
-            while self._control_out:
-                messages, self._control_out = self._control_out, []
-                await self._write(messages)
-        finally:
-            self._control_writing = False
+    async def _drain_backlog(self, stdin: FastIO) -> None:
+        """The writer: what the server's stdin did not take at once, in order."""
+        while True:
+            await self._backlog_ready.wait()
+            self._backlog_ready = trio.Event()
+            while self._backlog:
+                data = b"".join(self._backlog)
+                self._backlog.clear()
+                self._writing = True
+                try:
+                    with map_transport_errors():
+                        await stdin.send_all(data)
+                except TransportClosed:
+                    return  # the reader sees the exit
+                finally:
+                    self._writing = False
+                    self._backlog_bytes -= len(data)
+
+    def _abandon(self, why: str) -> None:
+        """Stop this process (it is stuck); the supervisor restarts it."""
+        self._abandoned = why
+        if self._process_nursery is not None:
+            self._process_nursery.cancel_scope.cancel()
 
     async def _wait_not_starting(self) -> None:
         self.request_start()
@@ -382,17 +470,20 @@ class Upstream:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
         async with trio.open_nursery() as nursery:
             self._process_nursery = nursery
-            self._control_out = []  # anything left was for the previous process
+            self._backlog.clear()  # anything left was for the previous process
+            self._backlog_bytes = 0
             self._abandoned = None
             self._stdin = FastIO(link.send_stream)
             if link.stderr is not None:
                 nursery.start_soon(self._pump_stderr, link.stderr)
             nursery.start_soon(self._watch_startup, nursery.cancel_scope)
             nursery.start_soon(self._expire_requests)
-            await self._write([self._protocol.start()])
+            nursery.start_soon(self._drain_backlog, self._stdin)
+            self._send_nowait([self._protocol.start()])
             reason = await self._read(FastIO(link.receive_stream))
             nursery.cancel_scope.cancel()
         self._process_nursery = None
+        self._stdin = None
         return self._abandoned or reason
 
     async def _expire_requests(self) -> None:
@@ -427,6 +518,7 @@ class Upstream:
         self._log.error("server.down", reason=reason, failed_requests=len(failed))
         for delivery in failed:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
+        self._unpark()  # what waited for it to start is answered: it is down
 
     # -- reader -------------------------------------------------------------
 
@@ -440,28 +532,39 @@ class Upstream:
                 data = b""
             if not data:
                 return "exited" if self._status is Status.READY else "exited during startup"
-            now = trio.current_time()
-            # Messages for each session from this chunk, delivered together at
-            # its end (one outbox item and one writer wake-up per session, not
-            # per message). Any other action first delivers what is gathered,
-            # so each session gets its messages in the server's order.
-            deliveries: defaultdict[Hashable, list[Outgoing]] = defaultdict(list)
-            lines, i = framer.feed(data), 0
-            while True:
-                # The hot path: answers passed on unparsed (broker/envelope.py), as
-                # many as come in a row; the line after them is handled here.
-                i = self._protocol.take_answers(lines, i, deliveries)
-                if i == len(lines):
-                    break
-                line, i = lines[i], i + 1
-                if isinstance(line, Oversize):
-                    self._log.error("server.message_too_large", size=line.size)
-                    continue
+            reason = self._read_lines(framer.feed(data))
+            if reason is not None or self._abandoned is not None:
+                return reason or self._abandoned or ""
+
+    def _read_lines(self, lines: list[bytes | Oversize]) -> str | None:
+        """Everything one read from the server leads to; why to stop, if it must."""
+        now = trio.current_time()
+        # Messages for each session from this read, delivered together at its
+        # end (one outbox item and one writer wake-up per session, not per
+        # message), with the bytes they had. Any other action first delivers
+        # what is gathered, so each session gets its messages in the server's
+        # order. The lists that changed are told once, at the end.
+        deliveries: defaultdict[Hashable, list[Outgoing]] = defaultdict(list)
+        sizes: defaultdict[Hashable, int] = defaultdict(int)
+        changed: dict[str, None] = {}
+        i = 0
+        while True:
+            # The hot path: answers passed on unparsed (broker/envelope.py), as
+            # many as come in a row; the line after them is handled here.
+            i = self._protocol.take_answers(lines, i, deliveries, sizes)
+            if i == len(lines):
+                break
+            line, i = lines[i], i + 1
+            if isinstance(line, Oversize):
+                actions = self._protocol.oversize(line, self.settings.max_message_bytes)
+                size = SMALL_MESSAGE
+            else:
                 try:
                     message = jsonrpc.decode(line)
                     session = self._protocol.response_fast(message)
                     if session is not None:  # an answer in another shape
                         deliveries[session].append(message)
+                        sizes[session] += len(line)
                         continue
                     actions = self._protocol.server_message(message, now)
                 except JsonRpcError as exc:
@@ -472,27 +575,35 @@ class Upstream:
                     )
                     continue
                 except HandshakeError as exc:
-                    _deliver_all(deliveries)  # what came before it still goes out
+                    _deliver_all(deliveries, sizes)  # what came before it still goes out
                     return f"failed the initialize handshake: {exc}"
-                for action in actions:
-                    if type(action) is Deliver:
-                        deliveries[action.session].append(action.message)
-                    else:
-                        _deliver_all(deliveries)
-                        deliveries.clear()
-                        self._apply([action])
-            _deliver_all(deliveries)
+                size = len(line)
+            for action in actions:
+                if type(action) is Deliver:
+                    deliveries[action.session].append(action.message)
+                    sizes[action.session] += size
+                elif type(action) is ListChanged:
+                    changed[action.message["method"]] = None
+                else:
+                    _deliver_all(deliveries, sizes)
+                    deliveries.clear()
+                    sizes.clear()
+                    self._apply([action], size)
+        _deliver_all(deliveries, sizes)
+        for method in changed:
+            self._apply([ListChanged(jsonrpc.notification(method))])
+        return None
 
-    def _apply(self, actions: list[Action]) -> None:
+    def _apply(self, actions: list[Action], size: int = SMALL_MESSAGE) -> None:
         for action in actions:
             if isinstance(action, Deliver):
-                cast(SessionHandle, action.session).deliver(action.message)
+                cast(SessionHandle, action.session).deliver(action.message, size)
             elif isinstance(action, ListChanged) and self.events is not None:
                 # The Registry refreshes its cache first, then tells sessions.
                 self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
             elif isinstance(action, Broadcast | ListChanged):  # (no Registry: as is)
                 for session in self._protocol.sessions:
-                    cast(SessionHandle, session).deliver(action.message)
+                    cast(SessionHandle, session).deliver(action.message, size)
             elif isinstance(action, SendUpstream):
                 self._write_soon(action.message)
             elif isinstance(action, Warn):
@@ -504,6 +615,7 @@ class Upstream:
                     protocol_version=action.identity.protocol_version,
                 )
                 self._set_status(Status.READY)
+                self._unpark()
 
     async def _pump_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
         framer = LineFramer(STDERR_LINE_LIMIT)
@@ -529,6 +641,11 @@ def _count(item: InboxItem) -> int:
     return len(item.messages) if isinstance(item, ClientRequest) else 1
 
 
-def _deliver_all(deliveries: dict[Hashable, list[Outgoing]]) -> None:
+def _size(item: InboxItem) -> int:
+    """The bytes an inbox item counts for (only requests carry a client's payload)."""
+    return item.size if isinstance(item, ClientRequest) else 0
+
+
+def _deliver_all(deliveries: dict[Hashable, list[Outgoing]], sizes: dict[Hashable, int]) -> None:
     for session, messages in deliveries.items():
-        cast(SessionHandle, session).deliver_all(messages)
+        cast(SessionHandle, session).deliver_all(messages, sizes[session])

@@ -31,6 +31,11 @@ import orjson
 from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
 from broker.naming import DEFAULT_SEPARATOR
 
+# The limits that keep one peer from growing the daemon (docs/configuration.md).
+DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024  # per client's outbox, per server's write backlog
+DEFAULT_MAX_IN_FLIGHT = 4096  # requests per session
+DEFAULT_MAX_SERVER_IN_FLIGHT = 16384  # requests per server instance
+
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
     {"type", "disabled", "autoApprove", "alwaysAllow", "transport", "description"}
@@ -67,6 +72,10 @@ class BrokerSettings:
     page_size: int = 0  # 0: list results are not paginated
     request_timeout: float = 300.0  # seconds without an answer or progress
     max_request_timeout: float = 3600.0  # seconds, however much progress
+    # Bytes that may wait to be written to one client, or to one server.
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # requests one session may have in flight
+    max_server_in_flight: int = DEFAULT_MAX_SERVER_IN_FLIGHT  # ... and one server instance
 
 
 @attrs.frozen
@@ -186,6 +195,10 @@ def parse_config(data: Any) -> Config:
         raise ConfigError(
             '"broker.requestTimeout" must be above 0 and at most "broker.maxRequestTimeout"'
         )
+    if broker.max_queued_bytes < broker.max_message_bytes:
+        raise ConfigError('"broker.maxQueuedBytes" must be at least "broker.maxMessageBytes"')
+    if broker.max_in_flight < 1 or broker.max_server_in_flight < 1:
+        raise ConfigError('"broker.maxInFlight" and "broker.maxServerInFlight" must be at least 1')
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
@@ -197,6 +210,9 @@ _BROKER_KEYS = {
     "pageSize": "page_size",
     "requestTimeout": "request_timeout",
     "maxRequestTimeout": "max_request_timeout",
+    "maxQueuedBytes": "max_queued_bytes",
+    "maxInFlight": "max_in_flight",
+    "maxServerInFlight": "max_server_in_flight",
 }
 _SERVER_KEYS = {
     "command": "command",

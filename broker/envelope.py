@@ -113,3 +113,20 @@ def split_answer(line: bytes) -> Answer | None:
     if not digits.isdigit() or (digits[0] == 48 and len(digits) > 1):  # 48: "0"
         return None
     return Answer(head, int(digits), tail)
+
+
+def answer_id(head: bytes, tail: bytes) -> int | None:
+    """The upstream id of an answer known only by its first and last bytes (a
+    line too long to take, broker/framing.py ``Oversize``), in either compact
+    shape; None if neither end shows one."""
+    if head.startswith(PREFIX):
+        end = head.find(b",", len(PREFIX))
+        digits = head[len(PREFIX) : end] if end > 0 else b""
+    elif head.startswith(_FIRST_KEYS):
+        at = tail.rfind(SUFFIX)
+        digits = tail[at + len(SUFFIX) : -1] if at >= 0 and tail.endswith(b"}") else b""
+    else:
+        return None
+    if not digits.isdigit() or len(digits) > _MAX_ID_DIGITS:
+        return None
+    return int(digits)

@@ -19,15 +19,24 @@ from broker.jsonrpc import INVALID_REQUEST, JsonRpcError
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+# How much of each end of an oversize line is kept: enough for the id of an
+# answer in either compact shape (broker/envelope.py), which sits near one end.
+KEPT_ENDS = 64
+
+
 @attrs.frozen
 class Oversize:
     """A line that exceeded the limit; ``size`` is how many bytes it had.
 
     ``size`` counts every byte before the ``\\n`` (a ``\\r`` included), so it
-    does not depend on how the line was chunked.
+    does not depend on how the line was chunked. ``head`` and ``tail`` are its
+    first and last :data:`KEPT_ENDS` bytes (or fewer), so that an oversize
+    answer's id can still be read and its caller told at once.
     """
 
     size: int
+    head: bytes = attrs.field(default=b"", eq=False)
+    tail: bytes = attrs.field(default=b"", eq=False)
 
     def error_response(self, limit: int) -> dict[str, Any]:
         """The JSON-RPC error a client gets for it (no id: the line was never parsed)."""
@@ -49,8 +58,11 @@ class LineFramer:
         # The start of a line not finished yet, in pieces (joined once, at its end).
         self._held: list[bytes] = []
         self._held_size = 0
-        # While skipping an oversize line: how many bytes it has had so far.
+        # While skipping an oversize line: how many bytes it has had so far,
+        # and its first and (so far) last bytes.
         self._skipped: int | None = None
+        self._skipped_head = b""
+        self._skipped_tail = b""
 
     def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversize]:
         # bytes.split does the scanning in C; under load a chunk holds many lines.
@@ -69,7 +81,8 @@ class LineFramer:
         out: list[bytes | Oversize] = []
         for line in lines:
             if self._skipped is not None:
-                out.append(Oversize(self._skipped + len(line)))
+                tail = (self._skipped_tail + line[-KEPT_ENDS:])[-KEPT_ENDS:]
+                out.append(Oversize(self._skipped + len(line), self._skipped_head, tail))
                 self._skipped = None
                 continue
             if self._held:
@@ -90,12 +103,15 @@ class LineFramer:
             return
         if self._skipped is not None:
             self._skipped += len(piece)
+            self._skipped_tail = (self._skipped_tail + piece[-KEPT_ENDS:])[-KEPT_ENDS:]
             return
         self._held.append(piece)
         self._held_size += len(piece)
         # One byte over the limit may still be the "\r" of a "\r\n".
         if self._held_size > self.max_bytes + 1:
             self._skipped = self._held_size
+            self._skipped_head = b"".join(self._held[:KEPT_ENDS])[:KEPT_ENDS]
+            self._skipped_tail = piece[-KEPT_ENDS:]
             self._held.clear()
             self._held_size = 0
 
@@ -104,7 +120,7 @@ class LineFramer:
         if line.endswith(b"\r"):
             line = line[:-1]
         if len(line) > self.max_bytes:
-            out.append(Oversize(size))
+            out.append(Oversize(size, line[:KEPT_ENDS], line[-KEPT_ENDS:]))
         elif line and (line[0] not in _BLANK or line.strip()):
             out.append(line)
 

@@ -30,6 +30,7 @@ INTERNAL_ERROR = -32603
 # Server-defined codes, the same numbers the official MCP SDKs use.
 CONNECTION_CLOSED = -32000  # the upstream server went away (or never came up)
 REQUEST_TIMEOUT = -32001
+LIMIT_REACHED = -32005  # a configured limit (in flight, queued bytes) would be passed
 
 
 class JsonRpcError(Exception):

@@ -63,8 +63,11 @@ class RequestMap:
             raise JsonRpcError(INVALID_REQUEST, f"Invalid request id: {client_id!r}")
         key = (session, client_id)
         if key in self._by_client:
+            # Answered with id null: the id's one answer belongs to the request in flight.
             raise JsonRpcError(
-                INVALID_REQUEST, f"Request id {client_id!r} is already in use", id=client_id
+                INVALID_REQUEST,
+                f"Invalid Request: id {client_id!r} is already in use by a request in flight",
+                data={"id": client_id},
             )
         upstream_id = self._next_id
         self._next_id += 1

@@ -36,6 +36,7 @@ from broker.framing import Oversize
 from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
+    LIMIT_REACHED,
     METHOD_NOT_FOUND,
     JsonRpcError,
     Kind,
@@ -46,6 +47,11 @@ from broker.jsonrpc import (
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
 from broker.server_requests import server_of
 from broker.views import initialize_for, route
+
+# The longest string id the broker keeps in its tables (MCP sets no limit; real
+# clients use numbers or UUIDs). A longer one is refused, not stored.
+MAX_ID_LENGTH = 256
+DEFAULT_MAX_IN_FLIGHT = 4096
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
 LIST_METHODS = KIND_BY_METHOD
@@ -120,6 +126,12 @@ class Defer:
 Action = Reply | Forward | CancelUpstream | RespondUpstream | NotifyUpstreams | SetLogLevel | Defer
 
 
+class AnonymousError(JsonRpcError):
+    """An error answered with id null: the request's id belongs to another
+    request of the session still in flight, whose answer must stay the only
+    one with that id (the id is in ``data``)."""
+
+
 class Phase(enum.Enum):
     NEW = "new"
     OPERATING = "operating"
@@ -133,8 +145,10 @@ class SessionProtocol:
         *,
         transparent: bool = False,
         refusal: str | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.view = view
+        self.max_in_flight = max_in_flight
         self.catalogs = catalogs
         self.transparent = transparent and len(view) == 1
         # Set when the session cannot be served at all (a hello naming unknown
@@ -185,6 +199,10 @@ class SessionProtocol:
         method, id = message.get("method"), message.get("id")
         if (type(id) is not int and type(id) is not str) or method not in ROUTED_METHODS:
             return None
+        if id in self.inflight or len(self.inflight) >= self.max_in_flight:
+            return None  # receive() refuses it
+        if type(id) is str and len(id) > MAX_ID_LENGTH:
+            return None
         try:
             server, rewritten = route(self.catalogs.current, self.view, self.transparent, message)
         except JsonRpcError:
@@ -222,6 +240,8 @@ class SessionProtocol:
         if kind is Kind.REQUEST:
             try:
                 return self._request(message, settled)
+            except AnonymousError:
+                raise
             except JsonRpcError as exc:
                 exc.id = message["id"]
                 raise
@@ -279,6 +299,7 @@ class SessionProtocol:
         return [Reply(jsonrpc.result_response(request["id"], result))]
 
     def _forward(self, request: Message, settled: bool) -> list[Action]:
+        self._admit(request["id"])
         catalog = self.catalogs.current
         try:
             server, rewritten = route(catalog, self.view, self.transparent, request)
@@ -288,6 +309,26 @@ class SessionProtocol:
             return [Defer(request)]  # it may be in a catalog still loading
         self.inflight.add(request["id"])
         return [Forward(server, rewritten)]
+
+    def _admit(self, id: RequestId) -> None:
+        """Refuse a request the session's in-flight table cannot take."""
+        if id in self.inflight:
+            raise AnonymousError(
+                INVALID_REQUEST,
+                f"Invalid Request: id {id!r} is already in use by a request in flight",
+                data={"id": id},
+            )
+        if type(id) is str and len(id) > MAX_ID_LENGTH:
+            raise AnonymousError(
+                INVALID_REQUEST,
+                f"Invalid Request: an id of {len(id)} characters (the limit is {MAX_ID_LENGTH})",
+            )
+        if len(self.inflight) >= self.max_in_flight:
+            raise JsonRpcError(
+                LIMIT_REACHED,
+                f"mcpbroker: this session already has {len(self.inflight)} requests in flight "
+                f"(the limit is broker.maxInFlight = {self.max_in_flight})",
+            )
 
     def _notification(self, message: Message) -> list[Action]:
         method = message["method"]

@@ -22,12 +22,14 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.envelope import Answer, split_answer
+from broker.envelope import Answer, answer_id, split_answer
 from broker.fanout import Fanout
 from broker.framing import Oversize
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
+    LIMIT_REACHED,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -45,6 +47,7 @@ from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 
 HANDSHAKE_ID = "mcpbroker-initialize"
+DEFAULT_MAX_IN_FLIGHT = 16384
 LIST_CHANGED = frozenset(
     {
         "notifications/tools/list_changed",
@@ -105,9 +108,11 @@ class UpstreamProtocol:
         name: str,
         timeouts: TimeoutPolicy | None = None,
         numbering: tuple[int, int] = (1, 1),
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.name = name
         self.numbering = numbering
+        self.max_in_flight = max_in_flight
         self.phase = Phase.HANDSHAKE
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap()
@@ -124,7 +129,9 @@ class UpstreamProtocol:
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
-        fresh = UpstreamProtocol(self.name, self.deadlines.policy, self.numbering)
+        fresh = UpstreamProtocol(
+            self.name, self.deadlines.policy, self.numbering, self.max_in_flight
+        )
         fresh.sessions = self.sessions
         fresh.last_active = self.last_active
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
@@ -207,6 +214,14 @@ class UpstreamProtocol:
 
     def _open(self, session: Hashable, request: Message, now: float) -> int:
         """Record a request to forward (rewriting it in place); its upstream id."""
+        if len(self.requests) >= self.max_in_flight:
+            raise JsonRpcError(
+                LIMIT_REACHED,
+                f"MCP server {self.name!r} already has {len(self.requests)} requests in flight "
+                f"(the limit is broker.maxServerInFlight = {self.max_in_flight})",
+                data={"server": self.name},
+                id=request["id"],
+            )
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         self.last_active[session] = upstream_id
@@ -349,20 +364,47 @@ class UpstreamProtocol:
         return entry.session
 
     def take_answers(
-        self, lines: list[bytes | Oversize], start: int, deliveries: dict[Hashable, list[Any]]
+        self,
+        lines: list[bytes | Oversize],
+        start: int,
+        deliveries: dict[Hashable, list[Any]],
+        sizes: dict[Hashable, int],
     ) -> int:
         """The hot path of a server's output, a run of lines at a time: from
         ``lines[start]`` on, each answer that :meth:`answer_fast` takes (unparsed)
-        is added to its session's list in ``deliveries``, up to the first line
-        that needs more. Returns that line's index (``len(lines)``: none)."""
+        is added to its session's list in ``deliveries`` (and its bytes to the
+        session's count in ``sizes``), up to the first line that needs more.
+        Returns that line's index (``len(lines)``: none)."""
         for i in range(start, len(lines)):
             line = lines[i]
-            answer = split_answer(line) if type(line) is bytes else None
+            if type(line) is not bytes:
+                return i
+            answer = split_answer(line)
             session = None if answer is None else self.answer_fast(answer)
             if session is None:
                 return i
             deliveries.setdefault(session, []).append(answer)
+            sizes[session] = sizes.get(session, 0) + len(line)
         return len(lines)
+
+    def oversize(self, line: Oversize, limit: int) -> list[Action]:
+        """A line from the server over the size limit: if it was an answer, its
+        caller gets an error now (not a timeout later); either way it is said."""
+        upstream_id = answer_id(line.head, line.tail)
+        entry = None if upstream_id is None else self.requests.forget(upstream_id)
+        detail = (
+            f"a message of {line.size} bytes, over the limit (broker.maxMessageBytes = {limit})"
+        )
+        if entry is None or upstream_id is None:
+            return [Warn("server.message_too_large", f"dropped {detail}")]
+        self.deadlines.discard(upstream_id)
+        error = jsonrpc.error_response(
+            entry.client_id,
+            INTERNAL_ERROR,
+            f"MCP server {self.name!r} answered with {detail}",
+            data={"server": self.name, "size": line.size, "limit": limit},
+        )
+        return [Deliver(entry.session, error), Warn("server.answer_too_large", detail)]
 
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""

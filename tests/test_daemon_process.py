@@ -345,7 +345,7 @@ request = json.loads(sys.stdin.buffer.readline())
 out = sys.stdout.buffer
 result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "flood"}}
 out.write(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode() + b"\\n")
-for i in range(100_000):  # pings, and never another read: the answers pile up
+for i in range(200_000):  # pings, and never another read: the answers pile up
     out.write(b'{"jsonrpc":"2.0","id":%d,"method":"ping"}\\n' % i)
 out.flush()
 time.sleep(60)
@@ -353,11 +353,13 @@ time.sleep(60)
 
 
 async def test_a_server_that_floods_without_reading_is_stopped_not_fed_forever() -> None:
-    from actors.upstream import CONTROL_LIMIT, Upstream
+    from actors.upstream import CONTROL_SLACK, READ_CHUNK, Upstream
     from broker.config import BrokerSettings, ServerConfig
 
     config = ServerConfig(command=sys.executable, args=["-c", FLOODER])
-    upstream = Upstream("flood", config, BrokerSettings())
+    mib = 1024 * 1024  # (200,000 answers to pings are ~7 MiB: past what these limits allow)
+    settings = BrokerSettings(max_message_bytes=mib, max_queued_bytes=mib)
+    upstream = Upstream("flood", config, settings)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             await nursery.start(upstream.run)
@@ -365,4 +367,4 @@ async def test_a_server_that_floods_without_reading_is_stopped_not_fed_forever()
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
     assert "stopped reading its input" in str(upstream.statistics().last_error)
-    assert len(upstream._control_out) <= CONTROL_LIMIT
+    assert upstream._backlog_bytes <= 2 * mib + READ_CHUNK + CONTROL_SLACK + 4096

@@ -155,8 +155,10 @@ def test_taking_a_run_of_answers_is_taking_them_one_by_one(answers: list[Any]) -
             assert proto.forward_fast("AB"[n % 2], call)
     lines: list[Any] = [_in_shape(shape, message) for shape, message in answers]
     deliveries: dict[Any, list[Any]] = {}
-    taken = fast.take_answers(lines, 0, deliveries)
+    sizes: dict[Any, int] = {}
+    taken = fast.take_answers(lines, 0, deliveries, sizes)
     expected: dict[Any, list[Any]] = {}
+    expected_sizes: dict[Any, int] = {}
     for index, line in enumerate(lines):
         answer = split_answer(line)
         session = None if answer is None else slow.answer_fast(answer)
@@ -164,7 +166,8 @@ def test_taking_a_run_of_answers_is_taking_them_one_by_one(answers: list[Any]) -
             assert taken == index
             break
         expected.setdefault(session, []).append(answer)
+        expected_sizes[session] = expected_sizes.get(session, 0) + len(line)
     else:
         assert taken == len(lines)
-    assert deliveries == expected
+    assert deliveries == expected and sizes == expected_sizes
     assert len(fast.requests) == len(slow.requests) and len(fast.deadlines) == len(slow.deadlines)

@@ -73,7 +73,8 @@ def test_duplicate_in_flight_id_rejected() -> None:
     requests.open(A, request(7))
     with pytest.raises(JsonRpcError) as info:
         requests.open(A, request(7))
-    assert (info.value.code, info.value.id) == (INVALID_REQUEST, 7)
+    # id null: the one answer with id 7 belongs to the request in flight
+    assert (info.value.code, info.value.id, info.value.data) == (INVALID_REQUEST, None, {"id": 7})
     assert len(requests) == 1
 
 
