@@ -4,7 +4,8 @@
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
 ``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
 ``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
-``line`` argument as it is, with ``ID`` replaced by the request's id), and records everything
+``line`` argument as it is, with ``ID`` replaced by the request's id and ``PAD``
+by ``pad`` x's), and records everything
 it received so a test can assert on what crossed the wire. Its catalog
 (``tools``, ``prompts``, ``resources``, ``templates``) is plain lists a test
 may change, and every result names the server (``label``) that produced it.
@@ -26,11 +27,21 @@ TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks", "raw")
 
 class ScriptedServer:
     def __init__(
-        self, nursery: trio.Nursery, *, answer_initialize: bool = True, label: str = "scripted"
+        self,
+        nursery: trio.Nursery,
+        *,
+        answer_initialize: bool = True,
+        label: str = "scripted",
+        initialize_delay: float = 0.0,
+        stop_reading: bool = False,
     ) -> None:
         self.nursery = nursery
         self.answer_initialize = answer_initialize
         self.label = label
+        self.initialize_delay = initialize_delay  # seconds before it answers initialize
+        # Stop reading its input after its first tools/call (a wedged server): its
+        # link is then a lockstep pair, so the broker's writes block as on a full pipe.
+        self.stop_reading = stop_reading
         self.tools: list[dict[str, Any]] = [
             {"name": name, "inputSchema": {"type": "object"}} for name in TOOL_NAMES
         ]
@@ -66,7 +77,12 @@ LISTS = {
 class MemoryLink:
     def __init__(self, script: ScriptedServer) -> None:
         self.script = script
-        self._ours, self._theirs = trio.testing.memory_stream_pair()
+        pair = (
+            trio.testing.lockstep_stream_pair
+            if script.stop_reading
+            else trio.testing.memory_stream_pair
+        )
+        self._ours, self._theirs = pair()
         self.exited = trio.Event()
         self.exit_code: int | None = None
         self.pid: int | None = 4242
@@ -108,6 +124,8 @@ class MemoryLink:
                     self.script.received.append(message)
                     if "id" in message and "method" in message:
                         nursery.start_soon(self._answer, message, nursery)
+                    if self.script.stop_reading and message.get("method") == "tools/call":
+                        await trio.sleep_forever()  # (its answers still go out)
             nursery.cancel_scope.cancel()
 
     async def die(self, code: int = 1) -> None:
@@ -124,6 +142,7 @@ class MemoryLink:
         if method == "initialize":
             if not self.script.answer_initialize:
                 return
+            await trio.sleep(self.script.initialize_delay)
             result: Any = {
                 "protocolVersion": "2025-11-25",
                 "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "completions": {}},
@@ -135,6 +154,7 @@ class MemoryLink:
             return
         elif method == "tools/call" and params.get("name") == "raw":
             line = params["arguments"]["line"].replace("ID", str(request["id"]))
+            line = line.replace("PAD", "x" * params["arguments"].get("pad", 0))
             async with self._write_lock:
                 await self._theirs.send_all(line.encode() + b"\n")
             return

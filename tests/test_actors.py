@@ -108,11 +108,12 @@ async def open_client(
     *,
     lockstep: bool = False,
     servers: tuple[str, ...] | None = None,
+    settings: BrokerSettings = SETTINGS,
 ) -> Client:
     """A session; by default it names every server (one: transparent, as the shim does)."""
     pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     ours, theirs = pair()
-    session = Session(theirs, broker.upstreams, broker.registry, SETTINGS)
+    session = Session(theirs, broker.upstreams, broker.registry, settings)
     nursery.start_soon(session.run)
     client = Client(ours, session)
     servers = tuple(broker.upstreams) if servers is None else servers

@@ -1,0 +1,207 @@
+"""What one peer sends cannot wedge or bloat the rest: the actors' limits.
+
+Memory streams and pytest-trio's ``autojump_clock``: a server that stops
+reading is a lockstep link whose far end stops calling ``receive_some``, so
+the broker's writes block as they would on a full pipe, and "promptly" is
+measured on the virtual clock. The same cases with real processes are in
+tests/test_faults_e2e.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from actors.mailbox import SessionHandle, open_outbox
+from actors.server_actor import ClientCancelled, ClientRequest
+from actors.upstream import Upstream
+from broker import jsonrpc
+from broker.config import BrokerSettings, ServerConfig
+from tests.scripted import ScriptedServer
+from tests.test_actors import SETTINGS, Broker, call, open_client
+
+LIMITS = BrokerSettings(max_message_bytes=64 * 1024, max_queued_bytes=128 * 1024, max_in_flight=3)
+
+
+async def start(
+    nursery: trio.Nursery,
+    scripts: dict[str, ScriptedServer],
+    settings: BrokerSettings = SETTINGS,
+    server_timeout: float | None = None,
+) -> Broker:
+    config = ServerConfig(command="scripted", timeout=server_timeout)
+    upstreams = {
+        name: Upstream(name, config, settings, launch=s.launch) for name, s in scripts.items()
+    }
+    broker = Broker(upstreams)
+    await nursery.start(broker.registry.run)
+    for upstream in upstreams.values():
+        await nursery.start(upstream.run)
+    return broker
+
+
+def tool_call(id: Any, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": call(name, **arguments)}
+
+
+async def answers(client: Any, count: int) -> dict[Any, Any]:
+    got: dict[Any, Any] = {}
+    while len(got) < count:
+        message = await client.receive()
+        if "method" not in message:
+            assert message["id"] not in got, f"two answers for {message['id']!r}"
+            got[message["id"]] = message
+    return got
+
+
+async def test_a_server_that_stops_reading_holds_up_nothing_else(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    stuck = ScriptedServer(nursery, label="stuck", stop_reading=True)
+    broker = await start(nursery, {"stuck": stuck, "ok": ScriptedServer(nursery)}, server_timeout=3)
+    client = await open_client(nursery, broker, servers=("stuck", "ok"))
+    await client.initialize()
+    payload = "x" * 10_000
+    for n in range(40):  # far more than the stuck link takes
+        await client.send(tool_call(n, "stuck__echo", data=payload))
+    started = trio.current_time()
+    answer = await client.request("tools/call", call("ok__echo"), id="bystander")
+    assert "result" in answer and trio.current_time() - started < 0.1
+    # A new session that sees both servers starts and lists at once, too.
+    other = await open_client(nursery, broker, servers=("stuck", "ok"))
+    await other.initialize()
+    assert len((await other.request("tools/list"))["result"]["tools"]) == 12
+    assert trio.current_time() - started < 0.1
+    # Every request to the stuck server is answered by its timeout, once (but the
+    # one it read before it stopped, which it answered).
+    (first,) = client.others
+    assert first["id"] == 0 and "result" in first
+    got = await answers(client, 39)
+    assert sorted(got) == list(range(1, 40))
+    assert {m["error"]["code"] for m in got.values()} == {jsonrpc.REQUEST_TIMEOUT}
+    assert 3 <= trio.current_time() - started < 4
+
+
+async def test_a_full_backlog_answers_at_once(nursery: trio.Nursery, autojump_clock: Any) -> None:
+    stuck = ScriptedServer(nursery, label="stuck", stop_reading=True)
+    broker = await start(nursery, {"stuck": stuck}, LIMITS, server_timeout=60)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    for n in range(30):  # 300 KB against a 128 KiB backlog
+        await client.send(tool_call(n, "echo", data="x" * 10_000))
+        await trio.testing.wait_all_tasks_blocked()
+    got: dict[Any, Any] = {}
+    with trio.move_on_after(0.1):  # what is answered at once
+        while True:
+            message = await client.receive()
+            got[message["id"]] = message
+    assert "result" in got.pop(0)  # the one the server read before it stopped
+    # The next ones fill the backlog (and wait for their timeout); the rest are refused.
+    assert 10 <= min(got) <= 16 and sorted(got) == list(range(min(got), 30))
+    for message in got.values():
+        assert message["error"]["code"] == jsonrpc.LIMIT_REACHED
+        assert "is not reading its input" in message["error"]["message"]
+
+
+async def test_a_client_that_never_reads_is_cut_off_at_the_byte_limit(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    settings = attrs.evolve(LIMITS, max_in_flight=100)
+    broker = await start(nursery, {"s": ScriptedServer(nursery)}, settings)
+    client = await open_client(nursery, broker, lockstep=True, settings=settings)
+    await client.initialize()
+    with contextlib.suppress(trio.BrokenResourceError):  # (once it is cut off)
+        for n in range(30):  # answers of ~20 KB each, and the client reads none of them
+            await client.send(tool_call(n, "echo", data="x" * 10_000))
+    with trio.fail_after(5):
+        while client.session.handle.close_reason is None:
+            await trio.sleep(0.01)
+    assert "broker.maxQueuedBytes" in client.session.handle.close_reason
+
+
+async def test_an_oversize_answer_fails_its_call_at_once(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    broker = await start(nursery, {"s": ScriptedServer(nursery)}, LIMITS, server_timeout=60)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    for shape in (
+        '{"jsonrpc":"2.0","id":ID,"result":"PAD"}',
+        '{"result":"PAD","jsonrpc":"2.0","id":ID}',
+    ):
+        started = trio.current_time()
+        answer = await client.request("tools/call", call("raw", line=shape, pad=100_000))
+        assert trio.current_time() - started < 0.1
+        error = answer["error"]
+        assert error["code"] == jsonrpc.INTERNAL_ERROR
+        assert "broker.maxMessageBytes" in error["message"]
+        assert error["data"]["server"] == "s" and error["data"]["limit"] == 64 * 1024
+        assert error["data"]["size"] > 100_000
+    assert "result" in await client.request("tools/call", call("echo"))
+
+
+async def test_an_id_in_flight_on_another_server_is_refused_with_id_null(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    broker = await start(nursery, {"a": ScriptedServer(nursery), "b": ScriptedServer(nursery)})
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    await client.send(tool_call(7, "a__sleep", seconds=1))
+    await client.send(tool_call(7, "b__echo"))
+    refused = await client.receive()
+    assert refused["id"] is None and refused["error"]["code"] == jsonrpc.INVALID_REQUEST
+    assert refused["error"]["data"] == {"id": 7}
+    answer = await client.receive()
+    assert answer["id"] == 7 and answer["result"]["server"] == "scripted"
+    assert answer["result"]["name"] == "sleep"
+
+
+async def test_a_session_past_its_in_flight_limit_is_answered_at_once(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    broker = await start(nursery, {"s": ScriptedServer(nursery)}, LIMITS)
+    client = await open_client(nursery, broker, settings=LIMITS)
+    await client.initialize()
+    for n in range(4):
+        await client.send(tool_call(n, "sleep", seconds=1))
+    refused = await client.receive()
+    assert refused["id"] == 3 and refused["error"]["code"] == jsonrpc.LIMIT_REACHED
+    assert "broker.maxInFlight" in refused["error"]["message"]
+    assert sorted(await answers(client, 3)) == [0, 1, 2]
+
+
+async def test_requests_park_while_the_server_starts(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery, initialize_delay=5)
+    upstream = Upstream("s", ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+    await nursery.start(upstream.run)
+    send, outbox = open_outbox()
+    session = SessionHandle(send, trio.CancelScope())
+    for n in range(3):
+        await upstream.send(ClientRequest(session, [tool_call(n, "echo", n=n)], 100))
+    await upstream.send(ClientCancelled(session, {"requestId": 1}))  # never reaches the server
+    with trio.fail_after(6):
+        delivered = [(await outbox.receive())[0][0], (await outbox.receive())[0][0]]
+    assert sorted(jsonrpc.decode(answer.encode())["id"] for answer in delivered) == [0, 2]
+    calls = script.requests("tools/call")
+    assert [c["params"]["arguments"]["n"] for c in calls] == [0, 2]
+
+
+async def test_parked_requests_are_answered_when_the_server_fails_to_start(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    script = ScriptedServer(nursery, answer_initialize=False)
+    upstream = Upstream("s", ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+    await nursery.start(upstream.run)
+    send, outbox = open_outbox()
+    session = SessionHandle(send, trio.CancelScope())
+    await upstream.send(ClientRequest(session, [tool_call("p", "echo")], 100))
+    with trio.fail_after(31):  # the startup timeout is 30 s
+        (error,), _ = await outbox.receive()
+    assert error["id"] == "p" and error["error"]["code"] == jsonrpc.CONNECTION_CLOSED
+    assert not script.requests("tools/call")
