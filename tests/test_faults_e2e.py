@@ -53,15 +53,21 @@ async def test_deeply_nested_requests_are_refused_and_the_session_goes_on() -> N
                 roots = '{"jsonrpc":"2.0","method":"notifications/roots/list_changed","params":'
                 await client.send(roots + nested(600) + "}")
                 await client.send(deep_call(1100, 1100))  # past what orjson parses: not JSON
-                await client.wait_until(lambda: bool(client.errors_without_id()), 5, "no -32700")
-                assert client.errors_without_id()[0]["error"]["code"] == PARSE_ERROR
+                await client.wait_until(lambda: bool(_codes(client, PARSE_ERROR)), 5, "no -32700")
                 assert await client.call("echo", {"text": "still here"}) == "still here"
                 assert await client.call("depth", shallow) == "100"
                 for id in (300, 600, 1000):
                     assert len(client.responses[id_key(id)]) == 1, client.responses[id_key(id)]
-                assert len(client.errors_without_id()) == 1
+                # The deep notification: no answer, or at most a -32600 without id.
+                assert len(_codes(client, PARSE_ERROR)) == 1, client.errors_without_id()
+                assert len(client.errors_without_id()) <= 2, client.errors_without_id()
             await daemon.recovers(before)
         watcher.check()
+
+
+def _codes(client: Any, code: int) -> list[dict[str, Any]]:
+    """The errors without id that ``client`` got with ``code``."""
+    return [e for e in client.errors_without_id() if e["error"]["code"] == code]
 
 
 async def test_a_client_that_never_reads_is_disconnected_before_it_bloats_the_daemon() -> None:
@@ -128,11 +134,11 @@ async def _duplicate(client: Any, id: int, second: str) -> None:
     """Id ``id`` to a__slow (1 s), then again to ``second`` while the first is in flight."""
     slow = {"name": "a__slow", "arguments": {"seconds": 1, "steps": 1}}
     again = {"name": second, "arguments": {"text": "again"}}
+    refused = len(client.errors_without_id()) + 1
     await client.send(
         {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": slow},
         {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": again},
     )
-    refused = len(client.errors_without_id()) + 1
     await client.wait_until(
         lambda: len(client.errors_without_id()) >= refused,
         0.9,  # before the slow call ends: the refusal comes at once

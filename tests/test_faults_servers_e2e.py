@@ -146,19 +146,21 @@ async def _newcomer_gets_its_tools(daemon: Any, *, within: float) -> None:
 
 async def test_an_answer_over_max_message_bytes_is_an_error_at_once() -> None:
     with trio.fail_after(30):
-        servers = {"m": misbehaving(), "demo": demo_server()}
+        servers = {"bigmouth": misbehaving(), "demo": demo_server()}
         async with (
             running_daemon(servers, {"maxMessageBytes": MB}) as daemon,
             bystander(daemon) as watcher,
         ):
             before = daemon.usage()
-            async with connect(daemon, ["m"]) as client:
+            async with connect(daemon, ["bigmouth"]) as client:
                 call = {"name": "payload", "arguments": {"size": 2 * MB}}
                 response = await client.request("tools/call", call, within=2)
                 error = response.get("error", {})
                 assert error.get("code") == INTERNAL_ERROR, response
-                assert "m" in error["message"] and "maxMessageBytes" in error["message"], error
-                assert {"server": "m", "limit": MB}.items() <= error.get("data", {}).items(), error
+                assert "bigmouth" in error["message"], error
+                assert "maxMessageBytes" in error["message"], error
+                data = error.get("data", {})
+                assert {"server": "bigmouth", "limit": MB}.items() <= data.items(), error
                 assert await client.call("echo", {"text": "next"}) == "next"
             await daemon.recovers(before)
         watcher.check()
