@@ -106,9 +106,8 @@ class Burst:
     async def write(self) -> None:
         text = "x" * 100_000
         for first in range(0, self.count, 10):
-            await self.client.send(
-                *[_call(id, "deaf__echo", text) for id in range(first, first + 10)]
-            )
+            ids = range(first, first + 10)
+            await self.client.send(*[_call(f"burst-{i}", "deaf__echo", text) for i in ids])
             self.sent += 10
             if self.sent >= 50:
                 self.underway.set()
@@ -117,13 +116,14 @@ class Burst:
 
     async def all_answered(self, *, within: float) -> None:
         responses = self.client.responses
+        keys = [id_key(f"burst-{i}") for i in range(self.count)]
         await self.client.wait_until(
-            lambda: all(responses[id_key(id)] for id in range(self.count)),
+            lambda: all(responses[key] for key in keys),
             max(within, 0),
-            lambda: f"{sum(1 for i in range(self.count) if responses[id_key(i)])} answers of 400",
+            lambda: f"{sum(1 for key in keys if responses[key])} answers of 400",
         )
-        for id in range(self.count):
-            answers = responses[id_key(id)]
+        for key in keys:
+            answers = responses[key]
             assert len(answers) == 1, answers
             assert answers[0].get("error", {}).get("code") in (TIMEOUT, QUEUE_FULL), answers[0]
 
