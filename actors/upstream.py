@@ -347,7 +347,10 @@ class Upstream:
         stdin = self._stdin
         if not messages or stdin is None or self._abandoned is not None:
             return  # (the process is gone or going: the reader fails what was in flight)
-        data = b"".join(map(jsonrpc.encode, messages))
+        try:
+            data = b"".join(map(jsonrpc.encode, messages))
+        except TypeError:  # (orjson's errors are TypeErrors) one of them: find it
+            data = b"".join(self._encode_each(messages))
         if not self._backlog and not self._writing:
             try:
                 with map_transport_errors():
@@ -360,6 +363,30 @@ class Upstream:
         self._backlog.append(data)
         self._backlog_bytes += len(data)
         self._backlog_ready.set()
+
+    def _encode_each(self, messages: list[Message]) -> list[bytes]:
+        """Encode messages one by one; one that cannot be is not written, and if it
+        is a request in flight, its caller is answered now (decode refuses what
+        encode cannot write, so this is a bug of the broker's, contained)."""
+        out = []
+        for message in messages:
+            try:
+                out.append(jsonrpc.encode(message))
+            except TypeError as exc:
+                self._log.error("server.unencodable_message", error=str(exc))
+                id = message.get("id")
+                entry = self._protocol.requests.forget(id) if isinstance(id, int) else None
+                if entry is not None and isinstance(id, int):
+                    self._protocol.deadlines.discard(id)
+                    cast(SessionHandle, entry.session).deliver(
+                        jsonrpc.error_response(
+                            entry.client_id,
+                            INTERNAL_ERROR,
+                            f"mcpbroker could not write this request to {self.name!r} ({exc})",
+                            data={"server": self.name},
+                        )
+                    )
+        return out
 
     def _write_soon(self, message: Message) -> None:
         """Write a message of the broker's own (a ping reply, a cancellation).

@@ -205,3 +205,29 @@ async def test_parked_requests_are_answered_when_the_server_fails_to_start(
         (error,), _ = await outbox.receive()
     assert error["id"] == "p" and error["error"]["code"] == jsonrpc.CONNECTION_CLOSED
     assert not script.requests("tools/call")
+
+
+async def test_a_request_the_encoder_refuses_fails_alone(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # (jsonrpc.decode refuses such nesting; this is the defence behind it.)
+    script = ScriptedServer(nursery)
+    upstream = Upstream("s", ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+    await nursery.start(upstream.run)
+    await upstream.wait_ready()
+    send, outbox = open_outbox()
+    session = SessionHandle(send, trio.CancelScope())
+    deep: Any = []
+    for _ in range(300):  # past what orjson writes
+        deep = [deep]
+    batch = [tool_call("deep", "echo", deep=deep), tool_call("fine", "echo")]
+    await upstream.send(ClientRequest(session, batch, 100))
+    with trio.fail_after(1):
+        got = {}
+        while len(got) < 2:
+            for message in (await outbox.receive())[0]:
+                message = message if isinstance(message, dict) else message.read()
+                got[message["id"]] = message
+    assert got["deep"]["error"]["code"] == jsonrpc.INTERNAL_ERROR
+    assert "result" in got["fine"]
+    assert [c["params"]["name"] for c in script.requests("tools/call")] == ["echo"]
