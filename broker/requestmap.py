@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, Message, RequestId
+from broker.jsonrpc import INVALID_REQUEST, LIMIT_REACHED, JsonRpcError, Message, RequestId
 
 
 @attrs.define(slots=True)
@@ -35,7 +35,10 @@ class InFlight:
 
 
 class RequestMap:
-    def __init__(self) -> None:
+    def __init__(self, server: str = "", limit: int = 1 << 62) -> None:
+        """``limit``: the most requests in flight at once (-32005 past it)."""
+        self.server = server
+        self.limit = limit
         self._next_id = 1
         self._by_upstream: dict[int, InFlight] = {}
         # (session, client id) -> upstream id. Client ids are int or str (never
@@ -56,7 +59,8 @@ class RequestMap:
         """Record a client's request and rewrite it, in place, for upstream.
 
         Returns the upstream id. Raises -32600 if the session already has a
-        request in flight with the same id (MCP forbids reusing one).
+        request in flight with the same id (MCP forbids reusing one), -32005
+        if the map is full.
         """
         client_id = request["id"]
         if type(client_id) is not int and type(client_id) is not str:
@@ -68,6 +72,14 @@ class RequestMap:
                 INVALID_REQUEST,
                 f"Invalid Request: id {client_id!r} is already in use by a request in flight",
                 data={"id": client_id},
+            )
+        if len(self._by_upstream) >= self.limit:
+            raise JsonRpcError(
+                LIMIT_REACHED,
+                f"MCP server {self.server!r} already has {self.limit} requests in flight "
+                f"(the limit is broker.maxServerInFlight)",
+                data={"server": self.server},
+                id=client_id,
             )
         upstream_id = self._next_id
         self._next_id += 1

@@ -29,7 +29,6 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    LIMIT_REACHED,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -115,7 +114,7 @@ class UpstreamProtocol:
         self.max_in_flight = max_in_flight
         self.phase = Phase.HANDSHAKE
         self.identity: ServerIdentity | None = None
-        self.requests = RequestMap()
+        self.requests = RequestMap(name, max_in_flight)
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
         self.server_requests = ServerRequests(name, numbering)
         self.fanout = Fanout()
@@ -214,14 +213,6 @@ class UpstreamProtocol:
 
     def _open(self, session: Hashable, request: Message, now: float) -> int:
         """Record a request to forward (rewriting it in place); its upstream id."""
-        if len(self.requests) >= self.max_in_flight:
-            raise JsonRpcError(
-                LIMIT_REACHED,
-                f"MCP server {self.name!r} already has {len(self.requests)} requests in flight "
-                f"(the limit is broker.maxServerInFlight = {self.max_in_flight})",
-                data={"server": self.name},
-                id=request["id"],
-            )
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         self.last_active[session] = upstream_id
@@ -377,14 +368,12 @@ class UpstreamProtocol:
         Returns that line's index (``len(lines)``: none)."""
         for i in range(start, len(lines)):
             line = lines[i]
-            if type(line) is not bytes:
-                return i
-            answer = split_answer(line)
+            answer = split_answer(line) if isinstance(line, bytes) else None
             session = None if answer is None else self.answer_fast(answer)
             if session is None:
                 return i
             deliveries.setdefault(session, []).append(answer)
-            sizes[session] = sizes.get(session, 0) + len(line)
+            sizes[session] = sizes.get(session, 0) + len(line)  # type: ignore[arg-type]
         return len(lines)
 
     def oversize(self, line: Oversize, limit: int) -> list[Action]:
