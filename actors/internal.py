@@ -18,6 +18,7 @@ from broker.envelope import Answer
 from broker.jsonrpc import JsonRpcError, Message
 
 OUTBOX_SIZE = 1024
+ORJSON_DEPTH = 1024  # as deep as orjson reads
 CANCEL_TIMEOUT = 1.0
 
 
@@ -33,8 +34,8 @@ class InternalClient:
         async for messages, size in self._receive:
             self.handle.written(size)
             for message in messages:
-                if isinstance(message, Answer):
-                    message = message.read()
+                if isinstance(message, Answer):  # (a list may hold a deep item, left out later)
+                    message = message.read(ORJSON_DEPTH)
                 if isinstance(message, dict) and "method" not in message:
                     waiter = self._waiting.pop(message.get("id"), None)  # type: ignore[arg-type]
                     if waiter is not None:

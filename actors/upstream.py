@@ -54,7 +54,7 @@ from actors.server_actor import (
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
-from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message
+from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message, TooDeep
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -600,7 +600,9 @@ class Upstream:
                         error=exc.message,
                         line=line[:200].decode(errors="replace"),
                     )
-                    continue
+                    if not isinstance(exc, TooDeep) or not isinstance(exc.response_id, int):
+                        continue
+                    actions = self._protocol.fail_now(exc.response_id, exc.message)
                 except HandshakeError as exc:
                     _deliver_all(deliveries, sizes)  # what came before it still goes out
                     return f"failed the initialize handshake: {exc}"

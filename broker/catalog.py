@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import orjson
 
+from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
@@ -252,9 +253,19 @@ class Catalog:
         raise JsonRpcError(INVALID_PARAMS, f"Unknown resource template: {uri}")
 
 
+# The deepest item a list may hold: a list answer wraps each item in three
+# levels (the response, its result, the list) and a batch in one more.
+MAX_ITEM_DEPTH = jsonrpc.MAX_DEPTH - 4
+
+
 def valid_item(kind: Kind, item: Any) -> bool:
-    """Whether a server's list item can be listed and routed (its key is a string)."""
-    return isinstance(item, dict) and isinstance(item.get(kind.id_field), str)
+    """Whether a server's list item can be listed and routed (its key is a
+    string) and written back (it nests no deeper than :data:`MAX_ITEM_DEPTH`)."""
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get(kind.id_field), str)
+        and not jsonrpc.depth_exceeds(item, MAX_ITEM_DEPTH)
+    )
 
 
 def _well_formed(entry: ServerEntry) -> ServerEntry:

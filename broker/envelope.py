@@ -69,12 +69,12 @@ class Answer:
         """The answer as one line, newline included."""
         return b"".join(self.pieces())
 
-    def read(self) -> Any:
+    def read(self, max_depth: int = jsonrpc.MAX_DEPTH) -> Any:
         """The answer parsed, for the rare reader that must look inside (a
         batch, the broker's own requests); an error response for its id if the
-        server's line is not JSON."""
+        server's line is not JSON (or nests deeper than ``max_depth``)."""
         try:
-            return jsonrpc.decode(self.encode())
+            return jsonrpc.decode(self.encode(), max_depth)
         except jsonrpc.JsonRpcError as exc:
             return jsonrpc.error_response(
                 self.id, jsonrpc.INTERNAL_ERROR, f"The server's answer is not JSON ({exc.message})"

@@ -4,7 +4,9 @@ A message is kept as the plain ``dict`` orjson decodes it into; the broker
 reads the few fields it routes on and passes everything else through. Every
 number survives that: one orjson cannot hold exactly (an integer past 64
 bits, which it would make a float, or ``1e400``, which it refuses) is kept as
-written, as an ``orjson.Fragment`` (:func:`decode`). What is
+written, as an ``orjson.Fragment`` (:func:`decode`). Nothing deeper than
+:data:`MAX_DEPTH` is taken, so that whatever the broker reads it can also
+write (orjson reads 1024 levels but writes only 254). What is
 wrong with a message is raised as :class:`JsonRpcError`, which carries the
 error object to send back (in the spirit of h11's ``error_status_hint``), so
 an actor can answer and go on.
@@ -31,6 +33,11 @@ INTERNAL_ERROR = -32603
 CONNECTION_CLOSED = -32000  # the upstream server went away (or never came up)
 REQUEST_TIMEOUT = -32001
 LIMIT_REACHED = -32005  # a configured limit (in flight, queued bytes) would be passed
+
+# The deepest nesting of arrays and objects taken, the message itself counting
+# as one level. Well below the 254 levels orjson writes, so whatever the broker
+# builds around a message (a batch, a list result) can still be written.
+MAX_DEPTH = 128
 
 
 class JsonRpcError(Exception):
@@ -76,8 +83,9 @@ def notification(method: str, params: dict[str, Any] | None = None) -> Message:
     return message
 
 
-def decode(line: bytes) -> Any:
-    """Parse one line of JSON, or raise a -32700 :class:`JsonRpcError`.
+def decode(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse one line of JSON, or raise a :class:`JsonRpcError`: -32700 if it is
+    not JSON, :class:`TooDeep` (-32600) if it nests deeper than ``max_depth``.
 
     Every number comes back as written: one orjson cannot hold (an integer
     past 64 bits, which it would make a float; ``1e400``, which it refuses)
@@ -86,16 +94,66 @@ def decode(line: bytes) -> Any:
     try:
         message = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        return _beyond_orjson(line, exc)
-    return _EXACT.decode(line.decode()) if needs_exact(line) else message
+        message = _beyond_orjson(line, exc)
+        _check_depth(message, max_depth)
+        return message
+    # One pass in C over a copy of the line answers both questions: digits
+    # and minus signs become "0" (a run of 20 may be a number orjson cannot
+    # hold), and "{" becomes "[" (fewer than max_depth of them, and the line
+    # cannot nest deeper).
+    shape = line.translate(_SHAPE)
+    if _LONG in shape:
+        message = _EXACT.decode(line.decode())
+    if shape.count(b"[") > max_depth:
+        _check_depth(message, max_depth)
+    return message
 
 
 def needs_exact(line: bytes) -> bool:
     """Whether ``line`` may hold an integer orjson cannot keep: a run of 20
     characters that are digits or minus signs (any integer with fewer digits
     fits in 64 bits). A false alarm (such a run in a string, or ``2**64 - 1``)
-    only costs the slower exact parse. One pass in C over a copy of the line."""
-    return _LONG in line.translate(_DIGITS)
+    only costs the slower exact parse."""
+    return _LONG in line.translate(_SHAPE)
+
+
+class TooDeep(JsonRpcError):
+    """A message nested deeper than the broker takes. ``id`` is the request's
+    (so its sender gets an answer); ``response_id`` the id of a response (so
+    the broker can fail the request it answered)."""
+
+    def __init__(self, depth: int, message: Any) -> None:
+        is_call = isinstance(message, dict) and "method" in message
+        raw_id = message.get("id") if isinstance(message, dict) else None
+        super().__init__(
+            INVALID_REQUEST,
+            f"Invalid Request: nested deeper than {depth} levels",
+            id=raw_id if is_call and is_valid_id(raw_id) else None,
+        )
+        self.response_id: RequestId | None = raw_id if not is_call and is_valid_id(raw_id) else None
+
+
+def depth_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether ``value`` nests arrays and objects deeper than ``max_depth``
+    (a scalar is depth 0, ``[]`` depth 1). Iterative: no recursion limit."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            children: Any = item.values()
+        elif type(item) is list:
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _check_depth(message: Any, max_depth: int) -> None:
+    if depth_exceeds(message, max_depth):
+        raise TooDeep(max_depth, message)
 
 
 def _beyond_orjson(line: bytes, error: orjson.JSONDecodeError) -> Any:
@@ -127,7 +185,9 @@ def _no_constant(text: str) -> Any:
 _EXACT = json.JSONDecoder(
     parse_int=_exact_int, parse_float=_exact_float, parse_constant=_no_constant
 )
-_DIGITS = bytes(ord("0") if b in b"-0123456789" else b for b in range(256))
+_SHAPE = bytes(
+    ord("0") if b in b"-0123456789" else ord("[") if b == ord("{") else b for b in range(256)
+)
 _LONG = b"0" * 20
 
 

@@ -380,20 +380,29 @@ class UpstreamProtocol:
         """A line from the server over the size limit: if it was an answer, its
         caller gets an error now (not a timeout later); either way it is said."""
         upstream_id = answer_id(line.head, line.tail)
-        entry = None if upstream_id is None else self.requests.forget(upstream_id)
-        detail = (
-            f"a message of {line.size} bytes, over the limit (broker.maxMessageBytes = {limit})"
-        )
-        if entry is None or upstream_id is None:
+        detail = f"a message of {line.size} bytes, over broker.maxMessageBytes ({limit})"
+        data = {"server": self.name, "size": line.size, "limit": limit}
+        failed = [] if upstream_id is None else self.fail_now(upstream_id, detail, data)
+        if not failed:
             return [Warn("server.message_too_large", f"dropped {detail}")]
+        return [*failed, Warn("server.answer_too_large", detail)]
+
+    def fail_now(
+        self, upstream_id: int, detail: str, data: dict[str, Any] | None = None
+    ) -> list[Action]:
+        """The server answered this request with something the broker cannot
+        take (``detail``): its caller gets -32603 now; [] if nobody waits."""
+        entry = self.requests.forget(upstream_id)
+        if entry is None:
+            return []
         self.deadlines.discard(upstream_id)
         error = jsonrpc.error_response(
             entry.client_id,
             INTERNAL_ERROR,
             f"MCP server {self.name!r} answered with {detail}",
-            data={"server": self.name, "size": line.size, "limit": limit},
+            data=data or {"server": self.name},
         )
-        return [Deliver(entry.session, error), Warn("server.answer_too_large", detail)]
+        return [Deliver(entry.session, error)]
 
     def server_gone(self, reason: str) -> list[Deliver]:
         """The server exited or its pipe broke: fail every request in flight."""
