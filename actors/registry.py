@@ -111,7 +111,7 @@ class Registry:
                 try:
                     self._handle(event)
                 except Exception:  # a bug of the broker's: this event only, not the daemon
-                    self._log.exception("catalog.event_failed", event=repr(event))
+                    self._log.exception("catalog.event_failed", failed=repr(event))
 
     # -- events ---------------------------------------------------------------
 

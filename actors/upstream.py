@@ -51,6 +51,7 @@ from actors.server_actor import (
     Status,
     UpstreamStatistics,
 )
+from actors.stderr import pump_stderr
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.framing import LineFramer, Oversize
@@ -80,7 +81,6 @@ INBOX_BYTES = 32 * 1024 * 1024
 # 64 clients x 16, and throughput up about a tenth).
 DISPATCH_BATCH = 8
 READ_CHUNK = 256 * 1024
-STDERR_LINE_LIMIT = 64 * 1024
 STARTUP_TIMEOUT = 30.0
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
@@ -442,7 +442,7 @@ class Upstream:
         try:
             self.events.send_nowait(event)
         except trio.WouldBlock:
-            self._log.error("server.event_dropped", event=repr(event), reason="registry busy")
+            self._log.error("server.event_dropped", dropped=repr(event), reason="registry busy")
 
     # -- supervisor ---------------------------------------------------------
 
@@ -647,22 +647,7 @@ class Upstream:
                 self._unpark()
 
     async def _pump_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
-        framer = LineFramer(STDERR_LINE_LIMIT)
-        while True:
-            try:
-                with map_transport_errors():
-                    data = await stderr.receive_some(READ_CHUNK)
-            except TransportClosed:
-                return
-            if not data:
-                return
-            for line in framer.feed(data):
-                text = (
-                    f"<{line.size} bytes>"
-                    if isinstance(line, Oversize)
-                    else line.decode(errors="replace")
-                )
-                self._log.info("server.stderr", line=text)
+        await pump_stderr(stderr, self._log)
 
 
 def _count(item: InboxItem) -> int:
