@@ -92,9 +92,9 @@ def demo_config() -> dict[str, Any]:
 def _serve(args: Any) -> int:
     import trio
 
-    from actors.listener import AlreadyRunning
+    from actors.listener import StartError
     from actors.logs import configure_logging, get_logger
-    from actors.paths import default_socket_path
+    from actors.paths import UnsafePath, default_socket_path
     from broker.config import ConfigError, load_config, parse_config
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
@@ -109,11 +109,23 @@ def _serve(args: Any) -> int:
     _tune_gc()
     try:
         trio.run(_run_daemon, config, socket_path)
-    except AlreadyRunning as exc:
+    except BaseExceptionGroup as group:  # (from the nursery the daemon runs in)
+        refused, rest = group.split((StartError, UnsafePath))
+        if refused is None or rest is not None:
+            raise
+        print(f"mcpbroker: {_first_leaf(refused)}", file=sys.stderr)
+        return 1
+    except (StartError, UnsafePath) as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 1
     log.info("daemon.stopped")
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception in a (nested) exception group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 # Container allocations between two young-generation collections (CPython's

@@ -17,9 +17,9 @@ import attrs
 import trio
 
 import broker.upstream
-from actors.listener import hold_socket_lock, serve_unix
+from actors.listener import claim_socket_path, hold_socket_lock, serve_unix
 from actors.logs import get_logger
-from actors.paths import ensure_private_dir
+from actors.paths import prepare_socket_dir
 from actors.registry import Registry
 from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
@@ -68,10 +68,12 @@ class Daemon:
         return attrs.asdict(self.statistics())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled. Raises AlreadyRunning if another daemon has the socket."""
+        """Serve until cancelled. Raises StartError (AlreadyRunning if another
+        daemon has the socket) or UnsafePath if it cannot serve this socket."""
         self._started = trio.current_time()
-        ensure_private_dir(os.path.dirname(self.socket_path) or ".")
+        prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
+            claim_socket_path(self.socket_path)  # (before the nursery: a one-line error)
             for warning in self.config.warnings:
                 self._log.warning("config.warning", detail=warning)
             async with trio.open_nursery() as nursery:

@@ -3,24 +3,44 @@
 One daemon per socket. A lock file beside the socket (``SOCKET.lock``, held
 with ``flock`` for the daemon's life) decides it: a daemon that cannot take
 the lock exits with :class:`AlreadyRunning`, and one that can knows any socket
-file already there is a stale leftover of a dead daemon and replaces it. The
-socket is created mode 0600 in a directory of mode 0700.
+file already there is a stale leftover of a dead daemon and replaces it;
+anything else at that path (a regular file, a directory) is never removed:
+the daemon refuses to start. The socket is created mode 0600 in a directory
+of mode 0700 (actors/paths.py), the lock file is opened without following
+symlinks, and each connection's peer uid is checked: another user's is
+refused and logged.
+
+Running out of descriptors (EMFILE and friends) while accepting does not
+flood the log: the loop backs off and reports at most once every
+:data:`REPORT_EVERY` seconds, with a count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket as stdlib_socket
+import stat
 from collections.abc import Awaitable, Callable, Iterator
 
 import trio
 
+from actors.logs import get_logger
+from actors.paths import UnsafePath, open_private, peer_uid
+
 BACKLOG = 512
+ACCEPT_RETRY = 0.1  # seconds to wait after an accept that failed for want of resources
+REPORT_EVERY = 10.0  # seconds between two log lines about such failures
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
-class AlreadyRunning(Exception):
+class StartError(Exception):
+    """The daemon cannot serve this socket; the message says why, in one line."""
+
+
+class AlreadyRunning(StartError):
     """Another daemon serves this socket."""
 
 
@@ -28,7 +48,10 @@ class AlreadyRunning(Exception):
 def hold_socket_lock(socket_path: str) -> Iterator[None]:
     """Hold the daemon lock for ``socket_path``, or raise :class:`AlreadyRunning`."""
     lock_path = socket_path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = open_private(lock_path)
+    except (UnsafePath, OSError) as exc:
+        raise StartError(f"cannot use the lock file {lock_path}: {exc}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -55,9 +78,20 @@ def _socket_is_live(socket_path: str) -> bool:
     return True
 
 
+def claim_socket_path(socket_path: str) -> None:
+    """Make ``socket_path`` free to bind, or raise :class:`StartError`: a stale
+    socket is removed; a live one, or anything that is not a socket, is left
+    alone. The caller must hold :func:`hold_socket_lock`."""
+    _remove_stale_socket(socket_path)
+
+
 def _remove_stale_socket(socket_path: str) -> None:
-    if not os.path.exists(socket_path):
+    try:
+        info = os.lstat(socket_path)
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise StartError(f"{socket_path} exists and is not a socket; refusing to replace it")
     if _socket_is_live(socket_path):
         raise AlreadyRunning(f"a daemon is already listening on {socket_path}")
     os.unlink(socket_path)
@@ -89,8 +123,36 @@ async def serve_unix(
     listener = await open_unix_listener(socket_path)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handler, [listener])
             task_status.started()
+            await _accept_loop(listener, handler, nursery)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    handler: Callable[[trio.SocketStream], Awaitable[None]],
+    nursery: trio.Nursery,
+) -> None:
+    log = get_logger()
+    uid = os.getuid()
+    failures, reported = 0, -REPORT_EVERY
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_RESOURCES:
+                raise
+            failures += 1
+            if trio.current_time() - reported >= REPORT_EVERY:
+                log.error("listener.accept_failed", error=os.strerror(exc.errno), count=failures)
+                failures, reported = 0, trio.current_time()
+            await trio.sleep(ACCEPT_RETRY)
+            continue
+        other = peer_uid(stream.socket)
+        if other is not None and other != uid:
+            log.warning("listener.foreign_peer_refused", peer_uid=other)
+            await stream.aclose()
+            continue
+        nursery.start_soon(handler, stream)

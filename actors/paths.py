@@ -1,27 +1,58 @@
-"""Where things live by default: the daemon's socket and the config file.
+"""Where things live by default, and the checks that keep them the user's own.
 
 Standard library only: the ``connect`` shim imports this module.
+
+The daemon's directory is derived from the uid alone, never from variables
+that hosts drop (the official SDKs give a stdio server only HOME, PATH, USER,
+SHELL, TERM and LOGNAME), so a host and a terminal reach the same daemon:
+``/run/user/UID/mcpbroker`` when ``/run/user/UID`` is the user's (systemd
+makes it), else ``~/.local/state/mcpbroker`` under the home directory of the
+user database (not ``$HOME``). Never a predictable path in a shared
+directory, which another user could create first (docs/security.md).
+
+Before use the directory is created 0700 and checked (:func:`ensure_private_dir`):
+a real directory, not a symlink, owned by the user, with no group or other
+permissions; files in it are opened without following symlinks
+(:func:`open_private`), and both ends of every connection check the other's
+uid (:func:`peer_uid`).
 """
 
 from __future__ import annotations
 
+import _socket  # (not ``socket``: the shim avoids its import time)
 import os
+import pwd
+import stat
+import struct
+from typing import Any
 
 SOCKET_ENV = "MCPBROKER_SOCKET"
 CONFIG_ENV = "MCPBROKER_CONFIG"
 SOCKET_NAME = "mcpbroker.sock"
+# AF_UNIX paths are at most 107 bytes on Linux (104 on macOS).
+MAX_SOCKET_PATH = 104
+
+
+class UnsafePath(Exception):
+    """A path the daemon will not use: it is not the user's alone."""
 
 
 def default_socket_path() -> str:
-    """``$MCPBROKER_SOCKET``, else ``$XDG_RUNTIME_DIR/mcpbroker/``, else a per-user temp dir."""
+    """``$MCPBROKER_SOCKET``, else ``mcpbroker.sock`` in :func:`runtime_dir`."""
     explicit = os.environ.get(SOCKET_ENV)
     if explicit:
         return explicit
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "mcpbroker", SOCKET_NAME)
-    temp = os.environ.get("TMPDIR") or "/tmp"
-    return os.path.join(temp, f"mcpbroker-{os.getuid()}", SOCKET_NAME)
+    return os.path.join(runtime_dir(), SOCKET_NAME)
+
+
+def runtime_dir(uid: int | None = None, run_user: str = "/run/user") -> str:
+    """The daemon's directory for ``uid`` (this process's): see the module's doc."""
+    uid = os.getuid() if uid is None else uid
+    base = os.path.join(run_user, str(uid))
+    if _is_private_dir(base, uid):
+        return os.path.join(base, "mcpbroker")
+    home = pwd.getpwuid(uid).pw_dir
+    return os.path.join(home, ".local", "state", "mcpbroker")
 
 
 def default_config_path() -> str:
@@ -39,5 +70,78 @@ def log_path_for(socket_path: str) -> str:
 
 
 def ensure_private_dir(path: str) -> None:
-    """Create the socket's directory, readable by this user alone."""
+    """Create ``path`` (mode 0700) if need be, then check that it is this user's
+    alone; raise :class:`UnsafePath` saying why not."""
     os.makedirs(path, mode=0o700, exist_ok=True)
+    uid = os.getuid()
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafePath(f"{path} is not a directory (a symlink?); refusing to use it")
+    if info.st_uid != uid:
+        raise UnsafePath(
+            f"{path} belongs to uid {info.st_uid}, not to this user ({uid}); refusing to "
+            "use it (another user may have made it: remove it, or set MCPBROKER_SOCKET)"
+        )
+    if info.st_mode & 0o077:
+        raise UnsafePath(
+            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"refusing to use it (chmod 700 {path})"
+        )
+
+
+def prepare_socket_dir(socket_path: str) -> None:
+    """Make ready the directory of the daemon's socket, or raise :class:`UnsafePath`:
+    created 0700 and checked if it is the default one or does not exist yet,
+    else checked as a directory the user chose (:func:`check_socket_dir`)."""
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    if directory == runtime_dir() or not os.path.lexists(directory):
+        ensure_private_dir(directory)
+    check_socket_dir(socket_path)
+
+
+def check_socket_dir(socket_path: str) -> None:
+    """Check the directory of a socket path given by the user (``--socket``,
+    ``$MCPBROKER_SOCKET``): private to this user, or a sticky directory such as
+    /tmp (where nobody else can remove or rename what we make in it; what they
+    might make there first is refused by :func:`open_private` and the uid checks)."""
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    if len(socket_path.encode()) > MAX_SOCKET_PATH:
+        raise UnsafePath(
+            f"the socket path {socket_path} is longer than a unix socket allows "
+            f"({MAX_SOCKET_PATH} bytes): set MCPBROKER_SOCKET to a shorter one"
+        )
+    info = os.stat(directory)
+    open_to_others = info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX
+    if open_to_others or (info.st_uid not in (os.getuid(), 0)):
+        raise UnsafePath(
+            f"{directory} can be changed by other users; refusing to put the daemon's socket there"
+        )
+
+
+def open_private(path: str, flags: int = os.O_RDWR) -> int:
+    """Open (or create, mode 0600) a file of the daemon's without following a
+    symlink, and check that it is a regular file of this user's; a descriptor."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        raise UnsafePath(f"{path} is not a regular file of this user's; refusing to use it")
+    return fd
+
+
+def peer_uid(sock: Any) -> int | None:
+    """The uid of the process at the other end of a unix socket (None where the
+    platform cannot tell: only Linux's SO_PEERCRED is read)."""
+    option = getattr(_socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    credentials = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    return int(struct.unpack("3i", credentials)[1])
+
+
+def _is_private_dir(path: str, uid: int) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not info.st_mode & 0o022

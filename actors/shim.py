@@ -21,7 +21,15 @@ import stat
 import sys
 import time
 
-from actors.paths import default_config_path, default_socket_path, ensure_private_dir, log_path_for
+from actors.paths import (
+    UnsafePath,
+    default_config_path,
+    default_socket_path,
+    log_path_for,
+    open_private,
+    peer_uid,
+    prepare_socket_dir,
+)
 
 USAGE = """usage: mcpbroker connect [--socket PATH] [--config FILE] [--server NAME ...]
 
@@ -110,6 +118,13 @@ def _connect(socket_path: str) -> _socket.socket | None:
     except OSError as exc:
         sock.close()
         raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror}") from None
+    other = peer_uid(sock)
+    if other is not None and other != os.getuid():
+        sock.close()
+        raise DaemonUnavailable(
+            f"the process listening on {socket_path} runs as uid {other}, not as this user "
+            f"({os.getuid()}); refusing to talk to it"
+        )
     return sock
 
 
@@ -122,9 +137,13 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             f"no daemon is listening on {socket_path} and there is no config file at "
             f"{config} to start one with (pass --config FILE, or run 'mcpbroker serve')"
         )
-    ensure_private_dir(os.path.dirname(socket_path))
     log_path = log_path_for(socket_path)
-    with open(log_path, "ab") as log:
+    try:
+        prepare_socket_dir(socket_path)
+        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND)
+    except (UnsafePath, OSError) as exc:
+        raise DaemonUnavailable(str(exc)) from None
+    with os.fdopen(log_fd, "ab") as log:
         child = subprocess.Popen(
             [
                 sys.executable,
