@@ -64,6 +64,12 @@ def _main(argv: list[str]) -> int:
         default="auto",
         help="auto: human-readable on a terminal, JSON otherwise",
     )
+    serve.add_argument(
+        "--log-file",
+        metavar="PATH",
+        default=None,
+        help="write JSON lines to PATH instead of stderr; it rotates at 10 MiB, keeping 3",
+    )
     commands.add_parser("connect", help="stdio shim for MCP hosts (see 'mcpbroker connect --help')")
     commands.add_parser("demo-config", help="print the built-in demo configuration")
     commands.add_parser("bench", help="load-test a server (see 'mcpbroker bench --help')")
@@ -93,12 +99,17 @@ def _serve(args: Any) -> int:
     import trio
 
     from actors.listener import StartError
-    from actors.logs import configure_logging, get_logger
+    from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
     from broker.config import ConfigError, load_config, parse_config
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
-    configure_logging(args.log_level, json=json_logs)
+    try:
+        stream = RotatingLog(args.log_file) if args.log_file else None
+    except (UnsafePath, OSError) as exc:
+        print(f"mcpbroker: cannot write the log file {args.log_file}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level, stream=stream, json=json_logs)
     log = get_logger()
     try:
         config = parse_config(demo_config()) if args.demo else load_config(args.config)

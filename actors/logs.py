@@ -1,18 +1,57 @@
-"""structlog set-up for the daemon: human-readable on a terminal, JSON otherwise."""
+"""structlog set-up for the daemon: human-readable on a terminal, JSON otherwise,
+or JSON lines into a file that rotates (``--log-file``: what a daemon started
+by the shim writes)."""
 
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import os
 import sys
 from typing import Any, TextIO
 
 import structlog
 
+from actors.paths import open_private
+
 LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FILE_BYTES = 10 * 1024 * 1024  # a log file rotates past this size...
+LOG_FILE_BACKUPS = 3  # ...keeping this many older ones: at most 40 MiB in all
+
+
+class RotatingLog:
+    """A file for structlog's ``WriteLogger``: each line one record of the standard
+    library's ``RotatingFileHandler``, whose files are opened without following a
+    symlink and readable by the user alone."""
+
+    def __init__(
+        self, path: str, max_bytes: int = LOG_FILE_BYTES, backups: int = LOG_FILE_BACKUPS
+    ) -> None:
+        self._handler = _PrivateRotatingFileHandler(
+            path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
+        )
+
+    def write(self, text: str) -> None:
+        self._handler.emit(logging.makeLogRecord({"msg": text.rstrip("\n")}))
+
+    def flush(self) -> None:
+        self._handler.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    def _open(self) -> Any:  # (a TextIOWrapper, as the base class opens)
+        fd = open_private(self.baseFilename, os.O_WRONLY | os.O_APPEND)
+        return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def configure_logging(
-    level: str = "info", *, stream: TextIO | None = None, json: bool | None = None
+    level: str = "info",
+    *,
+    stream: TextIO | RotatingLog | None = None,
+    json: bool | None = None,
 ) -> None:
     """Send every log line to ``stream`` (stderr), filtered at ``level``."""
     stream = stream or sys.stderr
@@ -32,7 +71,7 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

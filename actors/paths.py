@@ -20,6 +20,7 @@ uid (:func:`peer_uid`).
 from __future__ import annotations
 
 import _socket  # (not ``socket``: the shim avoids its import time)
+import errno
 import os
 import pwd
 import stat
@@ -121,7 +122,12 @@ def check_socket_dir(socket_path: str) -> None:
 def open_private(path: str, flags: int = os.O_RDWR) -> int:
     """Open (or create, mode 0600) a file of the daemon's without following a
     symlink, and check that it is a regular file of this user's; a descriptor."""
-    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"{path} is a symlink; refusing to follow it") from None
+        raise
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
         os.close(fd)

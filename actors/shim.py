@@ -154,6 +154,8 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
                 config,
                 "--socket",
                 socket_path,
+                "--log-file",
+                log_path,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
