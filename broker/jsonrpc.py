@@ -100,11 +100,11 @@ def decode(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
     # One pass in C over a copy of the line answers both questions: digits
     # and minus signs become "0" (a run of 20 may be a number orjson cannot
     # hold), and "{" becomes "[" (fewer than max_depth of them, and the line
-    # cannot nest deeper).
+    # cannot nest deeper; nor can a line of at most 2 * max_depth bytes).
     shape = line.translate(_SHAPE)
     if _LONG in shape:
         message = _EXACT.decode(line.decode())
-    if shape.count(b"[") > max_depth:
+    if len(line) > 2 * max_depth and shape.count(b"[") > max_depth:
         _check_depth(message, max_depth)
     return message
 
