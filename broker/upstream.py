@@ -47,6 +47,7 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    LIMIT_REACHED,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
