@@ -274,17 +274,15 @@ class UpstreamProtocol:
         the server is not ready. Raises what :meth:`client_request` would (a
         reused id). The actor calls it first to skip building actions.
         """
-        if self.phase is not Phase.READY or self.turns.on:
+        # (The gate, and the tools a warmed-up instance checks calls against,
+        # are the general path's.)
+        if self.phase is not Phase.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
         if method == "tools/call":
             params = request.get("params")
-            if type(params) is dict:
-                if "task" in params and isinstance(params["task"], dict):
-                    return False
-                tools = self.checked
-                if tools is not None and params.get("name") not in tools:
-                    return False
+            if type(params) is dict and "task" in params and isinstance(params["task"], dict):
+                return False
         elif method in NOTED_METHODS:
             return False
         self._open(session, request, now)
