@@ -673,9 +673,7 @@ class UpstreamProtocol:
                 turns.roots_asked(route.session)
             return [Deliver(route.session, route.message)]
         actions: list[Action] = [SendUpstream(route.message)]
-        if route.reason == "ambiguous" or route.reason == "not capable":
-            actions.append(Warn("server.request_refused", route.message["error"]["message"]))
-        elif route.reason == "no cause" and method != "roots/list":
+        if route.reason != "unknown" and "error" in route.message:  # (not roots: none)
             actions.append(Warn("server.request_refused", route.message["error"]["message"]))
         return actions
 

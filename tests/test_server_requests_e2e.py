@@ -82,7 +82,7 @@ async def test_a_request_no_client_can_answer_fails_cleanly(socket_path: str) ->
         ):
             # The server's sampling request gets an error, which the SDK server
             # passes on as the error of the tool call.
-            with pytest.raises(MCPError, match="did not declare the .sampling. capability"):
+            with pytest.raises(MCPError, match=r"did not declare the 'sampling' capability"):
                 await plain.call_tool("ask_llm", {"prompt": "anyone?"})
             assert text_of(await plain.call_tool("echo", {"text": "fine"})) == "fine"
 

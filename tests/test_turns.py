@@ -217,7 +217,7 @@ def test_the_holder_cannot_keep_the_turn_while_others_wait() -> None:
     assert all(extra[:HOLDER_EXTRA]) and not any(extra[HOLDER_EXTRA:])
     for message in [first] + [m for batch in extra for m in batch]:
         answer(proto, message["id"])
-    [b1] = proto.take_released()
+    [_] = proto.take_released()
     assert proto.turns.holder == B
 
 
@@ -430,7 +430,11 @@ def test_a_server_request_reaches_only_the_session_that_caused_it(
                     assert action.session == cause  # the one rule: never anyone else
                     assert action.session not in model.gone
                     model.asked[action.message["id"]] = action.session
-            if mode == "exclusive" and cause is not None and supports(capable[cause], method, params):
+            if (
+                mode == "exclusive"
+                and cause is not None
+                and supports(capable[cause], method, params)
+            ):
                 assert isinstance(actions[0], Deliver)  # one at a time: never in doubt
             model.apply(actions)
         elif kind == "reply" and model.asked:
