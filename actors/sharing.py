@@ -17,6 +17,16 @@ list requests and reports status and ``list_changed`` to it.
   session was assigned when it attached (subscriptions), and what every
   instance may need to hear (cancellations, answers to server requests,
   departures, log levels) goes to all of them: each acts only on its own.
+
+**Ready before the first call.** Every instance of a group *warms up*
+(broker/upstream.py): after its handshake it lists its own tools, and it
+counts as ready, and is handed the requests that waited for it (in order,
+bounded), only once it offers the tools the catalog instance offers (it
+re-lists on each ``tools/list_changed``), or after
+:data:`actors.upstream.WARM_UP_TIMEOUT`. A server that registers tools only
+after ``notifications/initialized`` thus never sees a call before it can
+serve it; a call for a tool the instance does not offer gets -32602 naming
+the server and the tool.
 """
 
 from __future__ import annotations
@@ -54,7 +64,10 @@ class ServerGroup:
     def _instance(self, index: int) -> Upstream:
         """Instance ``index``; the first (the catalog's) follows the config's startup."""
         lazy = index == 0 and self.config.startup == "lazy"
-        return Upstream(self.name, self.config, self.settings, lazy=lazy)
+        expected = None if index == 0 else self._catalog.tools
+        return Upstream(
+            self.name, self.config, self.settings, lazy=lazy, warm_up=True, expected_tools=expected
+        )
 
     # -- the face of an Upstream -----------------------------------------------
 
@@ -166,7 +179,9 @@ class PooledServer(ServerGroup):
         # Instance i numbers its requests to clients i+1, i+1+N, ...: never the same.
         lazy = self.config.startup == "lazy"
         numbering = (index + 1, self.config.pool)
-        return Upstream(self.name, self.config, self.settings, lazy=lazy, numbering=numbering)
+        return Upstream(
+            self.name, self.config, self.settings, lazy=lazy, numbering=numbering, warm_up=True
+        )
 
     def request_start(self) -> None:
         for instance in self._pool:

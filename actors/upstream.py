@@ -82,6 +82,9 @@ INBOX_BYTES = 32 * 1024 * 1024
 DISPATCH_BATCH = 8
 READ_CHUNK = 256 * 1024
 STARTUP_TIMEOUT = 30.0
+# How long after its start an instance that warms up (per-session, pool) may
+# take to offer the tools the catalog shows before it is taken as ready anyway.
+WARM_UP_TIMEOUT = 10.0
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
@@ -108,6 +111,8 @@ class Upstream:
         lazy: bool = False,
         events: trio.MemorySendChannel[Any] | None = None,
         numbering: tuple[int, int] = (1, 1),
+        warm_up: bool = False,
+        expected_tools: frozenset[str] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -134,7 +139,14 @@ class Upstream:
         self._requests = 0
         self._timeouts_count = 0
         self._protocol = UpstreamProtocol(
-            name, self._timeouts, numbering, settings.max_server_in_flight
+            name,
+            self._timeouts,
+            numbering,
+            settings.max_server_in_flight,
+            server_requests=config.server_requests,
+            max_waiting=settings.max_waiting_requests,
+            warm_up=warm_up,
+            expected_tools=expected_tools,
         )
         self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
@@ -174,6 +186,11 @@ class Upstream:
     @property
     def identity(self) -> Any:
         return self._protocol.identity
+
+    @property
+    def tools(self) -> frozenset[str] | None:
+        """The names of the tools this instance offers, if it warms up and has listed them."""
+        return self._protocol.tools
 
     def statistics(self) -> UpstreamStatistics:
         return UpstreamStatistics(
@@ -226,6 +243,8 @@ class Upstream:
                     out.extend(self._handle(item, now))
                 except Exception:  # a bug of the broker's: this item only, not the daemon
                     self._log.exception("server.inbox_item_failed", item=type(item).__name__)
+                if self._protocol.released:  # requests whose turn came (broker/turns.py)
+                    out += self._protocol.take_released()
                 self._taken(item)
             self._send_nowait(out)
 
@@ -506,6 +525,8 @@ class Upstream:
             nursery.start_soon(self._watch_startup, nursery.cancel_scope)
             nursery.start_soon(self._expire_requests)
             nursery.start_soon(self._drain_backlog, self._stdin)
+            if self._protocol.warm_up:
+                nursery.start_soon(self._watch_warm_up)
             self._send_nowait([self._protocol.start()])
             reason = await self._read(FastIO(link.receive_stream))
             nursery.cancel_scope.cancel()
@@ -532,6 +553,14 @@ class Upstream:
                 self._timeouts_count += answered
                 self._log.warning("server.requests_timed_out", count=answered)
             self._apply(actions)
+            if self._protocol.released:
+                self._send_nowait(self._protocol.take_released())
+
+    async def _watch_warm_up(self) -> None:
+        """An instance that lists its tools before it is ready waits that long at
+        most for the tools the catalog shows (broker/upstream.py, warm-up)."""
+        await trio.sleep(WARM_UP_TIMEOUT)
+        self._apply(self._protocol.warm_up_expired())
 
     async def _watch_startup(self, scope: trio.CancelScope) -> None:
         with trio.move_on_after(STARTUP_TIMEOUT):
@@ -619,6 +648,8 @@ class Upstream:
                     sizes.clear()
                     self._apply([action], size)
         _deliver_all(deliveries, sizes)
+        if self._protocol.released:  # requests whose turn came (broker/turns.py)
+            self._send_nowait(self._protocol.take_released())
         for method in changed:
             self._apply([ListChanged(jsonrpc.notification(method))])
         return None

@@ -35,6 +35,8 @@ from broker.naming import DEFAULT_SEPARATOR
 DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024  # per client's outbox, per server's write backlog
 DEFAULT_MAX_IN_FLIGHT = 4096  # requests per session
 DEFAULT_MAX_SERVER_IN_FLIGHT = 16384  # requests per server instance
+DEFAULT_MAX_WAITING = 1024  # requests waiting for their turn, per server instance
+SERVER_REQUEST_MODES = ("auto", "exclusive", "concurrent")
 
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
@@ -61,6 +63,8 @@ class ServerConfig:
     share: str = "shared"
     pool: int = 1
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
+    # Requests to clients: "auto", "exclusive" or "concurrent" (broker/turns.py).
+    server_requests: str = "auto"
 
 
 @attrs.frozen
@@ -76,6 +80,8 @@ class BrokerSettings:
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # requests one session may have in flight
     max_server_in_flight: int = DEFAULT_MAX_SERVER_IN_FLIGHT  # ... and one server instance
+    # Requests that may wait for their turn on a server that takes one client at a time.
+    max_waiting_requests: int = DEFAULT_MAX_WAITING
 
 
 @attrs.frozen
@@ -199,6 +205,8 @@ def parse_config(data: Any) -> Config:
         raise ConfigError('"broker.maxQueuedBytes" must be at least "broker.maxMessageBytes"')
     if broker.max_in_flight < 1 or broker.max_server_in_flight < 1:
         raise ConfigError('"broker.maxInFlight" and "broker.maxServerInFlight" must be at least 1')
+    if broker.max_waiting_requests < 1:
+        raise ConfigError('"broker.maxWaitingRequests" must be at least 1')
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
@@ -213,6 +221,7 @@ _BROKER_KEYS = {
     "maxQueuedBytes": "max_queued_bytes",
     "maxInFlight": "max_in_flight",
     "maxServerInFlight": "max_server_in_flight",
+    "maxWaitingRequests": "max_waiting_requests",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -227,6 +236,7 @@ _SERVER_KEYS = {
     "share": "share",
     "pool": "pool",
     "timeout": "timeout",
+    "serverRequests": "server_requests",
 }
 
 
@@ -252,6 +262,11 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         )
     if not 1 <= server.pool <= 64 or (server.pool > 1 and server.share != "shared"):
         raise ConfigError(f'"{where}.pool" must be 1 to 64, and only with "share": "shared"')
+    if server.server_requests not in SERVER_REQUEST_MODES:
+        raise ConfigError(
+            f'"{where}.serverRequests" must be "auto", "exclusive" or "concurrent", '
+            f"not {server.server_requests!r}"
+        )
     if server.startup not in ("eager", "lazy"):
         raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
     if server.type is not None and server.type not in TRANSPORTS:

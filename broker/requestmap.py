@@ -15,7 +15,7 @@ a message goes beyond "this session"; the actor delivers.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Container, Hashable
 from typing import Any
 
 import attrs
@@ -48,9 +48,11 @@ class RequestMap:
     def __len__(self) -> int:
         return len(self._by_upstream)
 
-    def sessions(self) -> list[Hashable]:
-        """The session of each request in flight, oldest request first."""
-        return [entry.session for entry in self._by_upstream.values()]
+    def sessions(self, skip: Container[int] = ()) -> list[Hashable]:
+        """The sessions with requests in flight (but those in ``skip``), once
+        each, in the order of their oldest request."""
+        found = (entry.session for uid, entry in self._by_upstream.items() if uid not in skip)
+        return list(dict.fromkeys(found))
 
     def count(self, session: Hashable) -> int:
         return sum(1 for entry in self._by_upstream.values() if entry.session == session)

@@ -1,21 +1,22 @@
-"""Requests a shared server sends to a client: which client, and in whose ids.
+"""Requests a server sends to a client: which client, and in whose ids.
 
 A server asks its client for sampling (``sampling/createMessage``), user input
 (``elicitation/create``) or the roots it may use (``roots/list``). Behind the
 broker, "its client" is one of many sessions. On stdio nothing in the
-message says which client request caused it, so the broker decides by this
-rule (docs/rules/server-requests.md):
+message says which client request caused it, so the broker never guesses
+(docs/rules/server-requests.md). :meth:`ServerRequests.route` is given the
+*causes*: the sessions with requests at the server when the request came.
+The gate (broker/turns.py) sees to it that there is at most one once the
+server has shown that it asks clients things.
 
-1. Only sessions that declared the needed capability are candidates (for a
-   URL-mode elicitation, ``elicitation.url``).
-2. Among them, a session with a request in flight on this server is chosen
-   before one without, and the one whose request is the most recent wins:
-   with one session in flight (the common case) that is exactly the cause.
-   Several sessions in flight make the choice a guess, which
-   :class:`Route` reports as ``ambiguous`` so the broker can log a warning
-   recommending ``"share": "per-session"`` for such servers.
-3. Otherwise the session that used the server most recently.
-4. No candidate at all: the server gets a JSON-RPC error.
+1. Exactly one cause: the request is that session's. If that session did not
+   declare the capability the request needs (``sampling``, ``elicitation``,
+   or ``elicitation.url`` for a URL-mode elicitation, ``roots``), the server
+   gets an error saying so; the request never goes to another session.
+2. No cause: nobody's. ``roots/list`` is answered with no roots (the union
+   of the roots of no client); sampling and elicitation get an error.
+3. Several causes (a ``"concurrent"`` server, or the first such request of an
+   ``"auto"`` one): the server gets an error; no session is picked.
 
 The request reaches the client with an id of the broker's own,
 ``"mcpbroker:SERVER:N"`` (unique per server, so sessions never see two
@@ -25,7 +26,7 @@ server's id restored.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any
 
 import attrs
@@ -63,7 +64,14 @@ def server_of(downstream_id: Any) -> str | None:
 class Route:
     session: Hashable
     message: Message  # the request, rewritten for the client
-    ambiguous: bool  # several sessions had requests in flight: the choice was a guess
+
+
+@attrs.frozen
+class Refusal:
+    """The answer the server gets instead (``reason``: why, for the log)."""
+
+    message: Message
+    reason: str
 
 
 @attrs.define
@@ -84,37 +92,55 @@ class ServerRequests:
     def route(
         self,
         request: Message,
-        in_flight: Iterable[Hashable],
-        attached: dict[Hashable, dict[str, Any]],
-    ) -> Route | Message:
-        """Where a server's request goes (a Route), or the error to answer it with.
+        causes: list[Hashable],
+        capabilities: dict[Hashable, dict[str, Any]],
+    ) -> Route | Refusal:
+        """Where a server's request goes (a Route), or what the server gets instead.
 
-        ``in_flight`` lists the sessions of the requests in flight on this
-        server, oldest first; ``attached`` maps every session using the server
-        to its capabilities, least recently active first.
+        ``causes`` lists, once each, the sessions with requests at the server
+        when it sent this one; ``capabilities`` maps the sessions using the
+        server to what they declared.
         """
         method, params = request["method"], request.get("params") or {}
         if method not in CAPABILITY_OF:
-            return jsonrpc.error_response(
-                request["id"], METHOD_NOT_FOUND, f"Method not found: {method}"
+            return _refuse(request, METHOD_NOT_FOUND, f"Method not found: {method}", "unknown")
+        if not causes:
+            if method == "roots/list":
+                return Refusal(jsonrpc.result_response(request["id"], {"roots": []}), "no cause")
+            return _refuse(
+                request,
+                INTERNAL_ERROR,
+                f"mcpbroker: no client request is in progress on this server, so no client "
+                f"can be asked ({method} goes only to the client whose request caused it)",
+                "no cause",
             )
-        capable = {s for s, caps in attached.items() if supports(caps, method, params)}
-        busy = list(dict.fromkeys(reversed(list(in_flight))))  # most recent first
-        chosen = next((s for s in busy if s in capable), None)
-        if chosen is None:
-            chosen = next((s for s in reversed(attached) if s in capable), None)
-        if chosen is None:
-            return jsonrpc.error_response(
-                request["id"],
+        if len(causes) > 1:
+            return _refuse(
+                request,
+                INTERNAL_ERROR,
+                f"mcpbroker: {len(causes)} clients have requests in progress on this server, "
+                f"so which one caused {method} is unknown; it is refused, not guessed "
+                '(see "serverRequests" in the broker\'s configuration)',
+                "ambiguous",
+            )
+        (cause,) = causes
+        if not supports(capabilities.get(cause, {}), method, params):
+            needs = CAPABILITY_OF[method]
+            if method == "elicitation/create" and params.get("mode") == "url":
+                needs = "elicitation.url"
+            return _refuse(
+                request,
                 METHOD_NOT_FOUND,
-                f"No client connected through mcpbroker can handle {method}",
+                f"mcpbroker: the client whose request caused {method} did not declare "
+                f"the {needs!r} capability",
+                "not capable",
             )
         downstream_id = f"{ID_PREFIX}{self.server}:{self._next}"
         self._next += self._step
-        self._pending[downstream_id] = _Pending(chosen, request["id"], method)
+        self._pending[downstream_id] = _Pending(cause, request["id"], method)
         if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
-            self._elicitations[params["elicitationId"]] = chosen
-        return Route(chosen, {**request, "id": downstream_id}, ambiguous=len(busy) > 1)
+            self._elicitations[params["elicitationId"]] = cause
+        return Route(cause, {**request, "id": downstream_id})
 
     def answer(self, session: Hashable, response: Message) -> Message | None:
         """A client's response, in the server's terms (None: not ours to pass on)."""
@@ -158,3 +184,7 @@ class ServerRequests:
             )
         self._elicitations = {k: s for k, s in self._elicitations.items() if s != session}
         return errors
+
+
+def _refuse(request: Message, code: int, message: str, reason: str) -> Refusal:
+    return Refusal(jsonrpc.error_response(request["id"], code, message), reason)

@@ -9,7 +9,25 @@ server writes, and carries out the actions it returns:
 - :class:`Broadcast`: give this notification to every session using the server;
 - :class:`ListChanged`: one of the server's lists changed: the catalog refreshes
   it before sessions hear of it;
-- :class:`Ready`: the handshake is done (the server's identity attached).
+- :class:`Ready`: the server is ready for clients (the server's identity
+  attached): its handshake is done and, for an instance that warms up, it
+  has listed its tools (below).
+
+**The gate.** A server that sends requests to clients is given requests of
+one session at a time (broker/turns.py; docs/rules/server-requests.md), so
+that the session each such request belongs to is known, never guessed.
+While the gate is off (every server until it first asks a client something,
+unless configured otherwise) nothing here changes on the hot path but one
+test. Requests whose turn came are written from :attr:`UpstreamProtocol.released`,
+which the actor empties after each thing it hands the protocol.
+
+**Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
+ready only once it has answered a ``tools/list`` of the broker's own and
+offers the tools the catalog shows (``expected_tools``), re-listing on each
+``notifications/tools/list_changed``, or once the actor gives up waiting
+(:meth:`UpstreamProtocol.warm_up_expired`). An instance given expected tools
+(a per-session one) answers a call for a tool it does not offer with -32602
+naming the server and the tool.
 """
 
 from __future__ import annotations
@@ -29,6 +47,7 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    LIMIT_REACHED,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -41,9 +60,10 @@ from broker.lifecycle import (
     read_initialize_result,
 )
 from broker.requestmap import InFlight, RequestMap
-from broker.server_requests import Route, ServerRequests
+from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
+from broker.turns import DEFAULT_LIMIT, Turns
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 DEFAULT_MAX_IN_FLIGHT = 16384
@@ -97,6 +117,7 @@ Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn
 
 class Phase(enum.Enum):
     HANDSHAKE = "handshake"
+    WARMING = "warming"  # handshake done, listing its tools (warm-up instances)
     READY = "ready"
     GONE = "gone"
 
@@ -108,10 +129,26 @@ class UpstreamProtocol:
         timeouts: TimeoutPolicy | None = None,
         numbering: tuple[int, int] = (1, 1),
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        *,
+        server_requests: str = "auto",
+        max_waiting: int = DEFAULT_LIMIT,
+        warm_up: bool = False,
+        expected_tools: frozenset[str] | None = None,
     ) -> None:
         self.name = name
         self.numbering = numbering
         self.max_in_flight = max_in_flight
+        self.warm_up = warm_up
+        self.expected_tools = expected_tools
+        # The names of the tools this instance offers (warm-up instances, once
+        # listed; None: not known, not checked).
+        self.tools: frozenset[str] | None = None
+        # What calls are checked against: its tools, if it was expected to offer some.
+        self.checked: frozenset[str] | None = None
+        self._listing: str | None = None  # the id of the broker's own tools/list
+        self._listed: set[str] = set()  # its pages so far
+        self.turns = Turns(server_requests, max_waiting)
+        self.released: list[Message] = []  # requests whose turn came, to write now
         self.phase = Phase.HANDSHAKE
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap(name, max_in_flight)
@@ -123,16 +160,19 @@ class UpstreamProtocol:
         self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities.
         self.sessions: dict[Hashable, dict[str, Any]] = {}
-        # Session -> the upstream id of its latest request (a clock of activity).
-        self.last_active: dict[Hashable, int] = {}
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
         fresh = UpstreamProtocol(
-            self.name, self.deadlines.policy, self.numbering, self.max_in_flight
+            self.name,
+            self.deadlines.policy,
+            self.numbering,
+            self.max_in_flight,
+            warm_up=self.warm_up,
+            expected_tools=self.expected_tools,
         )
+        fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
-        fresh.last_active = self.last_active
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
@@ -157,9 +197,15 @@ class UpstreamProtocol:
             )
         if self.forward_fast(session, request, now):
             return [SendUpstream(request)]
-        method, params = request["method"], request.get("params") or {}
+        method, params = request["method"], request.get("params")
+        if not isinstance(params, dict):
+            params = {}
         note: Any = None
-        if method in ("resources/subscribe", "resources/unsubscribe"):
+        if method == "tools/call":
+            self._check_tool(request, params)
+            if isinstance(params.get("task"), dict):
+                note = "creates-task"
+        elif method in ("resources/subscribe", "resources/unsubscribe"):
             note = _uri_of(request)
             answered = self._subscription(session, request, note)
             if answered is not None:
@@ -169,10 +215,57 @@ class UpstreamProtocol:
             note = "task"
         elif method == "tasks/list":
             note = "task-list"
-        else:  # a tools/call that creates a task (the rest took the fast path)
-            note = "creates-task"
-        self.requests.note(self._open(session, request, now), note)
+        upstream_id = self._open(session, request, now)
+        if note is not None:
+            self.requests.note(upstream_id, note)
+        if self.turns.on:
+            return self._take_turn(session, request, upstream_id)
         return [SendUpstream(request)]
+
+    def _check_tool(self, request: Message, params: dict[str, Any]) -> None:
+        """A call for a tool this (warmed-up) instance does not offer is refused here."""
+        tools, name = self.checked, params.get("name")
+        if tools is not None and name not in tools:
+            raise JsonRpcError(
+                INVALID_PARAMS,
+                f"MCP server {self.name!r} does not offer a tool {name!r}",
+                data={"server": self.name, "tool": name},
+                id=request["id"],
+            )
+
+    def _take_turn(self, session: Hashable, request: Message, upstream_id: int) -> list[Action]:
+        """The gate is on: the request goes now (with whatever must precede it)
+        or waits for its session's turn."""
+        turns = self.turns
+        if turns.admit(session, len(self.requests) - len(turns.held) - 1):
+            actions: list[Action] = [SendUpstream(m) for m in turns.take(session)]
+            actions.append(SendUpstream(request))
+            return actions
+        if turns.full():
+            self.requests.forget(upstream_id)
+            self.deadlines.discard(upstream_id)
+            raise JsonRpcError(
+                LIMIT_REACHED,
+                f"MCP server {self.name!r} serves one client at a time (it sends requests to "
+                f"clients) and {len(turns.held)} requests already wait for their turn",
+                data={"server": self.name},
+                id=request["id"],
+            )
+        turns.hold(upstream_id, session, request)
+        return []
+
+    def _settle(self) -> None:
+        """Requests were answered or forgotten while the gate is on: if the
+        server is idle, the next session's turn comes (see :attr:`released`)."""
+        turns = self.turns
+        out = turns.settle(len(self.requests) - len(turns.held))
+        if out:
+            self.released += out
+
+    def take_released(self) -> list[Message]:
+        """The requests whose turn came (and what precedes them), to write now."""
+        out, self.released = self.released, []
+        return out
 
     def forward_fast(self, session: Hashable, request: Message, now: float = 0.0) -> bool:
         """The common case of :meth:`client_request` (which starts with it): a
@@ -181,7 +274,9 @@ class UpstreamProtocol:
         the server is not ready. Raises what :meth:`client_request` would (a
         reused id). The actor calls it first to skip building actions.
         """
-        if self.phase is not Phase.READY:
+        # (The gate, and the tools a warmed-up instance checks calls against,
+        # are the general path's.)
+        if self.phase is not Phase.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
         if method == "tools/call":
@@ -215,7 +310,6 @@ class UpstreamProtocol:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
-        self.last_active[session] = upstream_id
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
@@ -233,7 +327,7 @@ class UpstreamProtocol:
 
     def _log_level_actions(self, level: str | None) -> list[Action]:
         has_logging = self.identity is not None and "logging" in self.identity.capabilities
-        if level is None or not has_logging or self.phase is not Phase.READY:
+        if level is None or not has_logging or self.phase not in _UP:
             return []
         return [SendUpstream(self._own_request("logging/setLevel", {"level": level}))]
 
@@ -252,9 +346,11 @@ class UpstreamProtocol:
 
     def client_notification(self, session: Hashable, message: Message) -> Message | None:
         """A client's notification this server should hear (roots changed)."""
-        if message["method"] == "notifications/roots/list_changed" and session in self.sessions:
-            return message
-        return None
+        if message["method"] != "notifications/roots/list_changed" or session not in self.sessions:
+            return None
+        if self.turns.on and not self.turns.has_roots_of(session):
+            return None  # the server has another client's roots: it asks this one on its turn
+        return message
 
     def expire(self, now: float) -> list[Action]:
         """Requests that outlived their timeout: cancel upstream, answer with an error."""
@@ -263,6 +359,8 @@ class UpstreamProtocol:
             entry = self.requests.forget(upstream_id)
             if entry is None:
                 continue
+            if not self.turns.drop(upstream_id):  # (a held request never reached the server)
+                actions.append(SendUpstream(_cancelled(upstream_id, "timed out")))
             timeout = self.deadlines.policy.timeout
             error = jsonrpc.error_response(
                 entry.client_id,
@@ -271,10 +369,9 @@ class UpstreamProtocol:
                 f"(no answer or progress for {timeout:g} s)",
                 data={"server": self.name},
             )
-            actions += [
-                SendUpstream(_cancelled(upstream_id, "timed out")),
-                Deliver(entry.session, error),
-            ]
+            actions.append(Deliver(entry.session, error))
+        if self.turns.on:
+            self._settle()
         return actions
 
     def client_cancelled(self, session: Hashable, params: dict[str, Any]) -> Message | None:
@@ -283,17 +380,26 @@ class UpstreamProtocol:
         if upstream_id is None:
             return None
         self.deadlines.discard(upstream_id)
+        if self.turns.on:
+            held = self.turns.drop(upstream_id)
+            self._settle()
+            if held:
+                return None  # it never reached the server
         return _cancelled(upstream_id, params.get("reason"))
 
     def session_closed(self, session: Hashable) -> list[Message]:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
-        self.last_active.pop(session, None)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
-        out = [_cancelled(upstream_id, "client disconnected") for upstream_id in gone]
+        turns = self.turns
+        sent = [upstream_id for upstream_id in gone if not turns.drop(upstream_id)]
+        out = [_cancelled(upstream_id, "client disconnected") for upstream_id in sent]
         out += self.server_requests.session_gone(session)
+        turns.session_gone(session)
+        if turns.on:
+            self._settle()
         self.tasks.forget_session(session)
         if self.phase is Phase.READY:
             emptied, level = self.fanout.session_gone(session)
@@ -336,6 +442,8 @@ class UpstreamProtocol:
         if entry is None:
             return None
         self.deadlines.discard(upstream_id)
+        if self.turns.on:
+            self._settle()
         message["id"] = entry.client_id
         return entry.session
 
@@ -351,6 +459,8 @@ class UpstreamProtocol:
         if entry is None:
             return None
         self.deadlines.discard(upstream_id)
+        if self.turns.on:
+            self._settle()
         answer.id = entry.client_id
         return entry.session
 
@@ -396,6 +506,8 @@ class UpstreamProtocol:
         if entry is None:
             return []
         self.deadlines.discard(upstream_id)
+        if self.turns.on:
+            self._settle()
         error = jsonrpc.error_response(
             entry.client_id,
             INTERNAL_ERROR,
@@ -409,6 +521,8 @@ class UpstreamProtocol:
         self.phase = Phase.GONE
         self.last_error = reason
         self.deadlines = Deadlines(self.deadlines.policy)
+        self.turns.held.clear()  # (failed below with the rest)
+        self.released.clear()
         return [self._fail(entry, reason) for entry in self.requests.drain()]
 
     def _fail(self, entry: InFlight, reason: str) -> Deliver:
@@ -424,10 +538,14 @@ class UpstreamProtocol:
         if self.phase is Phase.HANDSHAKE and message.get("id") == HANDSHAKE_ID:
             return self._handshake_done(message)
         upstream_id = message.get("id")
+        if upstream_id == self._listing and self._listing is not None:
+            return self._tools_listed(message)
         entry = self.requests.close(message)
         if entry is None:
             return []
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
+        if self.turns.on:
+            self._settle()
         if entry.note is None:  # nearly every response (a subscription notes its URI)
             return [Deliver(entry.session, message)]
         if entry.method == "resources/subscribe" and "error" in message:
@@ -442,13 +560,70 @@ class UpstreamProtocol:
 
     def _handshake_done(self, message: Message) -> list[Action]:
         self.identity = read_initialize_result(message)  # may raise HandshakeError
-        self.phase = Phase.READY
+        warming = self.warm_up and "tools" in self.identity.capabilities
+        self.phase = Phase.WARMING if warming else Phase.READY
         actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
         # A restarted server: renew what its sessions had asked of the last one.
         for uri in self.fanout.subscribed_uris():
             actions.append(SendUpstream(self._own_request("resources/subscribe", {"uri": uri})))
         actions += self._log_level_actions(self.fanout.upstream_level())
+        if warming:
+            return [*actions, self._list_tools()]
         return [*actions, Ready(self.identity)]
+
+    # -- warm-up: the instance's own tools ----------------------------------
+
+    def _list_tools(self, cursor: str | None = None) -> SendUpstream:
+        """Ask the server for its tools (a first page, or the next one)."""
+        if cursor is None:
+            self._listed = set()
+        request = self._own_request("tools/list", {} if cursor is None else {"cursor": cursor})
+        self._listing = request["id"]
+        return SendUpstream(request)
+
+    def _tools_listed(self, message: Message) -> list[Action]:
+        result = message.get("result")
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list):  # refused: nothing to check against
+            self._listing = None
+            return self._warmed(None)
+        for tool in tools:
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                self._listed.add(tool["name"])
+        cursor = result.get("nextCursor") if isinstance(result, dict) else None
+        if isinstance(cursor, str) and cursor:
+            return [self._list_tools(cursor)]
+        self._listing = None
+        return self._warmed(frozenset(self._listed))
+
+    def _warmed(self, tools: frozenset[str] | None) -> list[Action]:
+        """The instance listed its tools: ready once it offers the expected ones."""
+        self.tools = tools
+        self.checked = None if self.expected_tools is None else tools
+        if self.phase is not Phase.WARMING:
+            return []
+        expected = self.expected_tools
+        if tools is not None and expected is not None and not expected <= tools:
+            return []  # some come later: it says so with tools/list_changed
+        return self._ready()
+
+    def _ready(self) -> list[Action]:
+        assert self.identity is not None
+        self.phase = Phase.READY
+        return [Ready(self.identity)]
+
+    def warm_up_expired(self) -> list[Action]:
+        """The actor waited long enough for the expected tools: ready anyway
+        (calls for the tools still missing get -32602)."""
+        if self.phase is not Phase.WARMING:
+            return []
+        missing = sorted((self.expected_tools or frozenset()) - (self.tools or frozenset()))
+        warn = Warn(
+            "server.tools_missing",
+            f"this instance does not offer {', '.join(missing) or 'its tools list'} "
+            "that the catalog shows; calls for them are refused",
+        )
+        return [warn, *self._ready()]
 
     def _notification(self, message: Message, now: float) -> list[Action]:
         method = message["method"]
@@ -478,27 +653,28 @@ class UpstreamProtocol:
         if method == "notifications/resources/updated":
             return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
         if method in LIST_CHANGED:
+            if self.warm_up and method == "notifications/tools/list_changed":
+                self.tools = self.checked = None  # not checked until listed again
+                return [ListChanged(message), self._list_tools()]
             return [ListChanged(message)]
         return [Broadcast(message)]
 
     def _server_request(self, message: Message) -> list[Action]:
-        if message["method"] == "ping":
+        method = message["method"]
+        if method == "ping":
             return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
-        recency = self.last_active.get
-        attached = dict(sorted(self.sessions.items(), key=lambda item: recency(item[0], 0)))
-        route = self.server_requests.route(message, self.requests.sessions(), attached)
-        if not isinstance(route, Route):
-            return [SendUpstream(route)]
-        actions: list[Action] = [Deliver(route.session, route.message)]
-        if route.ambiguous:
-            actions.append(
-                Warn(
-                    "server.request_ambiguous",
-                    f"{message['method']} arrived while several sessions had requests in flight; "
-                    "it went to the most recent one. If this server keeps per-client state, "
-                    'configure it with "share": "per-session".',
-                )
-            )
+        turns = self.turns
+        causes = self.requests.sessions(turns.held)
+        if method in CAPABILITY_OF:
+            turns.server_asks(method, causes)
+        route = self.server_requests.route(message, causes, self.sessions)
+        if isinstance(route, Route):
+            if method == "roots/list":
+                turns.roots_asked(route.session)
+            return [Deliver(route.session, route.message)]
+        actions: list[Action] = [SendUpstream(route.message)]
+        if route.reason != "unknown" and "error" in route.message:  # (not roots: none)
+            actions.append(Warn("server.request_refused", route.message["error"]["message"]))
         return actions
 
 
@@ -506,6 +682,9 @@ class UpstreamProtocol:
 NOTED_METHODS = frozenset({"resources/subscribe", "resources/unsubscribe", "tasks/list"}) | (
     TASK_METHODS
 )
+
+
+_UP = (Phase.WARMING, Phase.READY)
 
 
 def _uri_of(request: Message) -> str:

@@ -43,11 +43,12 @@ def rooted(*uris: str) -> Any:
 
 
 async def test_each_request_reaches_the_only_client_that_can_answer_it(socket_path: str) -> None:
-    """A can sample, B can elicit; both call at once, again and again."""
+    """A can sample, B can elicit; both call at once, again and again (on a
+    server configured to take one client at a time from the start)."""
     results: dict[str, list[str]] = {"a": [], "b": []}
     with trio.fail_after(60):
         async with (
-            running_daemon({"s": sdk_server()}, socket_path),
+            running_daemon({"s": {**sdk_server(), "serverRequests": "exclusive"}}, socket_path),
             shim_client(
                 socket_path,
                 "s",
@@ -81,7 +82,7 @@ async def test_a_request_no_client_can_answer_fails_cleanly(socket_path: str) ->
         ):
             # The server's sampling request gets an error, which the SDK server
             # passes on as the error of the tool call.
-            with pytest.raises(MCPError, match="No client connected through mcpbroker can handle"):
+            with pytest.raises(MCPError, match=r"did not declare the 'sampling' capability"):
                 await plain.call_tool("ask_llm", {"prompt": "anyone?"})
             assert text_of(await plain.call_tool("echo", {"text": "fine"})) == "fine"
 

@@ -5,7 +5,9 @@ it. Every copy offers the same tool and prompt names (so aggregation has
 clashes to resolve) and resources under ``test://NAME/``. ``pid`` proves which
 process served a call; ``whoami`` which server; ``slow`` sleeps (reporting
 progress) so a test can kill the server mid-request; ``grow`` adds a tool at
-run time and announces it with ``notifications/tools/list_changed``.
+run time and announces it with ``notifications/tools/list_changed``;
+``ask_llm``, ``ask_user``, ``ask_url`` and ``roots`` send the client a
+request (sampling, a form or URL elicitation, roots) and return its answer.
 """
 
 from __future__ import annotations
@@ -105,6 +107,14 @@ async def ask_user(question: str, ctx: Context) -> str:
     """Ask the client's user (elicitation) and return what they said."""
     result = await ctx.elicit(question, Answer)
     return f"{result.action}: {result.data.answer if result.data else ''}"
+
+
+@server.tool()
+async def ask_url(elicitation_id: str, ctx: Context) -> str:
+    """Ask the client's user to visit a URL (URL-mode elicitation), then say it is done."""
+    result = await ctx.elicit_url("Sign in, please", "https://example.com/in", elicitation_id)
+    await ctx.session.send_elicit_complete(elicitation_id)
+    return result.action
 
 
 @server.tool()
