@@ -177,19 +177,31 @@ class PooledServer(ServerGroup):
 
     def _instance(self, index: int) -> Upstream:
         # Instance i numbers its requests to clients i+1, i+1+N, ...: never the same.
-        lazy = self.config.startup == "lazy"
+        # Instance 0 (the catalog's) follows the config's startup; the others wait
+        # for it (see _grow), so they are lazy until then.
+        lazy = index > 0 or self.config.startup == "lazy"
         numbering = (index + 1, self.config.pool)
         return Upstream(
             self.name, self.config, self.settings, lazy=lazy, numbering=numbering, warm_up=True
         )
 
     def request_start(self) -> None:
-        for instance in self._pool:
-            instance.request_start()
+        self._catalog.request_start()  # (and the others once it is ready: _grow)
 
     async def _started(self) -> None:
         for instance in self._pool[1:]:
-            await self._start(instance)
+            await self._start(instance)  # (it hears sessions arrive, and waits to start)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._grow)
+
+    async def _grow(self) -> None:
+        """Start the other instances once the catalog's is ready, each expecting the
+        tools it offers: like a per-session instance, each is then ready only when it
+        offers them (or refuses calls for those it does not, naming the server)."""
+        await self._catalog.wait_ready()
+        for instance in self._pool[1:]:
+            instance.expect_tools(self._catalog.tools)
+            instance.request_start()
 
     async def send(self, item: InboxItem) -> None:
         if isinstance(item, ClientRequest):
@@ -200,7 +212,7 @@ class PooledServer(ServerGroup):
             return
         if isinstance(item, Attach):
             self._assigned[item.session] = min(
-                self._pool, key=lambda i: sum(1 for a in self._assigned.values() if a is i)
+                self._serving(), key=lambda i: sum(1 for a in self._assigned.values() if a is i)
             )
         elif isinstance(item, Detach):
             self._assigned.pop(item.session, None)
@@ -212,4 +224,17 @@ class PooledServer(ServerGroup):
             assigned = self._assigned.get(session)
             if assigned is not None:
                 return assigned
-        return min(self._pool, key=lambda instance: instance.load)
+        return min(self._serving(), key=lambda instance: instance.load)
+
+    def _serving(self) -> list[Upstream]:
+        """The instances ready for calls now: up, warmed up, and offering every tool
+        the catalog's instance offers (one that is down, restarting, or has not yet
+        registered a tool the others have gets none); the catalog's if none is."""
+        shown = self._catalog.tools
+        ready = [
+            instance
+            for instance in self._pool
+            if instance.status is Status.READY
+            and (shown is None or instance.tools is None or shown <= instance.tools)
+        ]
+        return ready or [self._catalog]

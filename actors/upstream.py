@@ -211,6 +211,11 @@ class Upstream:
         """Requests in flight or waiting: how busy this instance is (for pools)."""
         return len(self._protocol.requests) + self._queued
 
+    def expect_tools(self, tools: frozenset[str] | None) -> None:
+        """From its next start on, this instance is ready only once it offers these
+        tools (see ``expected_tools`` in broker/upstream.py)."""
+        self._protocol.expected_tools = tools
+
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
         self._start_requested.set()

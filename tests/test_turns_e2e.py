@@ -186,3 +186,43 @@ async def test_a_fresh_per_session_server_serves_its_first_call(socket_path: str
                     for _ in range(5):
                         nursery.start_soon(fresh)
     assert failures == []
+
+
+async def test_a_pool_serves_every_call_while_an_instance_restarts(socket_path: str) -> None:
+    """A pool of three servers that offer ``late`` only 0.3 s after initialized:
+    no call goes to an instance that is down, restarting or does not offer it yet,
+    so killing one under load costs no call (issue #11: pooled instances are ready
+    before their first call)."""
+    import os
+    import signal
+
+    pooled = {**late_server(), "share": "shared", "pool": 3}
+    failures: list[str] = []
+    with trio.fail_after(120):
+        async with running_daemon({"late": pooled}, socket_path) as daemon:
+            group: Any = daemon.upstreams["late"]
+            async with shim_client(socket_path, "late") as client:
+                with trio.fail_after(10):  # the catalog instance shows it, then the others
+                    while "late" not in {t.name for t in (await client.list_tools()).tools}:
+                        await trio.sleep(0.1)
+                    while sum(u.status.value == "ready" for u in group.instances()) < 3:
+                        await trio.sleep(0.1)
+                victim = next(u for u in group.instances() if u is not group._catalog)
+                os.kill(victim.statistics().pid, signal.SIGKILL)
+                while victim.status.value == "ready":  # (a call already on it would fail)
+                    await trio.sleep(0.01)
+
+                async def call() -> None:
+                    result = await client.call_tool("late", {})
+                    if result.is_error:
+                        failures.append(text_of(result))
+
+                calls = 0
+                with trio.move_on_after(3):  # through the restart and the warm-up
+                    while True:
+                        async with trio.open_nursery() as nursery:
+                            for _ in range(4):
+                                nursery.start_soon(call)
+                        calls += 4
+                assert victim.statistics().restarts >= 1 and calls > 20
+    assert failures == []
