@@ -188,6 +188,11 @@ class PooledServer(ServerGroup):
     def request_start(self) -> None:
         self._catalog.request_start()  # (and the others once it is ready: _grow)
 
+    async def wait_ready(self) -> None:
+        """Wait until every instance of the pool is ready (for tests and tools)."""
+        for instance in self._pool:
+            await instance.wait_ready()
+
     async def _started(self) -> None:
         for instance in self._pool[1:]:
             await self._start(instance)  # (it hears sessions arrive, and waits to start)
