@@ -17,6 +17,11 @@ DEMO_SERVER_NAME = "demo"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--version"], ["-V"]):
+        from importlib.metadata import version
+
+        print(f"mcpbroker {version('mcpbroker')}")
+        return 0
     if argv[:1] == ["connect"]:
         from actors import shim
 
@@ -42,6 +47,7 @@ def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="mcpbroker", description="Share MCP servers among many MCP clients."
     )
+    parser.add_argument("-V", "--version", action="store_true", help="print the version")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the daemon")
     source = serve.add_mutually_exclusive_group(required=True)

@@ -31,15 +31,18 @@ from actors.paths import (
     prepare_socket_dir,
 )
 
-USAGE = """usage: mcpbroker connect [--socket PATH] [--config FILE] [--server NAME ...]
+USAGE = """usage: mcpbroker connect [--socket PATH] [--config FILE] [NAME ...] [--server NAME ...]
 
 Relay MCP between stdin/stdout and the mcpbroker daemon, starting the daemon
 (with --config FILE, or the default config file) when none is running.
 
+  NAME            see only this server (repeatable; default: every server); the
+                  same as --server NAME, for hosts whose own options take --server
   --socket PATH   the daemon's socket (default: $MCPBROKER_SOCKET or a per-user path)
   --config FILE   config for a daemon this command starts (default: $MCPBROKER_CONFIG
                   or ~/.config/mcpbroker/config.json)
-  --server NAME   see only this server (repeatable; default: every server)
+  --server NAME   see only this server (repeatable)
+  -h, --help      show this help
 """
 CHUNK = 256 * 1024
 BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
@@ -53,12 +56,19 @@ class UsageError(Exception):
     pass
 
 
+class ShowHelp(Exception):
+    """``--help``: print the usage and exit 0."""
+
+
 def parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
     socket_path, config, servers = None, None, []
     args = iter(argv)
     for arg in args:
         if arg in ("-h", "--help"):
-            raise UsageError("")
+            raise ShowHelp
+        if not arg.startswith("-"):
+            servers.append(arg)  # a server's name, as --server NAME
+            continue
         name, eq, value = arg.partition("=")
         if name not in ("--socket", "--config", "--server"):
             raise UsageError(f"unknown argument {arg!r}")
@@ -78,6 +88,9 @@ def parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
 def main(argv: list[str]) -> int:
     try:
         socket_path, config, servers = parse_args(argv)
+    except ShowHelp:
+        print(USAGE, end="")
+        return 0
     except UsageError as exc:
         if str(exc):
             print(f"mcpbroker connect: {exc}", file=sys.stderr)
@@ -143,6 +156,7 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
         log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND)
     except (UnsafePath, OSError) as exc:
         raise DaemonUnavailable(str(exc)) from None
+    start = os.fstat(log_fd).st_size  # (the failure message shows only what follows)
     with os.fdopen(log_fd, "ab") as log:
         child = subprocess.Popen(
             [
@@ -173,16 +187,18 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
         # A daemon that exited may only have lost a race with another shim's
         # daemon: give that one a moment before reporting what this one logged.
         if exited_at is not None and time.monotonic() - exited_at > LOST_RACE_GRACE:
-            raise DaemonUnavailable(f"the daemon failed to start:\n{_tail(log_path)}")
+            raise DaemonUnavailable(f"the daemon failed to start:\n{_tail(log_path, start)}")
         time.sleep(POLL_INTERVAL)
     raise DaemonUnavailable(
         f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"
     )
 
 
-def _tail(path: str, lines: int = 10) -> str:
+def _tail(path: str, start: int = 0, lines: int = 10) -> str:
+    """The last lines of the log from byte ``start`` on (what this daemon wrote)."""
     try:
         with open(path, "rb") as f:
+            f.seek(start)
             return b"".join(f.readlines()[-lines:]).decode(errors="replace")
     except OSError:
         return f"(no log at {path})"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.shim import UsageError, hello_line, parse_args
+from actors.shim import ShowHelp, UsageError, hello_line, parse_args
 from broker.hello import Hello, read_hello
 
 
@@ -25,7 +25,22 @@ def test_parse_args() -> None:
     assert parse_args(argv) == ("/s", "c.json", ["a", "b"])
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--server"], ["--socket="], ["-h"]])
+def test_a_server_may_be_named_without_a_flag() -> None:
+    # (the MCP Inspector takes --server as its own option: `connect time` reaches us)
+    assert parse_args(["time", "--socket", "/s", "--server", "git", "files"]) == (
+        "/s",
+        None,
+        ["time", "git", "files"],
+    )
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--server"], ["--socket="]])
 def test_parse_args_rejects(argv: list[str]) -> None:
     with pytest.raises(UsageError):
+        parse_args(argv)
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], ["time", "--help"]])
+def test_help_is_asked_for(argv: list[str]) -> None:
+    with pytest.raises(ShowHelp):
         parse_args(argv)

@@ -1,0 +1,50 @@
+"""The command line as a user meets it: versions, help, and one-line failures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MCPBROKER, REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def run(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MCPBROKER, *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def test_version() -> None:
+    for flag in ("--version", "-V"):
+        done = run(flag)
+        assert done.returncode == 0 and done.stdout.startswith("mcpbroker 0.")
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["serve"], ["connect"], ["status"], ["bench"], ["demo-config"]]
+)
+def test_every_help_exits_0(command: list[str]) -> None:
+    done = run(*command, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+
+
+def test_the_shims_failure_shows_only_the_failing_daemons_lines(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    socket_path = tmp_path / "s.sock"
+    Path(str(socket_path) + ".log").write_text("a stale line from an earlier daemon\n" * 20)
+    config = tmp_path / "bad.json"
+    config.write_text('{"mcpServers": {"x": {"command": 5}}}')
+    done = run("connect", "--socket", str(socket_path), "--config", str(config), input="")
+    assert done.returncode == 1
+    assert "mcpServers.x.command" in done.stderr
+    assert "stale line" not in done.stderr
