@@ -1,5 +1,6 @@
-"""Trio actors: every task, channel, socket and process of mcpbroker lives here.
+"""Trio actors: every task, channel, socket and process of the daemon lives here.
 
 This package's ``__init__`` imports nothing, so that the thin ``mcpbroker
-connect`` shim (``actors.shim``) loads only the standard library.
+connect`` shim (``cli.shim``) can import ``actors.paths`` and still load only
+the standard library.
 """

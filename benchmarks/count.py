@@ -41,7 +41,7 @@ TRACE_FILE = "MCPBROKER_COUNT_TRACE"  # where the traced daemon writes its count
 def traced_daemon(argv: list[str]) -> int:
     """``mcpbroker`` with every Python line and call counted (``python -m benchmarks.count
     serve ...``); the counts go to the file named by $MCPBROKER_COUNT_TRACE at exit."""
-    from actors.cli import main as cli
+    from cli.main import main as cli
 
     counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
@@ -100,7 +100,7 @@ def count_instructions(args: argparse.Namespace) -> str:
         with tempfile.TemporaryDirectory() as directory:
             out = os.path.join(directory, "cachegrind.out")
             valgrind = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
-            _run(calls, args, (*valgrind, f"--cachegrind-out-file={out}"), "actors.cli")
+            _run(calls, args, (*valgrind, f"--cachegrind-out-file={out}"), "cli.main")
             for _ in range(100):  # valgrind writes it as the daemon exits
                 if os.path.exists(out) and os.path.getsize(out):
                     break

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.loadgen < spec.json`` opens the clients the spec
 lists (unix sockets or child processes on stdio, see
-:class:`actors.bench_engine.Target`), runs one kind of measurement, and prints
+:class:`tools.bench_engine.Target`), runs one kind of measurement, and prints
 one JSON object on stdout. Kinds:
 
 - ``load``: drive every client with ``load``; the result, and the CPU time
@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from actors import bench_proc
-from actors.bench_engine import Engine, Load, Target
+from tools import bench_proc
+from tools.bench_engine import Engine, Load, Target
 
 
 def _targets(spec: dict[str, Any], key: str = "targets") -> list[Target]:

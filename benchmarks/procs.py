@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import orjson
 
-from actors.status import fetch_status
+from cli.status import fetch_status
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -50,7 +50,7 @@ def shim_command(socket_path: str, server: str) -> list[str]:
         prototype = str(REPO / "benchmarks" / "prototype_shim.py")
         return [PYTHON, *flags, prototype, socket_path, server]
     script = Path(PYTHON).parent / "mcpbroker"
-    start = [str(script)] if script.exists() else [PYTHON, "-m", "actors.cli"]
+    start = [str(script)] if script.exists() else [PYTHON, "-m", "cli.main"]
     return [*start, "connect", "--socket", socket_path, "--server", server]
 
 
@@ -80,7 +80,7 @@ def daemon(
     directory: str,
     servers: dict[str, list[str]],
     prefix: tuple[str, ...] = (),
-    module: str = "actors.cli",
+    module: str = "cli.main",
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
@@ -89,7 +89,7 @@ def daemon(
     ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
     (benchmarks/prototype.py).
     """
-    if os.environ.get("MCPBROKER_PATCHES") and module == "actors.cli":
+    if os.environ.get("MCPBROKER_PATCHES") and module == "cli.main":
         module = "benchmarks.prototype"
     config = {
         "mcpServers": {

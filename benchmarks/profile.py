@@ -85,7 +85,7 @@ def record(
     clients, in_flight, tool, arguments = LOADS[load]
     raw = out / f"{load}.txt"
     warmup = 1.5
-    module = "actors.cli"
+    module = "cli.main"
     if patches:  # the prototypes of the proposed changes (benchmarks/prototype.py)
         os.environ["MCPBROKER_PATCHES"] = patches
         module = "benchmarks.prototype"

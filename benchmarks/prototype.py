@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["serve"]:
         apply(os.environ.get("MCPBROKER_PATCHES", ""))
-        from actors.cli import main as cli
+        from cli.main import main as cli
 
         return cli(argv)
     if argv[:1] == ["compare"]:

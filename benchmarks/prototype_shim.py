@@ -1,6 +1,6 @@
 """A prototype shim: one thread, ``poll``, no ``socket``/``threading`` import.
 
-Not what hosts run (that is ``mcpbroker connect``, actors/shim.py, which took
+Not what hosts run (that is ``mcpbroker connect``, cli/shim.py, which took
 this shape in commit 01c988c); the harness runs it instead of the real shim
 when ``MCPBROKER_BENCH_SHIM=prototype`` (or ``prototype-S``: without
 ``site``, to measure the launcher proposed in benchmarks/README.md):

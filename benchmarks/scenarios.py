@@ -21,7 +21,6 @@ from typing import Any
 
 import attrs
 
-from actors import bench_proc
 from benchmarks import procs
 from benchmarks.procs import (
     ECHO_SERVER,
@@ -33,6 +32,7 @@ from benchmarks.procs import (
     shim_command,
     socket_target,
 )
+from tools import bench_proc
 
 ECHO_ARGS = {"text": "hello, broker"}
 MIB = 1024 * 1024

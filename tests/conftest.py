@@ -46,7 +46,7 @@ def sdk_server(name: str = "sdk-test-server") -> dict[str, Any]:
 
 
 def demo_server() -> dict[str, Any]:
-    return {"command": sys.executable, "args": ["-m", "actors.demo_server"], "cwd": str(REPO)}
+    return {"command": sys.executable, "args": ["-m", "tools.demo_server"], "cwd": str(REPO)}
 
 
 @asynccontextmanager

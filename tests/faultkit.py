@@ -28,7 +28,7 @@ import orjson
 import psutil
 import trio
 
-from actors.status import fetch_status
+from cli.status import fetch_status
 from tests.conftest import MCPBROKER, REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

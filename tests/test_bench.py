@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 import trio
 
-from actors import bench
-from actors.bench_engine import Engine, Load, Target
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
+from tools import bench
+from tools.bench_engine import Engine, Load, Target
 
 ECHO_SERVER = [sys.executable, str(REPO / "benchmarks" / "echo_server.py")]
 

@@ -144,7 +144,7 @@ async def test_the_shim_loads_neither_trio_nor_any_other_dependency(socket_path:
                     "-X",
                     "importtime",
                     "-m",
-                    "actors.cli",
+                    "cli.main",
                     "connect",
                     "--socket",
                     socket_path,

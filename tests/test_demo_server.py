@@ -1,4 +1,4 @@
-"""End-to-end tests of actors.demo_server: the real process, driven by the official MCP SDK
+"""End-to-end tests of tools.demo_server: the real process, driven by the official MCP SDK
 client and, for what the SDK would never send, by raw bytes on its stdin."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mcp.types import PromptReference, ResourceTemplateReference, TextContent
 from broker.framing import LineFramer
 
 REPO = Path(__file__).resolve().parent.parent
-COMMAND = [sys.executable, "-m", "actors.demo_server"]
+COMMAND = [sys.executable, "-m", "tools.demo_server"]
 TIMEOUT = 20
 
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.shim import ShowHelp, UsageError, hello_line, parse_args
 from broker.hello import Hello, read_hello
+from cli.shim import ShowHelp, UsageError, hello_line, parse_args
 
 
 @given(st.lists(st.text(min_size=1), min_size=1, max_size=5))

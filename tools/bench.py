@@ -13,7 +13,7 @@ What counts: a JSON-RPC error response is an error, counted by its code; a
 tool result with ``isError: true`` is a tool error, counted apart (the call
 worked, the tool said no); requests never answered are lost. Latency covers
 every answered call. The load runs in this process (see
-:mod:`actors.bench_engine`), so run it on a machine with a core to spare or
+:mod:`tools.bench_engine`), so run it on a machine with a core to spare or
 read the CPU figures with that in mind.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
-from actors import bench_proc
-from actors.bench_engine import BenchError, Engine, Load, Progress, Result, Target
 from actors.paths import default_config_path, default_socket_path
+from tools import bench_proc
+from tools.bench_engine import BenchError, Engine, Load, Progress, Result, Target
 
 CODE_NAMES = {
     "-32700": "parse error",
@@ -119,7 +119,7 @@ def run(
     progress: Any = None,
 ) -> dict[str, Any]:
     """Run the load (through the daemon, then directly with --direct); the report."""
-    from actors.status import fetch_status
+    from cli.status import fetch_status
 
     _raise_fd_limit(args.clients)
     socket_path = args.socket or default_socket_path()
@@ -161,8 +161,8 @@ def _raise_fd_limit(clients: int) -> None:
 
 
 def _direct_target(args: argparse.Namespace) -> Target:
-    from actors.cli import demo_config
     from broker.config import ConfigError, load_config, parse_config
+    from tools.demo import demo_config
 
     path = "the demo configuration" if args.demo else args.config or default_config_path()
     try:

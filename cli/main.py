@@ -12,8 +12,6 @@ from typing import Any
 
 from actors.paths import default_socket_path
 
-DEMO_SERVER_NAME = "demo"
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -23,18 +21,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mcpbroker {version('mcpbroker')}")
         return 0
     if argv[:1] == ["connect"]:
-        from actors import shim
+        from cli import shim
 
         return shim.main(argv[1:])
     if argv[:1] == ["bench"]:
-        from actors import bench
+        from tools import bench
 
         return bench.cli(argv[1:])
     return _main(argv)
 
 
 def _status(args: Any) -> int:
-    from actors import status
+    from cli import status
 
     return status.main(args.socket or default_socket_path(), args.json)
 
@@ -88,17 +86,11 @@ def _main(argv: list[str]) -> int:
     if args.command == "demo-config":
         import json
 
+        from tools.demo import demo_config
+
         print(json.dumps(demo_config(), indent=2))
         return 0
     return _serve(args)
-
-
-def demo_config() -> dict[str, Any]:
-    return {
-        "mcpServers": {
-            DEMO_SERVER_NAME: {"command": sys.executable, "args": ["-m", "actors.demo_server"]}
-        }
-    }
 
 
 def _serve(args: Any) -> int:
@@ -118,6 +110,8 @@ def _serve(args: Any) -> int:
     configure_logging(args.log_level, stream=stream, json=json_logs)
     log = get_logger()
     try:
+        from tools.demo import demo_config
+
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)

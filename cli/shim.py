@@ -162,7 +162,7 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             [
                 sys.executable,
                 "-m",
-                "actors.cli",
+                "cli.main",
                 "serve",
                 "--config",
                 config,

@@ -1,6 +1,6 @@
 """A small, fast MCP server on stdio, for mcpbroker's demo config, tests and benchmarks.
 
-Run as ``python -m actors.demo_server``: newline-delimited JSON-RPC 2.0 on
+Run as ``python -m tools.demo_server``: newline-delimited JSON-RPC 2.0 on
 stdin/stdout (legacy-era MCP), with tools ``echo``, ``add``, ``pid``, ``slow``,
 ``fail``, ``crash`` and ``payload``, resources ``demo://readme`` and
 ``demo://greeting/{name}``, the prompt ``greet`` and completions for names.
