@@ -17,7 +17,8 @@ import attrs
 import trio
 
 import broker.upstream
-from actors.listener import claim_socket_path, hold_socket_lock, serve_unix
+from actors.downstream.stream import StreamConnection
+from actors.downstream.unix import claim_socket_path, hold_socket_lock, serve_unix
 from actors.logs import get_logger
 from actors.paths import prepare_socket_dir
 from actors.registry import Registry
@@ -91,9 +92,19 @@ class Daemon:
                 task_status.started()
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
-        session = Session(
-            stream, self.upstreams, self.registry, self.config.broker, control=self._control
+        connection = StreamConnection(stream, self.config.broker.max_message_bytes)
+        await self._serve_session(
+            Session(
+                connection,
+                self.upstreams,
+                self.registry,
+                self.config.broker,
+                control=self._control,
+            )
         )
+
+    async def _serve_session(self, session: Session) -> None:
+        """Run one client's session (of any transport) until it ends."""
         self._sessions.add(session)
         try:
             await session.run()

@@ -14,8 +14,8 @@ import trio
 
 from actors.mailbox import SessionHandle
 from actors.server_actor import ClientCancelled, ClientRequest, ServerActor
-from broker.envelope import Answer
 from broker.jsonrpc import JsonRpcError, Message
+from broker.wire.envelope import Answer
 
 OUTBOX_SIZE = 1024
 ORJSON_DEPTH = 1024  # as deep as orjson reads

@@ -18,8 +18,8 @@ import attrs
 import trio
 
 from broker.config import DEFAULT_MAX_QUEUED_BYTES
-from broker.envelope import Answer
 from broker.jsonrpc import Message
+from broker.wire.envelope import Answer
 
 # Deliveries a session may have waiting to be written before it counts as not
 # reading (and is disconnected). A delivery is one message, or the messages
@@ -29,7 +29,7 @@ from broker.jsonrpc import Message
 OUTBOX_SIZE = 1024
 
 # What a session writes: a message, a batch response (a JSON array), or a
-# server's answer passed on unparsed (broker/envelope.py).
+# server's answer passed on unparsed (broker/wire/envelope.py).
 Outgoing = Message | list[Message] | Answer
 
 # What a message the broker made itself (an error, a list_changed) is counted

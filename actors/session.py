@@ -1,11 +1,13 @@
 """The Session actor: one downstream client connection and its MCP session.
 
-Two tasks per client. The reader frames and decodes what the client sends,
-runs it through :class:`SessionProtocol` and carries out the actions: local
-replies go into the session's own outbound queue, requests go to the inbox of
-the Upstream that owns them. The writer drains the outbound queue (where the
-Upstreams also deliver responses and notifications), encodes, and writes
-whatever is ready in one ``send_all``.
+Two tasks per client, over a :class:`~actors.downstream.connection.Connection`
+of any transport (actors/downstream/). The reader takes the frames the
+client sends, decodes them, runs them through :class:`SessionProtocol` and
+carries out the actions: local replies go into the session's own outbound
+queue, requests go to the inbox of the Upstream that owns them. The writer
+drains the outbound queue (where the Upstreams also deliver responses and
+notifications), asks the rules what to write, and hands the connection
+whatever is ready at once, which its wire format encodes.
 
 When the client closes its side, the session stops reading, lets the requests
 it still has in flight finish for up to :data:`LINGER_SECONDS` (so
@@ -15,16 +17,14 @@ from its servers, which cancel whatever it still had in flight upstream.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
-from actors.errors import TransportClosed, map_transport_errors
-from actors.fastio import FastIO
+from actors.downstream.connection import Connection
+from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import SMALL_MESSAGE, Delivery, Outgoing, SessionHandle, open_outbox
 from actors.registry import Registry
@@ -40,9 +40,7 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
-from broker.envelope import Bytes
-from broker.framing import LineFramer, Oversize
-from broker.hello import HelloError, read_hello, resolve_view
+from broker.hello import open_session
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
 from broker.session import (
     Action,
@@ -50,12 +48,15 @@ from broker.session import (
     Defer,
     Forward,
     NotifyUpstreams,
-    Phase,
     Reply,
     RespondUpstream,
     SessionProtocol,
     SetLogLevel,
 )
+from broker.session import (
+    Attach as AttachServers,
+)
+from broker.wire.frames import Oversize
 
 
 @attrs.frozen
@@ -69,8 +70,6 @@ class SessionStatistics:
     age: float
 
 
-READ_CHUNK = 256 * 1024
-SEND_BUFFER = 1024 * 1024
 WRITE_BATCH_BYTES = 1024 * 1024
 LINGER_SECONDS = 5.0
 SETTLE_TIMEOUT = 10.0  # how long a request waits for the view's servers to start
@@ -81,18 +80,19 @@ DETACH_TIMEOUT = 5.0
 class Session:
     def __init__(
         self,
-        stream: trio.abc.Stream,
+        connection: Connection,
         upstreams: Mapping[str, ServerActor],
         registry: Registry,
         settings: BrokerSettings,
         control: Callable[[str], Any] | None = None,
+        *,
+        view: tuple[str, ...] | None = None,
+        transparent: bool = False,
     ) -> None:
-        self._stream = stream
-        self._io = FastIO(stream)
-        if isinstance(stream, trio.SocketStream):
-            # Room for a large result to leave in one or two sends, best effort.
-            with contextlib.suppress(OSError):
-                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        """``view`` (with ``transparent``) is the servers the transport already
+        chose (a WebSocket path names them); without one, the client may choose
+        with a hello first line (broker/hello.py), or sees every server."""
+        self._connection = connection
         self._upstreams = upstreams
         self._registry = registry
         self._settings = settings
@@ -103,7 +103,11 @@ class Session:
         self._handle = SessionHandle(
             self._outbox_send, trio.CancelScope(), max_bytes=settings.max_queued_bytes
         )
-        self._protocol = self._new_protocol(tuple(upstreams))
+        self._hello = view is None  # the first message may be a hello
+        if view is None:
+            self._protocol = self._new_protocol(tuple(upstreams))
+        else:
+            self._protocol = self._new_protocol(view, transparent=transparent)
         self._attached: list[ServerActor] | None = None  # set once initialized
         self._client_closed = False
         self._drained = trio.Event()
@@ -129,51 +133,49 @@ class Session:
             self._outbox.close()  # what was still queued goes now, not with the last reference
             with trio.CancelScope(shield=True):
                 await self._detach()
-                await self._stream.aclose()
+                await self._connection.aclose()
             self._log.info("session.closed", reason=self._handle.close_reason or "client left")
 
     # -- reading ------------------------------------------------------------
 
     async def _read_loop(self) -> None:
-        framer = LineFramer(self._settings.max_message_bytes)
-        first = True
         while True:
             try:
-                with map_transport_errors():
-                    data = await self._io.receive_some(READ_CHUNK)
+                frames, size = await self._connection.receive()
             except TransportClosed:
                 return
-            if not data:
+            if not frames:
                 return
-            # Requests to forward, gathered per server while this chunk is read
-            # and sent as one inbox item each: one channel hop per server and
-            # chunk, not per request. Anything else first sends what is
-            # gathered, so every server hears this session's messages in order.
+            # Requests to forward, gathered per server while these frames are
+            # read and sent as one inbox item each: one channel hop per server
+            # and read, not per request (each counted as the read's ``size``).
+            # Anything else first sends what is gathered, so every server hears
+            # this session's messages in order.
             forwards: dict[str, list[Message]] = {}
-            size = framer.pending + len(data)  # what this read's requests are counted as
-            lines, i = framer.feed(data), 0
+            i = 0
             while True:
                 # The hot path: calls to pass on, as many as come in a row; the
-                # line after them is handled here.
-                i = self._protocol.take_forwards(lines, i, forwards)
-                if i == len(lines):
+                # frame after them is handled here.
+                i = self._protocol.take_forwards(frames, i, forwards)
+                if i == len(frames):
                     break
-                line, i = lines[i], i + 1
-                if isinstance(line, Oversize):
-                    await self._reply(line.error_response(self._settings.max_message_bytes))
+                frame, i = frames[i], i + 1
+                if isinstance(frame, Oversize):
+                    await self._reply(frame.error_response(self._settings.max_message_bytes))
                     continue
                 try:
-                    message = jsonrpc.decode(line)
+                    message = jsonrpc.decode(frame)
                 except JsonRpcError as exc:
                     await self._reply(exc.to_response())
                     continue
-                if first:
-                    first = False
-                    command = self._take_hello(message)
-                    if command is not None:
-                        if command:
-                            await self._run_command(command)
+                if self._hello:
+                    self._hello = False
+                    opening = open_session(message, self._upstreams)
+                    if opening is not None:
+                        if opening.command is not None:
+                            await self._run_command(opening.command)
                             return
+                        self._open(opening.view, opening.transparent, opening.refusal)
                         continue
                 if forwards:
                     await self._send_forwards(forwards, size)
@@ -196,20 +198,10 @@ class Session:
                 continue
             await upstream.send(ClientRequest(self._handle, messages, size))
 
-    def _take_hello(self, message: object) -> str | None:
-        """Apply a first-line hello: None if the line was MCP, else its command ("" if none)."""
-        try:
-            hello = read_hello(message)
-            if hello is None:
-                return None
-            if hello.command is not None:
-                return hello.command
-            view = resolve_view(hello, self._upstreams)
-            self._protocol = self._new_protocol(view, transparent=hello.transparent)
-        except HelloError as exc:
-            self._log.warning("session.bad_hello", error=str(exc))
-            self._protocol = self._new_protocol((), refusal=str(exc))
-        return ""
+    def _open(self, view: tuple[str, ...], transparent: bool, refusal: str | None) -> None:
+        if refusal is not None:
+            self._log.warning("session.bad_hello", error=refusal)
+        self._protocol = self._new_protocol(view, transparent=transparent, refusal=refusal)
 
     def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
         return SessionProtocol(
@@ -239,8 +231,8 @@ class Session:
             await self._send_forwards({action.server: [action.message]}, SMALL_MESSAGE)
         elif isinstance(action, Reply):
             await self._reply(action.message)
-            if self._protocol.phase is Phase.OPERATING and self._attached is None:
-                await self._attach()
+        elif isinstance(action, AttachServers):
+            await self._attach(action)
         elif isinstance(action, Defer):
             with trio.move_on_after(SETTLE_TIMEOUT):
                 await self._registry.wait_settled(self._protocol.view)
@@ -263,12 +255,12 @@ class Session:
         wait for room: the only reader held up is this client's own."""
         await self._handle.send([message], _size_of(message))
 
-    async def _attach(self) -> None:
+    async def _attach(self, action: AttachServers) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
-        self._attached = [self._upstreams[name] for name in self._protocol.view]
+        self._attached = [self._upstreams[name] for name in action.view]
         for upstream in self._attached:
-            await upstream.send(Attach(self._handle, self._protocol.client_capabilities))
-        await self._registry.subscribe(self._handle, self._protocol.view)
+            await upstream.send(Attach(self._handle, action.capabilities))
+        await self._registry.subscribe(self._handle, action.view)
 
     async def _detach(self) -> None:
         if self._attached is None:
@@ -293,20 +285,19 @@ class Session:
 
     async def _write_out(self, delivery: Delivery) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
-        chunks: list[Bytes] = []
-        size = self._protocol.encode_delivery(delivery[0], chunks)
+        out: list[Outgoing] = []
+        self._protocol.take_outgoing(delivery[0], out)
         counted = delivery[1]
-        while size < WRITE_BATCH_BYTES:
+        while counted < WRITE_BATCH_BYTES:
             try:
                 delivery = self._outbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            size += self._protocol.encode_delivery(delivery[0], chunks)
+            self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
-        if chunks:
+        if out:
             try:
-                with map_transport_errors():
-                    await self._io.send_all(b"".join(chunks))
+                await self._connection.send(out)
             except TransportClosed:
                 self._handle.disconnect("client closed the connection")
                 return False

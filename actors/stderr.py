@@ -17,7 +17,8 @@ from typing import Any
 import trio
 
 from actors.errors import TransportClosed, map_transport_errors
-from broker.framing import LineFramer, Oversize
+from broker.wire.frames import Oversize
+from broker.wire.ndjson import LineFramer
 
 READ_CHUNK = 256 * 1024
 LINE_SHOWN = 2048  # bytes of one line that reach the log

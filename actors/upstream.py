@@ -1,4 +1,8 @@
-"""The Upstream actor: one stdio MCP server process, shared by every session.
+"""The Upstream actor: one MCP server connection, shared by every session.
+
+It reaches its server through a :class:`~actors.links.link.Link` of any kind
+(actors/links/: a child process over stdio, a WebSocket): the link takes
+messages and gives frames; everything here is the same for every kind.
 
 Three kinds of task serve it:
 
@@ -6,17 +10,19 @@ Three kinds of task serve it:
   and departures from the inbox (one channel, bounded in items and bytes),
   rewrites them with :class:`UpstreamProtocol` and writes what is ready (up
   to :data:`DISPATCH_BATCH` items) in one write;
-- the reader turns the server's stdout into responses and notifications and
-  delivers them with :meth:`SessionHandle.deliver`, which never waits;
-- the supervisor starts the process, runs the ``initialize`` handshake, and
-  when the process dies fails every request in flight with an error naming
-  the server, then restarts it with exponential backoff.
+- the reader turns the frames the link gives into responses and
+  notifications and delivers them with :meth:`SessionHandle.deliver`, which
+  never waits;
+- the supervisor opens the link (starts the process, connects), runs the
+  ``initialize`` handshake, and when the link ends (the process exits, the
+  connection closes) fails every request in flight with an error naming the
+  server, then opens it again with exponential backoff.
 
 **The dispatcher never waits** on the server, so one server that stops
 reading, or takes its time to start, never holds up a session's requests to
 other servers, nor other sessions (they all wait on this inbox only while
 the dispatcher is busy with the CPU). Writes go through :meth:`_send_nowait`:
-what the pipe does not take at once waits in a backlog, bounded in bytes
+what the link does not take at once waits in a backlog, bounded in bytes
 (``broker.maxQueuedBytes``), that a writer task drains. A request that comes
 while the backlog is full is answered at once (-32005); one already in it is
 answered by its timeout like any other. A request that arrives while the
@@ -27,18 +33,17 @@ one that arrives while it is down is answered at once with an error.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
 
 import trio
 
-from actors.errors import TransportClosed, map_transport_errors
-from actors.fastio import FastIO
+from actors.errors import TransportClosed
+from actors.links import launcher_for
+from actors.links.link import Launcher, LaunchError, Link, LinkContext
 from actors.logs import get_logger
 from actors.mailbox import SMALL_MESSAGE, Outgoing, SessionHandle
-from actors.process import Launcher, LaunchError, ServerLink, launch_stdio
 from actors.server_actor import (
     Attach,
     ClientCancelled,
@@ -51,10 +56,8 @@ from actors.server_actor import (
     Status,
     UpstreamStatistics,
 )
-from actors.stderr import pump_stderr
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message, TooDeep
 from broker.lifecycle import HandshakeError
 from broker.timeouts import TimeoutPolicy
@@ -68,6 +71,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
+from broker.wire.frames import Frame, Oversize
 
 INBOX_SIZE = 256
 # Bytes of client requests the inbox may hold (each item is counted as the
@@ -80,15 +84,14 @@ INBOX_BYTES = 32 * 1024 * 1024
 # busy (benchmarks/README.md: the daemon went from 93% to 100% of a core at
 # 64 clients x 16, and throughput up about a tenth).
 DISPATCH_BATCH = 8
-READ_CHUNK = 256 * 1024
+READ_CHUNK = 256 * 1024  # the most a link's read takes (for the backlog's slack)
 STARTUP_TIMEOUT = 30.0
 # How long after its start an instance that warms up (per-session, pool) may
 # take to offer the tools the catalog shows before it is taken as ready anyway.
 WARM_UP_TIMEOUT = 10.0
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
-EXIT_CODE_WAIT = 0.5  # after stdout closes, how long to wait for the exit code
-STABLE_AFTER = 10.0  # a process that lived this long resets the backoff
+STABLE_AFTER = 10.0  # a connection that lived this long resets the backoff
 # Bytes of the broker's own messages (ping replies, cancellations) that may wait
 # for a server beyond the backlog's limit (client requests stop at the limit,
 # these do not). A server that sends requests while it does not read its input
@@ -117,7 +120,8 @@ class Upstream:
         self.name = name
         self.config = config
         self.settings = settings
-        self._launch: Launcher = launch or functools.partial(launch_stdio, config)
+        self._log = get_logger(server=name)
+        self._launch: Launcher = launch or launcher_for(config)
         timeout = config.timeout or settings.request_timeout
         self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
@@ -130,7 +134,7 @@ class Upstream:
         # Requests that came while the server was starting, handled once it is ready.
         self._parked: list[ClientRequest] = []
         self._parked_bytes = 0
-        # What the server's stdin did not take yet, drained by the writer task.
+        # What the link did not take yet (its units), drained by the writer task.
         self._backlog: list[bytes] = []
         self._backlog_bytes = 0
         self._writing = False  # the writer holds bytes taken from the backlog
@@ -154,12 +158,10 @@ class Upstream:
         if not lazy:
             self._start_requested.set()
         self.events = events
-        self._stdin: FastIO | None = None
-        self._abandoned: str | None = None  # why the broker stopped this process, if it did
-        self._process_nursery: trio.Nursery | None = None
-        self._pid: int | None = None
+        self._link: Link | None = None
+        self._abandoned: str | None = None  # why the broker ended this connection, if it did
+        self._link_nursery: trio.Nursery | None = None
         self._restarts = 0
-        self._log = get_logger(server=name)
 
     # -- the actor's public face -------------------------------------------
 
@@ -196,7 +198,7 @@ class Upstream:
         return UpstreamStatistics(
             name=self.name,
             status=self._status.value,
-            pid=self._pid,
+            pid=self._link.info.get("pid") if self._link is not None else None,
             restarts=self._restarts,
             sessions=len(self._protocol.sessions),
             in_flight=len(self._protocol.requests),
@@ -366,36 +368,35 @@ class Upstream:
         return out
 
     def _send_nowait(self, messages: list[Message]) -> None:
-        """Write messages to the server without waiting: what its stdin does not
+        """Write messages to the server without waiting: what the link does not
         take now waits in the backlog, which :meth:`_drain_backlog` writes."""
-        stdin = self._stdin
-        if not messages or stdin is None or self._abandoned is not None:
-            return  # (the process is gone or going: the reader fails what was in flight)
+        link = self._link
+        if not messages or link is None or self._abandoned is not None:
+            return  # (the link is gone or going: the reader fails what was in flight)
         try:
-            data = b"".join(map(jsonrpc.encode, messages))
+            units = link.encode(messages)
         except TypeError:  # (orjson's errors are TypeErrors) one of them: find it
-            data = b"".join(self._encode_each(messages))
-        if not self._backlog and not self._writing:
+            units = link.encode(self._encodable(messages))
+        if not self._backlog and not self._writing:  # (nothing may overtake the backlog)
             try:
-                with map_transport_errors():
-                    sent = stdin.send_nowait(data)
+                units = link.send_nowait(units)
             except TransportClosed:
-                return  # likewise: the reader sees the exit
-            if sent == len(data):
+                return  # likewise: the reader sees the end
+            if not units:
                 return
-            data = data[sent:]
-        self._backlog.append(data)
-        self._backlog_bytes += len(data)
+        self._backlog += units
+        self._backlog_bytes += sum(map(len, units))
         self._backlog_ready.set()
 
-    def _encode_each(self, messages: list[Message]) -> list[bytes]:
-        """Encode messages one by one; one that cannot be is not written, and if it
-        is a request in flight, its caller is answered now (decode refuses what
-        encode cannot write, so this is a bug of the broker's, contained)."""
+    def _encodable(self, messages: list[Message]) -> list[Message]:
+        """The messages that can be encoded; one that cannot is not written,
+        and if it is a request in flight, its caller is answered now (decode
+        refuses what encode cannot write, so this is a bug of the broker's,
+        contained)."""
         out = []
         for message in messages:
             try:
-                out.append(jsonrpc.encode(message))
+                jsonrpc.encode(message)
             except TypeError as exc:
                 self._log.error("server.unencodable_message", error=str(exc))
                 id = message.get("id")
@@ -410,6 +411,8 @@ class Upstream:
                             data={"server": self.name},
                         )
                     )
+            else:
+                out.append(message)
         return out
 
     def _write_soon(self, message: Message) -> None:
@@ -425,29 +428,29 @@ class Upstream:
                 f"stopped reading its input ({self._backlog_bytes} bytes were waiting for it)"
             )
 
-    async def _drain_backlog(self, stdin: FastIO) -> None:
-        """The writer: what the server's stdin did not take at once, in order."""
+    async def _drain_backlog(self, link: Link) -> None:
+        """The writer: what the link did not take at once, in order."""
         while True:
             await self._backlog_ready.wait()
             self._backlog_ready = trio.Event()
             while self._backlog:
-                data = b"".join(self._backlog)
-                self._backlog.clear()
+                units = self._backlog
+                self._backlog = []
+                size = sum(map(len, units))
                 self._writing = True
                 try:
-                    with map_transport_errors():
-                        await stdin.send_all(data)
+                    await link.send(units)
                 except TransportClosed:
-                    return  # the reader sees the exit
+                    return  # the reader sees the end
                 finally:
                     self._writing = False
-                    self._backlog_bytes -= len(data)
+                    self._backlog_bytes -= size
 
     def _abandon(self, why: str) -> None:
-        """Stop this process (it is stuck); the supervisor restarts it."""
+        """End this connection (the server is stuck); the supervisor restarts it."""
         self._abandoned = why
-        if self._process_nursery is not None:
-            self._process_nursery.cancel_scope.cancel()
+        if self._link_nursery is not None:
+            self._link_nursery.cancel_scope.cancel()
 
     async def _wait_not_starting(self) -> None:
         self.request_start()
@@ -476,7 +479,7 @@ class Upstream:
         while True:
             started = trio.current_time()
             try:
-                await self._run_process()
+                await self._connect_once()
             except LaunchError as exc:  # retrying cannot help: say so once, then wait
                 self._went_down(str(exc))
                 await trio.sleep_forever()
@@ -489,54 +492,59 @@ class Upstream:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._restarts += 1
 
-    async def _run_process(self) -> None:
+    async def _connect_once(self) -> None:
+        """One connection to the server, from opening its link to its end."""
         self._protocol = self._protocol.restarted()
         self._set_status(Status.STARTING)
-        try:
-            link = await self._launch()
-        except OSError as exc:
-            self._went_down(f"could not be started ({exc.strerror or exc}: {self.config.command})")
-            return
-        self._pid = link.pid
-        self._log.info("server.started", pid=link.pid, command=self.config.command)
-        try:
+        async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
             try:
-                reason = await self._serve_link(link)
-            except Exception as exc:  # a bug of the broker's: restart this server, not the daemon
-                self._log.exception("server.handling_failed")
-                reason = f"was stopped after an internal error of the broker ({type(exc).__name__})"
-            self._stdin = None
-            with trio.move_on_after(EXIT_CODE_WAIT):
-                code = await link.wait()
-                if code is not None:
-                    reason += f" with code {code}"
-            self._went_down(reason)
-        finally:
-            self._stdin = None
-            with trio.CancelScope(shield=True):
-                await link.close()
-            self._pid = None
+                context = LinkContext(nursery, self.settings.max_message_bytes, self._log)
+                link = await self._launch(context)
+            except OSError as exc:
+                self._went_down(f"could not be started ({exc.strerror or exc}: {self._target})")
+                nursery.cancel_scope.cancel()
+                return
+            self._log.info("server.started", **link.info, target=self._target)
+            try:
+                try:
+                    reason = await self._serve_link(link, nursery)
+                except Exception as exc:  # a bug of the broker's: restart this server
+                    self._log.exception("server.handling_failed")
+                    reason = (
+                        f"was stopped after an internal error of the broker ({type(exc).__name__})"
+                    )
+                self._link = None
+                reason += await link.ended()
+                self._went_down(reason)
+            finally:
+                self._link = None
+                self._link_nursery = None
+                with trio.CancelScope(shield=True):
+                    await link.close()
+                nursery.cancel_scope.cancel()
 
-    async def _serve_link(self, link: ServerLink) -> str:
+    @property
+    def _target(self) -> str:
+        return self.config.command or self.config.url or ""
+
+    async def _serve_link(self, link: Link, nursery: trio.Nursery) -> str:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"
-        async with trio.open_nursery() as nursery:
-            self._process_nursery = nursery
-            self._backlog.clear()  # anything left was for the previous process
+        async with trio.open_nursery() as tasks:
+            self._link_nursery = tasks
+            self._backlog.clear()  # anything left was for the previous connection
             self._backlog_bytes = 0
             self._abandoned = None
-            self._stdin = FastIO(link.send_stream)
-            if link.stderr is not None:
-                nursery.start_soon(self._pump_stderr, link.stderr)
-            nursery.start_soon(self._watch_startup, nursery.cancel_scope)
-            nursery.start_soon(self._expire_requests)
-            nursery.start_soon(self._drain_backlog, self._stdin)
+            self._link = link
+            tasks.start_soon(self._watch_startup, tasks.cancel_scope)
+            tasks.start_soon(self._expire_requests)
+            tasks.start_soon(self._drain_backlog, link)
             if self._protocol.warm_up:
-                nursery.start_soon(self._watch_warm_up)
+                tasks.start_soon(self._watch_warm_up)
             self._send_nowait([self._protocol.start()])
-            reason = await self._read(FastIO(link.receive_stream))
-            nursery.cancel_scope.cancel()
-        self._process_nursery = None
-        self._stdin = None
+            reason = await self._read(link)
+            tasks.cancel_scope.cancel()
+        self._link_nursery = None
+        self._link = None
         return self._abandoned or reason
 
     async def _expire_requests(self) -> None:
@@ -583,21 +591,16 @@ class Upstream:
 
     # -- reader -------------------------------------------------------------
 
-    async def _read(self, stdout: FastIO) -> str:
-        framer = LineFramer(self.settings.max_message_bytes)
+    async def _read(self, link: Link) -> str:
         while True:
-            try:
-                with map_transport_errors():
-                    data = await stdout.receive_some(READ_CHUNK)
-            except TransportClosed:
-                data = b""
-            if not data:
+            frames = await link.receive()
+            if not frames:
                 return "exited" if self._status is Status.READY else "exited during startup"
-            reason = self._read_lines(framer.feed(data))
+            reason = self._read_frames(frames)
             if reason is not None or self._abandoned is not None:
                 return reason or self._abandoned or ""
 
-    def _read_lines(self, lines: list[bytes | Oversize]) -> str | None:
+    def _read_frames(self, frames: list[Frame]) -> str | None:
         """Everything one read from the server leads to; why to stop, if it must."""
         now = trio.current_time()
         # Messages for each session from this read, delivered together at its
@@ -610,12 +613,12 @@ class Upstream:
         changed: dict[str, None] = {}
         i = 0
         while True:
-            # The hot path: answers passed on unparsed (broker/envelope.py), as
+            # The hot path: answers passed on unparsed (broker/wire/envelope.py), as
             # many as come in a row; the line after them is handled here.
-            i = self._protocol.take_answers(lines, i, deliveries, sizes)
-            if i == len(lines):
+            i = self._protocol.take_answers(frames, i, deliveries, sizes)
+            if i == len(frames):
                 break
-            line, i = lines[i], i + 1
+            line, i = frames[i], i + 1
             if isinstance(line, Oversize):
                 actions = self._protocol.oversize(line, self.settings.max_message_bytes)
                 size = SMALL_MESSAGE
@@ -681,9 +684,6 @@ class Upstream:
                 )
                 self._set_status(Status.READY)
                 self._unpark()
-
-    async def _pump_stderr(self, stderr: trio.abc.ReceiveStream) -> None:
-        await pump_stderr(stderr, self._log)
 
 
 def _count(item: InboxItem) -> int:

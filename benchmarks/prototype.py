@@ -13,7 +13,7 @@ framing with ``bytes.split``, 1 MiB server pipes) landed in the code itself
 in commit 2f507a0 and was removed from here.
 
 The second round's ``envelope`` prototype (a large answer's result left
-unparsed) landed as broker/envelope.py in dbeff60 and was removed too.
+unparsed) landed as broker/wire/envelope.py in dbeff60 and was removed too.
 
 - ``writethrough``: when a session's writer is idle and its outbox empty, the
   upstream's reader encodes and writes a delivery to the client's socket

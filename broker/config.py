@@ -28,8 +28,8 @@ import attrs
 import cattrs
 import orjson
 
-from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
 from broker.naming import DEFAULT_SEPARATOR
+from broker.wire.frames import DEFAULT_MAX_MESSAGE_BYTES
 
 # The limits that keep one peer from growing the daemon (docs/configuration.md).
 DEFAULT_MAX_QUEUED_BYTES = 64 * 1024 * 1024  # per client's outbox, per server's write backlog
@@ -82,6 +82,13 @@ class BrokerSettings:
     max_server_in_flight: int = DEFAULT_MAX_SERVER_IN_FLIGHT  # ... and one server instance
     # Requests that may wait for their turn on a server that takes one client at a time.
     max_waiting_requests: int = DEFAULT_MAX_WAITING
+    # The WebSocket listener ("HOST:PORT"; None: none), and who may use it
+    # (docs/security.md): browser Origins allowed (none by default), Host
+    # names allowed besides loopback ones, a file holding a bearer token.
+    websocket: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    token_file: str | None = None
 
 
 @attrs.frozen
@@ -209,6 +216,11 @@ def parse_config(data: Any) -> Config:
         raise ConfigError('"broker.maxWaitingRequests" must be at least 1')
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
+    if broker.websocket is not None:
+        try:
+            parse_address(broker.websocket)
+        except ValueError as exc:
+            raise ConfigError(f'"broker.websocket": {exc}') from None
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
 
 
@@ -222,6 +234,10 @@ _BROKER_KEYS = {
     "maxInFlight": "max_in_flight",
     "maxServerInFlight": "max_server_in_flight",
     "maxWaitingRequests": "max_waiting_requests",
+    "websocket": "websocket",
+    "allowedOrigins": "allowed_origins",
+    "allowedHosts": "allowed_hosts",
+    "tokenFile": "token_file",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -238,6 +254,17 @@ _SERVER_KEYS = {
     "timeout": "timeout",
     "serverRequests": "server_requests",
 }
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6; ``PORT`` alone: 127.0.0.1)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
 
 
 def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:

@@ -76,3 +76,30 @@ def resolve_view(hello: Hello | None, configured: Iterable[str]) -> tuple[str, .
             f"unknown server {', '.join(map(repr, unknown))} (configured servers: {listed})"
         )
     return hello.servers
+
+
+@attrs.frozen
+class Opening:
+    """What a connection's first message decided: the session's view, or a
+    control command instead of a session, or a refusal (every request is then
+    answered with it)."""
+
+    view: tuple[str, ...] = ()
+    transparent: bool = False
+    command: str | None = None
+    refusal: str | None = None
+
+
+def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
+    """The rule of the first message: a hello there (and only there) sets the
+    session's view or asks for a command; None if it is plain MCP (then the
+    session sees every configured server, and the message is MCP's)."""
+    try:
+        hello = read_hello(first)
+        if hello is None:
+            return None
+        if hello.command is not None:
+            return Opening(command=hello.command)
+        return Opening(resolve_view(hello, configured), transparent=hello.transparent)
+    except HelloError as exc:
+        return Opening(refusal=str(exc))

@@ -192,8 +192,8 @@ _LONG = b"0" * 20
 
 
 def encode(message: Any) -> bytes:
-    """One message as one line, newline included."""
-    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+    """One message's bytes (framing is the wire format's: broker/wire/)."""
+    return orjson.dumps(message)
 
 
 def is_valid_id(value: Any) -> TypeGuard[RequestId]:

@@ -30,9 +30,7 @@ import attrs
 
 from broker import jsonrpc
 from broker.catalog import KIND_BY_METHOD, Catalog
-from broker.envelope import Answer, Bytes
 from broker.fanout import level_rank
-from broker.framing import Oversize
 from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -47,6 +45,8 @@ from broker.jsonrpc import (
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
 from broker.server_requests import server_of
 from broker.views import initialize_for, route
+from broker.wire.envelope import Answer
+from broker.wire.frames import Frame
 
 # The longest string id the broker keeps in its tables (MCP sets no limit; real
 # clients use numbers or UUIDs). A longer one is refused, not stored.
@@ -117,13 +117,31 @@ class SetLogLevel:
 
 
 @attrs.frozen
+class Attach:
+    """The session is initialized: from now on it hears from the view's servers
+    (their notifications and requests) and from the catalog (list_changed)."""
+
+    view: tuple[str, ...]
+    capabilities: dict[str, Any]
+
+
+@attrs.frozen
 class Defer:
     """Wait until every server of the view has settled, then receive this again."""
 
     message: Message
 
 
-Action = Reply | Forward | CancelUpstream | RespondUpstream | NotifyUpstreams | SetLogLevel | Defer
+Action = (
+    Reply
+    | Forward
+    | CancelUpstream
+    | RespondUpstream
+    | NotifyUpstreams
+    | SetLogLevel
+    | Attach
+    | Defer
+)
 
 
 class AnonymousError(JsonRpcError):
@@ -211,29 +229,30 @@ class SessionProtocol:
         return server, rewritten
 
     def take_forwards(
-        self, lines: list[bytes | Oversize], start: int, forwards: dict[str, list[Message]]
+        self, frames: list[Frame], start: int, forwards: dict[str, list[Message]]
     ) -> int:
-        """The hot path of a client's input, a run of lines at a time: from
-        ``lines[start]`` on, each request that :meth:`forward_fast` takes is added,
-        in its server's terms, to that server's list in ``forwards``, up to the
-        first line that needs more (not JSON, too long, or anything else). Returns
-        that line's index (``len(lines)``: none); the caller reads it again.
+        """The hot path of a client's input, a run of frames at a time (each
+        frame one message's bytes, broker/wire/frames.py): from ``frames[start]``
+        on, each request that :meth:`forward_fast` takes is added, in its
+        server's terms, to that server's list in ``forwards``, up to the first
+        frame that needs more (not JSON, too long, or anything else). Returns
+        that frame's index (``len(frames)``: none); the caller reads it again.
         Before the handshake (or on a refused session) it takes nothing, so
-        those lines are decoded once, by the caller."""
+        those frames are decoded once, by the caller."""
         if self.phase is not Phase.OPERATING or self.refusal is not None:
             return start
-        for i in range(start, len(lines)):
-            line = lines[i]
-            if type(line) is not bytes:
+        for i in range(start, len(frames)):
+            frame = frames[i]
+            if type(frame) is not bytes:
                 return i
             try:
-                forward = self.forward_fast(jsonrpc.decode(line))
+                forward = self.forward_fast(jsonrpc.decode(frame))
             except JsonRpcError:
                 return i
             if forward is None:
                 return i
             forwards.setdefault(forward[0], []).append(forward[1])
-        return len(lines)
+        return len(frames)
 
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:
         kind = jsonrpc.classify(message)
@@ -288,7 +307,10 @@ class SessionProtocol:
         self.protocol_version = version
         self.client_capabilities = capabilities
         self.client_info = info
-        return [Reply(jsonrpc.result_response(request["id"], result))]
+        return [
+            Reply(jsonrpc.result_response(request["id"], result)),
+            Attach(self.view, capabilities),
+        ]
 
     def _list(self, request: Message, settled: bool) -> list[Action]:
         catalog = self.catalogs.current
@@ -393,26 +415,18 @@ class SessionProtocol:
                 return self.batches.collect(message)
         return message
 
-    def encode_delivery(
-        self, delivery: list[Message | list[Message] | Answer], chunks: list[Bytes]
-    ) -> int:
-        """Add to ``chunks`` what to write for a delivery of messages bound for
-        the client (answers held for a batch are added when it is complete);
-        returns the bytes added. An answer passed on unparsed is added in
-        pieces, so that its bytes are copied once, into the write."""
-        size = 0
+    def take_outgoing(
+        self,
+        delivery: list[Message | list[Message] | Answer],
+        out: list[Message | list[Message] | Answer],
+    ) -> None:
+        """Add to ``out`` what to write for a delivery of messages bound for the
+        client, in order (answers held for a batch are added when it is
+        complete). The connection's wire format then writes them."""
         for message in delivery:
-            out = self.outgoing(message)
-            if out is None:
-                continue
-            if type(out) is Answer:
-                chunks.extend(out.pieces())
-                size += len(out.head) + len(out.tail)
-            else:
-                data = jsonrpc.encode(out)
-                chunks.append(data)
-                size += len(data)
-        return size
+            written = self.outgoing(message)
+            if written is not None:
+                out.append(written)
 
 
 @attrs.define

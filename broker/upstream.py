@@ -40,9 +40,7 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.envelope import Answer, answer_id, split_answer
 from broker.fanout import Fanout
-from broker.framing import Oversize
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
@@ -64,6 +62,8 @@ from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 from broker.turns import DEFAULT_LIMIT, Turns
+from broker.wire.envelope import Answer, answer_id, split_answer
+from broker.wire.frames import Frame, Oversize
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 DEFAULT_MAX_IN_FLIGHT = 16384
@@ -448,7 +448,7 @@ class UpstreamProtocol:
         return entry.session
 
     def answer_fast(self, answer: Answer) -> Hashable | None:
-        """:meth:`response_fast` for an answer left unparsed (broker/envelope.py):
+        """:meth:`response_fast` for an answer left unparsed (broker/wire/envelope.py):
         the session to deliver it to, with the client's id put in place. None:
         not the answer to a request that needs no note (nothing changed);
         parse the line and use :meth:`server_message`."""
@@ -466,32 +466,33 @@ class UpstreamProtocol:
 
     def take_answers(
         self,
-        lines: list[bytes | Oversize],
+        frames: list[Frame],
         start: int,
         deliveries: dict[Hashable, list[Any]],
         sizes: dict[Hashable, int],
     ) -> int:
-        """The hot path of a server's output, a run of lines at a time: from
-        ``lines[start]`` on, each answer that :meth:`answer_fast` takes (unparsed)
-        is added to its session's list in ``deliveries`` (and its bytes to the
-        session's count in ``sizes``), up to the first line that needs more.
-        Returns that line's index (``len(lines)``: none)."""
-        for i in range(start, len(lines)):
-            line = lines[i]
-            answer = split_answer(line) if isinstance(line, bytes) else None
+        """The hot path of a server's output, a run of frames at a time (each
+        frame one message's bytes, broker/wire/frames.py): from ``frames[start]``
+        on, each answer that :meth:`answer_fast` takes (unparsed) is added to
+        its session's list in ``deliveries`` (and its bytes to the session's
+        count in ``sizes``), up to the first frame that needs more. Returns
+        that frame's index (``len(frames)``: none)."""
+        for i in range(start, len(frames)):
+            frame = frames[i]
+            answer = split_answer(frame) if isinstance(frame, bytes) else None
             session = None if answer is None else self.answer_fast(answer)
             if session is None:
                 return i
             deliveries.setdefault(session, []).append(answer)
-            sizes[session] = sizes.get(session, 0) + len(line)  # type: ignore[arg-type]
-        return len(lines)
+            sizes[session] = sizes.get(session, 0) + len(frame)  # type: ignore[arg-type]
+        return len(frames)
 
-    def oversize(self, line: Oversize, limit: int) -> list[Action]:
-        """A line from the server over the size limit: if it was an answer, its
-        caller gets an error now (not a timeout later); either way it is said."""
-        upstream_id = answer_id(line.head, line.tail)
-        detail = f"a message of {line.size} bytes, over broker.maxMessageBytes ({limit})"
-        data = {"server": self.name, "size": line.size, "limit": limit}
+    def oversize(self, frame: Oversize, limit: int) -> list[Action]:
+        """A message from the server over the size limit: if it was an answer,
+        its caller gets an error now (not a timeout later); either way it is said."""
+        upstream_id = answer_id(frame.head, frame.tail)
+        detail = f"a message of {frame.size} bytes, over broker.maxMessageBytes ({limit})"
+        data = {"server": self.name, "size": frame.size, "limit": limit}
         failed = [] if upstream_id is None else self.fail_now(upstream_id, detail, data)
         if not failed:
             return [Warn("server.message_too_large", f"dropped {detail}")]

@@ -96,7 +96,7 @@ def _main(argv: list[str]) -> int:
 def _serve(args: Any) -> int:
     import trio
 
-    from actors.listener import StartError
+    from actors.downstream.unix import StartError
     from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
     from broker.config import ConfigError, load_config, parse_config

@@ -1,6 +1,6 @@
 """A scripted MCP server on memory streams, for actor tests.
 
-:class:`MemoryLink` is a :class:`actors.process.ServerLink` whose far end is a
+:class:`MemoryLink` is a :class:`actors.links.link.Link` whose far end is a
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
 ``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
 ``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
@@ -19,8 +19,11 @@ from typing import Any
 import trio
 import trio.testing
 
+from actors.links.link import LinkContext
+from actors.links.stream import StreamLink
 from broker import jsonrpc
-from broker.framing import LineFramer
+from broker.wire import ndjson
+from broker.wire.ndjson import LineFramer
 
 TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks", "raw")
 
@@ -55,12 +58,12 @@ class ScriptedServer:
         self.launches = 0
         self.links: list[MemoryLink] = []
 
-    async def launch(self) -> MemoryLink:
+    async def launch(self, context: LinkContext) -> StreamLink:
         self.launches += 1
-        link = MemoryLink(self)
+        link = MemoryLink(self, context.max_message_bytes)
         self.links.append(link)
         self.nursery.start_soon(link.serve)
-        return link
+        return link.broker_side
 
     def requests(self, method: str) -> list[Any]:
         return [m for m in self.received if isinstance(m, dict) and m.get("method") == method]
@@ -75,7 +78,10 @@ LISTS = {
 
 
 class MemoryLink:
-    def __init__(self, script: ScriptedServer) -> None:
+    """The far end of a link: the scripted server's side (``broker_side`` is
+    the :class:`~actors.links.link.Link` the Upstream gets)."""
+
+    def __init__(self, script: ScriptedServer, max_message_bytes: int) -> None:
         self.script = script
         pair = (
             trio.testing.lockstep_stream_pair
@@ -83,28 +89,10 @@ class MemoryLink:
             else trio.testing.memory_stream_pair
         )
         self._ours, self._theirs = pair()
+        self.broker_side = _BrokerSide(self, max_message_bytes)
         self.exited = trio.Event()
         self.exit_code: int | None = None
-        self.pid: int | None = 4242
-        self.stderr = None
         self._write_lock = trio.StrictFIFOLock()
-
-    @property
-    def send_stream(self) -> trio.abc.SendStream:
-        return self._ours
-
-    @property
-    def receive_stream(self) -> trio.abc.ReceiveStream:
-        return self._ours
-
-    async def wait(self) -> int | None:
-        await self.exited.wait()
-        return self.exit_code
-
-    async def close(self) -> int | None:
-        await self._ours.aclose()
-        self.exited.set()
-        return self.exit_code
 
     async def serve(self) -> None:
         """The far end: run until the broker closes the link or ``die`` is called."""
@@ -135,7 +123,7 @@ class MemoryLink:
 
     async def send(self, message: Any) -> None:
         async with self._write_lock:
-            await self._theirs.send_all(jsonrpc.encode(message))
+            await self._theirs.send_all(ndjson.encode(message))
 
     async def _answer(self, request: dict[str, Any], nursery: trio.Nursery) -> None:
         method, params = request["method"], request.get("params") or {}
@@ -185,3 +173,20 @@ class MemoryLink:
             result = {"server": self.script.label, "params": params}
         with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
             await self.send(jsonrpc.result_response(request["id"], result))
+
+
+class _BrokerSide(StreamLink):
+    def __init__(self, far: MemoryLink, max_message_bytes: int) -> None:
+        super().__init__(far._ours, far._ours, max_message_bytes, info={"pid": 4242})
+        self.far = far
+
+    async def ended(self) -> str:
+        with trio.move_on_after(0.5):
+            await self.far.exited.wait()
+            code = self.far.exit_code
+            return f" with code {code}" if code is not None else ""
+        return ""
+
+    async def close(self) -> None:
+        await self.far._ours.aclose()
+        self.far.exited.set()

@@ -13,14 +13,16 @@ import trio
 import trio.testing
 
 from actors.daemon import RULES
+from actors.downstream.stream import StreamConnection
 from actors.mailbox import OUTBOX_SIZE
 from actors.registry import Registry
 from actors.session import Session
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.framing import LineFramer
 from broker.upstream import UpstreamProtocol
+from broker.wire import ndjson
+from broker.wire.ndjson import LineFramer
 from tests.scripted import ScriptedServer
 
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
@@ -69,7 +71,7 @@ class Client:
         self.others: list[Any] = []
 
     async def send(self, message: Any) -> None:
-        await self.stream.send_all(jsonrpc.encode(message))
+        await self.stream.send_all(ndjson.encode(message))
 
     async def receive(self) -> Any:
         while not self._pending:
@@ -113,7 +115,8 @@ async def open_client(
     """A session; by default it names every server (one: transparent, as the shim does)."""
     pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     ours, theirs = pair()
-    session = Session(theirs, broker.upstreams, broker.registry, settings)
+    connection = StreamConnection(theirs, settings.max_message_bytes)
+    session = Session(connection, broker.upstreams, broker.registry, settings)
     nursery.start_soon(session.run)
     client = Client(ours, session)
     servers = tuple(broker.upstreams) if servers is None else servers
@@ -256,7 +259,7 @@ async def test_bytes_trickled_one_at_a_time(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     client = await open_client(nursery, await start_upstream(nursery, script))
     await client.initialize()
-    line = jsonrpc.encode(
+    line = ndjson.encode(
         {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": call("echo", x="é")}
     )
     for i in range(len(line)):
@@ -427,7 +430,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_carry_on(
     healthy = await open_client(nursery, broker)
     await stuck.initialize()
     await healthy.initialize()
-    request = jsonrpc.encode(
+    request = ndjson.encode(
         {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo")}
     )
     with trio.fail_after(10):
@@ -551,7 +554,7 @@ async def test_a_flood_of_list_changed_costs_few_fetches_and_one_notification(
     await trio.testing.wait_all_tasks_blocked()
     fetches_before = len(script.requests("tools/list"))
     script.tools.append({"name": "late", "inputSchema": {"type": "object"}})
-    note = jsonrpc.encode(jsonrpc.notification("notifications/tools/list_changed"))
+    note = ndjson.encode(jsonrpc.notification("notifications/tools/list_changed"))
     await script.links[0]._theirs.send_all(note * 50)  # all at once, as a flooding server
     await trio.testing.wait_all_tasks_blocked()
     # One refresh at a time, each taking in every notice that came meanwhile
@@ -578,7 +581,7 @@ async def test_one_chunk_of_calls_and_a_cancel_reaches_the_server_in_order(
         for i in range(1, 6)
     ]
     cancel = jsonrpc.notification(CANCELLED, {"requestId": 3})
-    await client.stream.send_all(b"".join(map(jsonrpc.encode, [*calls[:3], cancel, *calls[3:]])))
+    await client.stream.send_all(b"".join(map(ndjson.encode, [*calls[:3], cancel, *calls[3:]])))
     answers = {(await client.receive())["id"] for _ in range(4)}
     assert answers == {1, 2, 4, 5}
     sent = [m for m in script.received if m.get("method") in ("tools/call", CANCELLED)]

@@ -15,7 +15,7 @@ from broker.config import (
     load_config,
     parse_config,
 )
-from broker.framing import DEFAULT_MAX_MESSAGE_BYTES
+from broker.wire.frames import DEFAULT_MAX_MESSAGE_BYTES
 
 
 def servers(**entries: Any) -> dict[str, Any]:

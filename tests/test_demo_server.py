@@ -19,7 +19,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import PromptReference, ResourceTemplateReference, TextContent
 
-from broker.framing import LineFramer
+from broker.wire.ndjson import LineFramer
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = [sys.executable, "-m", "tools.demo_server"]

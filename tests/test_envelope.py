@@ -1,4 +1,4 @@
-"""Answers that cross the broker unparsed (broker/envelope.py)."""
+"""Answers that cross the broker unparsed (broker/wire/envelope.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from broker.envelope import Answer, split_answer
 from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
+from broker.wire.envelope import Answer, split_answer
 from tests.test_fuzz import (
     Catalogs,
     _in_shape,
@@ -46,7 +46,7 @@ def test_an_answer_crosses_with_only_its_id_changed(
     assert bytes(answer.head) + orjson.dumps(id) + bytes(answer.tail) == line
     answer.id = client_id
     out = answer.encode()
-    assert out == bytes(answer.head) + orjson.dumps(client_id) + bytes(answer.tail) + b"\n"
+    assert out == bytes(answer.head) + orjson.dumps(client_id) + bytes(answer.tail)
     assert orjson.loads(out) == {**orjson.loads(line), "id": client_id}
 
 
@@ -56,7 +56,7 @@ def test_the_servers_bytes_are_kept() -> None:
     answer = split_answer(line)
     assert answer is not None
     answer.id = "c"
-    assert answer.encode() == line.replace(b'"id":7', b'"id":"c"') + b"\n"
+    assert answer.encode() == line.replace(b'"id":7', b'"id":"c"')
 
 
 @pytest.mark.parametrize(

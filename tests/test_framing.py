@@ -7,7 +7,8 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.framing import LineFramer, Oversize
+from broker.wire.frames import Oversize
+from broker.wire.ndjson import LineFramer
 
 
 def feed_chunks(chunks: list[bytes], max_bytes: int = 1024) -> list[bytes | Oversize]:

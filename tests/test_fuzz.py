@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from broker import jsonrpc
 from broker.catalog import Catalog, ServerEntry, ServerState
-from broker.envelope import split_answer
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.session import Forward, Reply, SessionProtocol
 from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
+from broker.wire.envelope import split_answer
 
 METHODS = [
     "initialize",
@@ -358,7 +358,7 @@ def test_taking_a_run_of_requests_is_taking_them_one_by_one(requests: list[Any])
 
 def _in_shape(shape: str, message: Any) -> bytes:
     """A server's line for ``message``: with its keys in the order of one of the
-    compact shapes broker/envelope.py splits, or as generated ("parsed")."""
+    compact shapes broker/wire/envelope.py splits, or as generated ("parsed")."""
     if isinstance(message, dict) and shape != "parsed":
         ends = {key: message[key] for key in ("jsonrpc", "id") if key in message}
         rest = {key: value for key, value in message.items() if key not in ends}
@@ -417,7 +417,7 @@ def test_the_upstream_fast_paths_do_what_the_general_ones_do(events: list[Any]) 
             elif not _is_response(message):
                 # Not a valid response (both result and error, or a method too): the
                 # general path drops it or takes it for a request, the unparsed one
-                # passes it on as the server wrote it (broker/envelope.py). That is
+                # passes it on as the server wrote it (broker/wire/envelope.py). That is
                 # the one difference allowed.
                 entry = slow.requests.close_plain(message["id"])
                 slow.deadlines.discard(message["id"])

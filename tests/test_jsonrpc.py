@@ -20,6 +20,7 @@ from broker.jsonrpc import (
     encode,
     needs_exact,
 )
+from broker.wire import ndjson
 
 
 def rpc(**fields: Any) -> dict[str, Any]:
@@ -170,12 +171,12 @@ def test_exact_decoding_refuses_what_orjson_refuses(line: bytes) -> None:
 )
 def test_needs_exact_spots_every_integer_past_64_bits(line: bytes, exact: bool) -> None:
     assert needs_exact(line) is exact
-    assert encode(decode(line)) == line + b"\n"
+    assert encode(decode(line)) == line
 
 
 def test_a_number_past_a_doubles_range_is_kept_as_written() -> None:
     # orjson refuses these; JSON does not.
-    assert encode(decode(b"[1e400,-2E+999,1.5]")) == b"[1e400,-2E+999,1.5]\n"
+    assert encode(decode(b"[1e400,-2E+999,1.5]")) == b"[1e400,-2E+999,1.5]"
 
 
 JSON_VALUES = st.recursive(
@@ -200,15 +201,15 @@ def test_every_number_survives_decoding_and_encoding(value: Any) -> None:
     assert json.loads(encode(decode(line))) == value
 
 
-def test_encode_appends_newline() -> None:
+def test_encode_frames_nothing_and_ndjson_appends_one_newline() -> None:
     data = encode(rpc(id=1, result={}))
-    assert data.endswith(b"\n")
-    assert data.count(b"\n") == 1
-    assert decode(data.rstrip(b"\n")) == rpc(id=1, result={})
+    assert b"\n" not in data
+    assert decode(data) == rpc(id=1, result={})
+    assert ndjson.encode(rpc(id=1, result={})) == data + b"\n"
 
 
 def test_encode_batch() -> None:
-    assert encode([rpc(id=1, result={})]) == b'[{"jsonrpc":"2.0","id":1,"result":{}}]\n'
+    assert encode([rpc(id=1, result={})]) == b'[{"jsonrpc":"2.0","id":1,"result":{}}]'
 
 
 # -- error objects and builders ----------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.listener import StartError, hold_socket_lock
+from actors.downstream.unix import StartError, hold_socket_lock
 from actors.paths import UnsafePath, ensure_private_dir, prepare_socket_dir, runtime_dir
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
 

@@ -18,6 +18,7 @@ from broker.jsonrpc import (
 )
 from broker.lifecycle import LATEST_LEGACY_VERSION, LEGACY_VERSIONS, ServerIdentity
 from broker.session import (
+    Attach,
     CancelUpstream,
     Defer,
     Forward,
@@ -133,6 +134,9 @@ def ok(id: Any, result: Any = None) -> Reply:
 
 
 def result_of(actions: list[Any]) -> Any:
+    """The result of the single reply in ``actions`` (an initialize also attaches)."""
+    if len(actions) == 2 and isinstance(actions[1], Attach):
+        actions = actions[:1]
     [action] = actions
     assert isinstance(action, Reply) and isinstance(action.message, dict), actions
     return action.message["result"]

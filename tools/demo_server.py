@@ -23,8 +23,10 @@ import orjson
 import trio
 
 from broker import jsonrpc, lifecycle
-from broker.framing import LineFramer, Oversize
 from broker.jsonrpc import INVALID_PARAMS, JsonRpcError, Kind, Message, RequestId
+from broker.wire import ndjson
+from broker.wire.frames import Oversize
+from broker.wire.ndjson import LineFramer
 
 Params = dict[str, Any]
 Result = dict[str, Any]
@@ -338,12 +340,12 @@ class DemoServer:
 
 def _encode(message: Message) -> bytes:
     try:
-        return jsonrpc.encode(message)
+        return ndjson.encode(message)
     except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits in a result
         if "id" not in message:
             return b""
         error = f"Internal error: cannot encode the result ({exc})"
-        return jsonrpc.encode(jsonrpc.error_response(message["id"], jsonrpc.INTERNAL_ERROR, error))
+        return ndjson.encode(jsonrpc.error_response(message["id"], jsonrpc.INTERNAL_ERROR, error))
 
 
 async def write_loop(stdout: trio.abc.SendStream, queue: trio.MemoryReceiveChannel[bytes]) -> None:

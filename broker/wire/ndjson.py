@@ -1,55 +1,48 @@
-"""Newline-delimited JSON framing, sans-I/O.
+"""Newline-delimited JSON: MCP's stdio transport and the daemon's unix socket.
 
-MCP's stdio transport (and the daemon's unix socket) carries one JSON-RPC
-message per line. :class:`LineFramer` turns arbitrary chunks of bytes into
-whole lines, however the chunks were split, and enforces a size limit before
-anything is decoded: a line longer than the limit is skipped up to its
-newline and reported once as :class:`Oversize`, so a client that sends one
-huge message gets an error and can carry on.
+One JSON-RPC message per line. :class:`LineFramer` turns arbitrary chunks of
+bytes into frames (each line, without its newline), however the chunks were
+split, and enforces a size limit before anything is decoded: a line longer
+than the limit is skipped up to its newline and reported once as
+:class:`~broker.wire.frames.Oversize`, so a client that sends one huge
+message gets an error and can carry on. :func:`encode` and
+:func:`write_messages` go the other way.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import orjson
 
-import attrs
+from broker import jsonrpc
+from broker.wire import frames
+from broker.wire.envelope import Answer, Bytes
+from broker.wire.frames import DEFAULT_MAX_MESSAGE_BYTES, KEPT_ENDS, Frame, Oversize
 
-from broker.jsonrpc import INVALID_REQUEST, JsonRpcError
-
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-# How much of each end of an oversize line is kept: enough for the id of an
-# answer in either compact shape (broker/envelope.py), which sits near one end.
-KEPT_ENDS = 64
+NEWLINE = b"\n"
 
 
-@attrs.frozen(eq=False)
-class Oversize:
-    """A line that exceeded the limit; ``size`` is how many bytes it had.
+def encode(message: object) -> bytes:
+    """One message as one line, newline included."""
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
-    ``size`` counts every byte before the ``\\n`` (a ``\\r`` included), so it
-    does not depend on how the line was chunked. ``head`` and ``tail`` are its
-    first and last :data:`KEPT_ENDS` bytes (or fewer), so that an oversize
-    answer's id can still be read and its caller told at once.
-    """
 
-    size: int
-    head: bytes = b""
-    tail: bytes = b""
-
-    # Equal by size: the ends are kept to read an id from, not to tell lines apart.
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Oversize) and other.size == self.size
-
-    def __hash__(self) -> int:
-        return hash(self.size)
-
-    def error_response(self, limit: int) -> dict[str, Any]:
-        """The JSON-RPC error a client gets for it (no id: the line was never parsed)."""
-        return JsonRpcError(
-            INVALID_REQUEST, f"Message too large: {self.size} bytes (the limit is {limit})"
-        ).to_response()
+def write_messages(
+    messages: list[jsonrpc.Message | list[jsonrpc.Message] | Answer], chunks: list[Bytes]
+) -> int:
+    """Add the lines for ``messages`` to ``chunks`` (to join and write in one
+    go); returns the bytes added. An answer passed on unparsed goes in pieces,
+    so that a large result's bytes are copied once, into the write."""
+    size = 0
+    for message in messages:
+        if type(message) is Answer:
+            head, id, tail = message.pieces()
+            chunks += (head, id, tail, NEWLINE)
+            size += len(head) + len(id) + len(tail) + 1
+        else:
+            data = frames.encode(message)
+            chunks += (data, NEWLINE)
+            size += len(data) + 1
+    return size
 
 
 class LineFramer:
@@ -71,7 +64,7 @@ class LineFramer:
         self._skipped_head = b""
         self._skipped_tail = b""
 
-    def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversize]:
+    def feed(self, chunk: bytes | bytearray) -> list[Frame]:
         # bytes.split does the scanning in C; under load a chunk holds many lines.
         chunk = bytes(chunk)
         *lines, rest = chunk.split(b"\n")
@@ -85,7 +78,7 @@ class LineFramer:
             # skip blank ones (what _emit would do, without a call per line).
             self._hold(rest)
             return [line for line in lines if line and (line[0] not in _BLANK or line.strip())]
-        out: list[bytes | Oversize] = []
+        out: list[Frame] = []
         for line in lines:
             if self._skipped is not None:
                 tail = (self._skipped_tail + line[-KEPT_ENDS:])[-KEPT_ENDS:]
@@ -122,7 +115,7 @@ class LineFramer:
             self._held.clear()
             self._held_size = 0
 
-    def _emit(self, line: bytes, out: list[bytes | Oversize]) -> None:
+    def _emit(self, line: bytes, out: list[Frame]) -> None:
         size = len(line)
         if line.endswith(b"\r"):
             line = line[:-1]

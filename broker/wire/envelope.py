@@ -60,13 +60,13 @@ class Answer:
         self.id = id  # the upstream id, then (matched) the client's
         self.tail = tail  # the line after the id's value
 
-    def pieces(self) -> tuple[Bytes, bytes, Bytes, bytes]:
-        """The answer as one line, newline included, in pieces to join (a large
-        result is then copied once, into what the session writes)."""
-        return self.head, orjson.dumps(self.id), self.tail, b"\n"
+    def pieces(self) -> tuple[Bytes, bytes, Bytes]:
+        """The answer's bytes in pieces to join (a large result is then copied
+        once, into what the session writes)."""
+        return self.head, orjson.dumps(self.id), self.tail
 
     def encode(self) -> bytes:
-        """The answer as one line, newline included."""
+        """The answer's bytes (no framing: that is the wire format's)."""
         return b"".join(self.pieces())
 
     def read(self, max_depth: int = jsonrpc.MAX_DEPTH) -> Any:
@@ -117,7 +117,7 @@ def split_answer(line: bytes) -> Answer | None:
 
 def answer_id(head: bytes, tail: bytes) -> int | None:
     """The upstream id of an answer known only by its first and last bytes (a
-    line too long to take, broker/framing.py ``Oversize``), in either compact
+    message too long to take, broker/wire/frames.py ``Oversize``), in either compact
     shape; None if neither end shows one."""
     if head.startswith(PREFIX):
         end = head.find(b",", len(PREFIX))

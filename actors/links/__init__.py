@@ -1,0 +1,38 @@
+"""Upstream links: how an Upstream reaches its server, one module per kind.
+
+- :mod:`link`: the interface every link offers (:class:`link.Link`), and
+  what starts one (:data:`link.Launcher`);
+- :mod:`stream`: newline-delimited JSON over a pair of byte streams, the
+  part every stdio-like link shares;
+- :mod:`stdio`: a child process (pid, exit code, stderr are its business);
+- :mod:`websocket`: a ``ws://`` or ``wss://`` server, one message per frame.
+
+A new kind of server connection (Streamable HTTP, next) is a module here
+and a line in :func:`launcher_for`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from actors.links.link import Launcher, LaunchError, LinkContext
+from broker.config import ServerConfig
+
+
+def launcher_for(config: ServerConfig) -> Launcher:
+    """How to open a link to a configured server, by what its config names."""
+    if config.command is not None:
+        from actors.links.stdio import launch_stdio
+
+        return functools.partial(launch_stdio, config)
+    url = config.url or ""
+    if url.startswith(("ws://", "wss://")):
+        from actors.links.websocket import launch_websocket
+
+        return functools.partial(launch_websocket, config)
+    return functools.partial(_unreachable, url)
+
+
+async def _unreachable(url: str, context: LinkContext) -> Any:
+    raise LaunchError(f"is a remote server mcpbroker cannot reach yet ({url})")

@@ -1,0 +1,75 @@
+"""What an Upstream talks to its server through: a :class:`Link`.
+
+A link takes messages and gives frames (each one message's bytes, or an
+:class:`~broker.wire.frames.Oversize`: broker/wire/frames.py); the wire
+format and what carries it (a child's pipes, a WebSocket) are its own
+business, and so are the details only one kind has (a process's pid, exit
+code and stderr belong to :mod:`actors.links.stdio`).
+
+Writing never waits in the Upstream's dispatcher: :meth:`Link.encode` turns
+messages into the link's *units* (a stream link's bytes, a WebSocket's
+frames), :meth:`Link.send_nowait` writes what the link takes at once and
+returns the rest, which the Upstream keeps in its backlog (bounded) and its
+writer task hands to :meth:`Link.send`. A stream link takes nearly
+everything at once; a link that cannot write without waiting (a WebSocket)
+returns every unit.
+
+A :data:`Launcher` opens a link, given a :class:`LinkContext`: the nursery of
+that connection, where the link may run tasks of its own (a stderr pump, a
+WebSocket's reader), all cancelled when the connection ends; the message
+size limit; the server's log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from broker.jsonrpc import Message
+from broker.wire.frames import Frame
+
+
+class LaunchError(Exception):
+    """A server that cannot be reached as configured, however often one tries."""
+
+
+class Link(Protocol):
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """What logs and ``mcpbroker status`` say of this connection (``pid``, ``url``)."""
+
+    def encode(self, messages: list[Message]) -> list[bytes]:
+        """The messages as units to write. Raises ``TypeError`` if a message
+        cannot be encoded (orjson's errors are TypeErrors)."""
+
+    def send_nowait(self, units: list[bytes]) -> list[bytes]:
+        """Write what the link takes now without waiting; the rest, in order.
+        Raises :class:`~actors.errors.TransportClosed` if the link is closed."""
+
+    async def send(self, units: list[bytes]) -> None:
+        """Write units, in order, waiting as long as it takes. Raises
+        :class:`~actors.errors.TransportClosed` if the link is closed."""
+
+    async def receive(self) -> list[Frame]:
+        """The next frames the server sent (at least one); ``[]`` once its side
+        has ended (exited, closed the connection)."""
+
+    async def ended(self) -> str:
+        """After :meth:`receive` returned ``[]``: how it ended, to add to the
+        log line (``" with code 1"``; ``""`` if there is nothing to say)."""
+
+    async def close(self) -> None:
+        """End the connection, bounded and shielded: no process is left behind."""
+
+
+@attrs.frozen
+class LinkContext:
+    nursery: trio.Nursery
+    max_message_bytes: int
+    log: Any
+
+
+Launcher = Callable[[LinkContext], Awaitable[Link]]

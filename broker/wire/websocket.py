@@ -1,0 +1,136 @@
+"""WebSocket: one JSON-RPC message per text frame, and the handshake's rules.
+
+The daemon's WebSocket listener (``mcpbroker serve --ws``) and its WebSocket
+links to servers both carry one message per frame, subprotocol ``mcp``.
+:func:`frame_of` turns a received message into a frame for the rules.
+
+:func:`check_handshake` decides whether to accept a client's opening
+request, and what session it opens (docs/security.md says why each check):
+
+- the path: ``/mcp`` is the aggregated view of every server, ``/mcp/NAME``
+  one server seen as it is (as ``mcpbroker connect NAME``); 404 otherwise;
+- ``Host`` must be a loopback name (or one in ``broker.allowedHosts``): a
+  page that rebinds its own domain name to 127.0.0.1 still sends its own;
+- ``Origin``, which browsers send and other clients do not, must be in
+  ``broker.allowedOrigins`` (empty by default): a web page must not reach
+  the daemon (403);
+- with a token configured, ``Authorization: Bearer TOKEN``, compared in
+  constant time (401);
+- a client that proposes subprotocols must propose ``mcp``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Sequence
+from urllib.parse import unquote, urlsplit
+
+import attrs
+
+from broker.wire.frames import KEPT_ENDS, Frame, Oversize
+
+SUBPROTOCOL = "mcp"
+PATH = "/mcp"
+MESSAGE_TOO_BIG = 1009  # the close code for a message over the limit (RFC 6455)
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def frame_of(message: str | bytes, limit: int) -> Frame:
+    """A received WebSocket message as a frame (over ``limit`` bytes: Oversize)."""
+    data = message.encode() if isinstance(message, str) else bytes(message)
+    if len(data) > limit:
+        return Oversize(len(data), data[:KEPT_ENDS], data[-KEPT_ENDS:])
+    return data
+
+
+def reason_suffix(reason: str | None) -> str:
+    return f" ({reason})" if reason else ""
+
+
+@attrs.frozen
+class Accept:
+    """Open a session: on ``view`` (None: every server), transparent if one was named."""
+
+    view: tuple[str, ...] | None
+    transparent: bool
+    subprotocol: str | None
+
+
+@attrs.frozen
+class Reject:
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Policy:
+    """Who may open a session (from ``broker`` settings)."""
+
+    allowed_origins: frozenset[str] = frozenset()
+    allowed_hosts: frozenset[str] = frozenset()
+    token: str | None = None
+
+
+def check_handshake(
+    path: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    subprotocols: Iterable[str],
+    servers: Iterable[str],
+    policy: Policy,
+) -> Accept | Reject:
+    """What to answer a client's opening request (see the module's docstring)."""
+    fields = _fields(headers)
+    host = _host_name(fields.get("host", ""))
+    if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
+        return Reject(403, f"Host {host!r} is not allowed (see broker.allowedHosts)")
+    origin = fields.get("origin")
+    if origin is not None and origin not in policy.allowed_origins:
+        return Reject(403, f"Origin {origin!r} is not allowed (see broker.allowedOrigins)")
+    if policy.token is not None and not _token_matches(fields.get("authorization"), policy.token):
+        return Reject(
+            401, "A bearer token is required", (("WWW-Authenticate", 'Bearer realm="mcpbroker"'),)
+        )
+    route = _route(path, servers)
+    if isinstance(route, Reject):
+        return route
+    proposed = tuple(subprotocols)
+    if proposed and SUBPROTOCOL not in proposed:
+        return Reject(400, f"Subprotocol {SUBPROTOCOL!r} is required")
+    return Accept(route[0], route[1], SUBPROTOCOL if proposed else None)
+
+
+def _route(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
+    path = urlsplit(path).path.rstrip("/")
+    if path == PATH:
+        return None, False
+    if path.startswith(PATH + "/"):
+        name = unquote(path[len(PATH) + 1 :])
+        configured = tuple(servers)
+        if name in configured:
+            return (name,), True
+        listed = ", ".join(configured) or "none"
+        return Reject(404, f"Unknown server {name!r} (configured servers: {listed})")
+    return Reject(404, f"Not found: the paths are {PATH} and {PATH}/NAME")
+
+
+def _fields(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Header fields by lower-case name (the first of each; latin-1, as HTTP)."""
+    fields: dict[str, str] = {}
+    for name, value in headers:
+        fields.setdefault(name.decode("latin-1").lower(), value.decode("latin-1").strip())
+    return fields
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host field, without its port (``[::1]:8080`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rpartition(":")[0] if ":" in host else host
+
+
+def _token_matches(authorization: str | None, token: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
