@@ -10,7 +10,9 @@ so a client's ``tools/list`` costs no round trip to any server.
 After each change it tells every subscribed session whose view includes the
 server, once, with the matching ``list_changed`` notification; and only when
 the lists really changed. A server that goes down drops out of the catalog
-(sessions are told), and comes back when it is up again.
+(sessions are told), and comes back when it is up again. What to ask for
+next, what a page holds, and who is told what are rules of
+:mod:`broker.listing`; this actor sends, waits and delivers.
 
 One Registry serves all four kinds (DESIGN.md sketches one per kind): a
 server's lists change together when it restarts, and one snapshot keeps a
@@ -29,22 +31,13 @@ from actors.internal import InternalClient
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
 from actors.server_actor import ServerActor, ServerEvent, Status
-from broker import jsonrpc
-from broker.catalog import (
-    KINDS,
-    KINDS_BY_NOTIFICATION,
-    Catalog,
-    Kind,
-    ServerEntry,
-    ServerState,
-    valid_item,
-)
+from broker.catalog import KINDS, KINDS_BY_NOTIFICATION, Catalog, Kind, ServerEntry, ServerState
 from broker.config import BrokerSettings
 from broker.jsonrpc import JsonRpcError
+from broker.listing import Lister, changed_kinds, list_changed, new_clashes
 
 EVENTS_SIZE = 1024
 FETCH_TIMEOUT = 30.0
-MAX_PAGES = 1000  # a server whose cursors never end is cut off here
 
 
 @attrs.frozen
@@ -137,8 +130,9 @@ class Registry:
             self._publish(attrs.evolve(entry, state=ServerState.LOADING))
         elif status is Status.DOWN:
             error = self._upstreams[server].statistics().last_error
-            self._publish(attrs.evolve(entry, state=ServerState.DOWN, lists={}, error=error))
-            self._notify(server, [kind for kind in KINDS if entry.items(kind)])
+            down = attrs.evolve(entry, state=ServerState.DOWN, lists={}, error=error)
+            self._publish(down)
+            self._notify(server, changed_kinds(entry, down, KINDS))
 
     def _want_refresh(self, server: str, kinds: tuple[Kind, ...]) -> None:
         """Refresh some of a server's lists: one task per server at a time.
@@ -187,14 +181,17 @@ class Registry:
         if self._generation[server] != generation:
             return  # it restarted or went down meanwhile; a newer refresh follows
         old = self._catalog.entry(server)
-        lists = {**old.lists, **fetched}
-        self._publish(attrs.evolve(old, state=ServerState.READY, identity=identity, lists=lists))
-        self._notify(server, [k for k in kinds if old.items(k) != lists.get(k.name, ())])
+        new = attrs.evolve(
+            old, state=ServerState.READY, identity=identity, lists={**old.lists, **fetched}
+        )
+        self._publish(new)
+        self._notify(server, changed_kinds(old, new, kinds))
 
     async def _fetch(self, upstream: ServerActor, kind: Kind) -> tuple[dict[str, Any], ...]:
-        items: list[dict[str, Any]] = []
-        params: dict[str, Any] = {}
-        for _ in range(MAX_PAGES):
+        """One list of a server, every page (the rules: broker/listing.py)."""
+        lister = Lister(kind)
+        params: dict[str, Any] | None = lister.first_request()
+        while params is not None:
             try:
                 with trio.fail_after(FETCH_TIMEOUT):
                     result = await self._client.call(upstream, kind.method, params)
@@ -204,38 +201,26 @@ class Registry:
                     "catalog.fetch_failed", server=upstream.name, method=kind.method, error=error
                 )
                 break
-            page = result.get(kind.key) if isinstance(result, dict) else None
-            for item in page if isinstance(page, list) else ():
-                if valid_item(kind, item):
-                    items.append(item)
-                else:
-                    self._log.warning(
-                        "catalog.invalid_item",
-                        server=upstream.name,
-                        method=kind.method,
-                        item=repr(item)[:200],
-                    )
-            cursor = result.get("nextCursor") if isinstance(result, dict) else None
-            if not cursor:
-                break
-            params = {"cursor": cursor}
-        return tuple(items)
+            read = lister.page(result)
+            for item in read.invalid:
+                self._log.warning(
+                    "catalog.invalid_item",
+                    server=upstream.name,
+                    method=kind.method,
+                    item=repr(item)[:200],
+                )
+            params = read.next
+        return lister.items()
 
     # -- publishing -----------------------------------------------------------
 
     def _publish(self, entry: ServerEntry) -> None:
-        before = set(self._catalog.clashes)
-        self._catalog = self._catalog.replace(entry)
-        for clash in self._catalog.clashes:
-            if clash not in before:
-                self._log.warning("catalog.clash", detail=clash)
+        before, self._catalog = self._catalog, self._catalog.replace(entry)
+        for clash in new_clashes(before, self._catalog):
+            self._log.warning("catalog.clash", detail=clash)
         self._changed.set()
         self._changed = trio.Event()
 
     def _notify(self, server: str, kinds: list[Kind]) -> None:
-        methods = dict.fromkeys(kind.notification for kind in kinds)
-        for method in methods:
-            note = jsonrpc.notification(method)
-            for session, view in list(self._subscribers.items()):
-                if server in view:
-                    session.deliver(note)
+        for session, note in list_changed(server, kinds, self._subscribers):
+            session.deliver(note)

@@ -14,9 +14,10 @@ list requests and reports status and ``list_changed`` to it.
   directly.
 - :class:`PooledServer` (``"pool": N``): N instances; each request goes to the
   least busy one. What is stateful per session sticks to the instance the
-  session was assigned when it attached (subscriptions), and what every
-  instance may need to hear (cancellations, answers to server requests,
-  departures, log levels) goes to all of them: each acts only on its own.
+  session was assigned when it attached (subscriptions): those rules are
+  :class:`broker.pooling.PoolRouting`'s. What every instance may need to
+  hear (cancellations, answers to server requests, departures, log levels)
+  goes to all of them: each acts only on its own.
 
 **Ready before the first call.** Every instance of a group *warms up*
 (broker/upstream.py): after its handshake it lists its own tools, and it
@@ -48,7 +49,7 @@ from actors.server_actor import (
 )
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
-from broker.jsonrpc import Message
+from broker.pooling import InstanceFacts, PoolRouting
 
 
 class ServerGroup:
@@ -173,7 +174,7 @@ class PooledServer(ServerGroup):
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         super().__init__(name, config, settings)
         self._pool = [self._catalog] + [self._instance(i) for i in range(1, config.pool)]
-        self._assigned: dict[SessionHandle, Upstream] = {}
+        self._routing = PoolRouting()
 
     def _instance(self, index: int) -> Upstream:
         # Instance i numbers its requests to clients i+1, i+1+N, ...: never the same.
@@ -212,34 +213,19 @@ class PooledServer(ServerGroup):
         if isinstance(item, ClientRequest):
             size = item.size // max(1, len(item.messages))
             for message in item.messages:  # each to the least busy instance
-                instance = self._pick(item.session, message)
-                await instance.send(ClientRequest(item.session, [message], size))
+                index = self._routing.pick(item.session, message["method"], self._facts())
+                await self._pool[index].send(ClientRequest(item.session, [message], size))
             return
         if isinstance(item, Attach):
-            self._assigned[item.session] = min(
-                self._serving(), key=lambda i: sum(1 for a in self._assigned.values() if a is i)
-            )
+            self._routing.attach(item.session, self._facts())
         elif isinstance(item, Detach):
-            self._assigned.pop(item.session, None)
+            self._routing.detach(item.session)
         for instance in self._pool:
             await instance.send(item)
 
-    def _pick(self, session: SessionHandle, message: Message) -> Upstream:
-        if message["method"] in ("resources/subscribe", "resources/unsubscribe"):
-            assigned = self._assigned.get(session)
-            if assigned is not None:
-                return assigned
-        return min(self._serving(), key=lambda instance: instance.load)
-
-    def _serving(self) -> list[Upstream]:
-        """The instances ready for calls now: up, warmed up, and offering every tool
-        the catalog's instance offers (one that is down, restarting, or has not yet
-        registered a tool the others have gets none); the catalog's if none is."""
-        shown = self._catalog.tools
-        ready = [
-            instance
+    def _facts(self) -> list[InstanceFacts]:
+        """What the routing rules (broker/pooling.py) see of each instance now."""
+        return [
+            InstanceFacts(instance.status is Status.READY, instance.load, instance.tools)
             for instance in self._pool
-            if instance.status is Status.READY
-            and (shown is None or instance.tools is None or shown <= instance.tools)
         ]
-        return ready or [self._catalog]

@@ -122,8 +122,7 @@ class Upstream:
         self.settings = settings
         self._log = get_logger(server=name)
         self._launch: Launcher = launch or launcher_for(config)
-        timeout = config.timeout or settings.request_timeout
-        self._timeouts = TimeoutPolicy(timeout, max(timeout, settings.max_request_timeout))
+        self._timeouts = TimeoutPolicy.for_server(config, settings)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         # Items sent and not yet handled (a channel hands an item straight to a
         # waiting receiver, so its buffer alone undercounts), and their bytes.

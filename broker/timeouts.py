@@ -3,8 +3,9 @@
 Every forwarded request gets ``timeout`` seconds. Progress on it (a
 ``notifications/progress`` from the server) starts the clock again, but never
 past ``max_total`` seconds after the request was sent, as the MCP spec
-suggests for progress-resetting timeouts. :meth:`Deadlines.expired` says which
-requests ran out; the caller cancels them upstream and answers the client.
+suggests for progress-resetting timeouts (:meth:`TimeoutPolicy.for_server`
+takes both from the config). :meth:`Deadlines.expired` says which requests
+ran out; the caller cancels them upstream and answers the client.
 
 Theory of operation: nearly every request is added with the time it is sent
 and answered (discarded) soon after. Times arrive in order, so their
@@ -21,6 +22,8 @@ import math
 
 import attrs
 
+from broker.config import BrokerSettings, ServerConfig
+
 COMPACT_AT = 64  # heap entries below which stale ones are not worth a rebuild
 
 
@@ -28,6 +31,14 @@ COMPACT_AT = 64  # heap entries below which stale ones are not worth a rebuild
 class TimeoutPolicy:
     timeout: float = 300.0
     max_total: float = 3600.0
+
+    @classmethod
+    def for_server(cls, config: ServerConfig, settings: BrokerSettings) -> TimeoutPolicy:
+        """A server's policy: its own ``timeout`` if it has one, else the broker's
+        ``requestTimeout``; the total never below that timeout (a server may allow
+        more than ``maxRequestTimeout`` between answers, and then gets it in all)."""
+        timeout = config.timeout or settings.request_timeout
+        return cls(timeout, max(timeout, settings.max_request_timeout))
 
     @property
     def enabled(self) -> bool:

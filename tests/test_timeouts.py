@@ -7,6 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.config import BrokerSettings, ServerConfig
 from broker.timeouts import Deadlines, TimeoutPolicy
 
 POLICY = TimeoutPolicy(timeout=10.0, max_total=25.0)
@@ -89,3 +90,32 @@ def test_answered_requests_leave_nothing_behind() -> None:
             deadlines.touch(i, i / 1000 + 0.5)  # progress moves it to the heap
         deadlines.discard(i)
     assert len(deadlines) == 0 and len(deadlines._heap) < 200
+
+
+# -- a server's policy, from the config -------------------------------------------
+
+
+def test_a_server_without_its_own_timeout_takes_the_brokers() -> None:
+    settings = BrokerSettings(request_timeout=20.0, max_request_timeout=100.0)
+    assert TimeoutPolicy.for_server(ServerConfig(), settings) == TimeoutPolicy(20.0, 100.0)
+
+
+def test_a_servers_own_timeout_comes_first() -> None:
+    settings = BrokerSettings(request_timeout=20.0, max_request_timeout=100.0)
+    config = ServerConfig(timeout=5.0)
+    assert TimeoutPolicy.for_server(config, settings) == TimeoutPolicy(5.0, 100.0)
+
+
+def test_the_total_is_never_below_a_servers_timeout() -> None:
+    settings = BrokerSettings(request_timeout=20.0, max_request_timeout=100.0)
+    config = ServerConfig(timeout=500.0)
+    assert TimeoutPolicy.for_server(config, settings) == TimeoutPolicy(500.0, 500.0)
+
+
+@given(st.one_of(st.none(), st.floats(0.1, 1e6)), st.floats(0.1, 1e6), st.floats(0.1, 1e6))
+def test_for_server_clamps(own: float | None, default: float, total: float) -> None:
+    settings = BrokerSettings(request_timeout=default, max_request_timeout=max(default, total))
+    policy = TimeoutPolicy.for_server(ServerConfig(timeout=own), settings)
+    assert policy.timeout == (own or default)
+    assert policy.max_total == max(policy.timeout, settings.max_request_timeout)
+    assert policy.enabled

@@ -1,0 +1,84 @@
+"""Which instance of a pool (``"pool": N``) takes a request, sans-I/O.
+
+A pool runs N instances of one server; instance 0 is the *catalog
+instance*, whose tools the aggregated catalog shows. The actor
+(actors/sharing.py) tells :class:`PoolRouting` what it can observe of each
+instance, as :class:`InstanceFacts` in pool order, and is told an index.
+
+- An instance *serves* (takes calls) when it is ready and offers every tool
+  the catalog instance offers: one that is down, restarting, or has not yet
+  registered a tool the others have gets none. When none serves, the catalog
+  instance takes the call (it parks or refuses it as a single server would).
+- A request goes to the least loaded instance that serves (the first of
+  those, on a tie).
+- A session is assigned an instance when it attaches: the serving one with
+  the fewest sessions assigned. What is stateful per session on the server
+  (:data:`PINNED`: subscriptions) goes to that instance, whatever the load,
+  so that a session unsubscribes where it subscribed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import attrs
+
+# Requests whose effect stays on the instance that took them.
+PINNED = frozenset({"resources/subscribe", "resources/unsubscribe"})
+CATALOG_INSTANCE = 0
+
+
+@attrs.define(slots=True)
+class InstanceFacts:
+    """What the rules see of one instance."""
+
+    ready: bool  # up, and warmed up
+    load: int  # requests in flight or waiting
+    tools: frozenset[str] | None  # the tools it offers; None: not known (not listed)
+
+
+def serving(instances: Sequence[InstanceFacts]) -> list[int]:
+    """The indices of the instances that take calls now, in pool order; the
+    catalog instance's alone if none does."""
+    shown = instances[CATALOG_INSTANCE].tools
+    ready = [
+        index
+        for index, instance in enumerate(instances)
+        if instance.ready and (shown is None or instance.tools is None or shown <= instance.tools)
+    ]
+    return ready or [CATALOG_INSTANCE]
+
+
+def least_loaded(instances: Sequence[InstanceFacts]) -> int:
+    """The serving instance with the least load (the first such on a tie)."""
+    return min(serving(instances), key=lambda index: instances[index].load)
+
+
+class PoolRouting:
+    """The instance each session was assigned, and where each request goes."""
+
+    def __init__(self) -> None:
+        self._assigned: dict[Hashable, int] = {}
+
+    def assigned(self, session: Hashable) -> int | None:
+        return self._assigned.get(session)
+
+    def attach(self, session: Hashable, instances: Sequence[InstanceFacts]) -> int:
+        """Assign a session the serving instance with the fewest sessions."""
+        counts = [0] * len(instances)
+        for index in self._assigned.values():
+            counts[index] += 1
+        choice = min(serving(instances), key=lambda index: counts[index])
+        self._assigned[session] = choice
+        return choice
+
+    def detach(self, session: Hashable) -> None:
+        self._assigned.pop(session, None)
+
+    def pick(self, session: Hashable, method: str, instances: Sequence[InstanceFacts]) -> int:
+        """The instance a request of ``session`` for ``method`` goes to."""
+        if method in PINNED:
+            assigned = self._assigned.get(session)
+            if assigned is not None:
+                return assigned
+        return least_loaded(instances)

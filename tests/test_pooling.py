@@ -1,0 +1,168 @@
+"""broker.pooling: which instance of a pool takes a request, and which a session is assigned."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.pooling import PINNED, InstanceFacts, PoolRouting, least_loaded, serving
+
+TOOLS = frozenset({"a", "b"})
+
+
+def up(load: int = 0, tools: frozenset[str] | None = TOOLS) -> InstanceFacts:
+    return InstanceFacts(True, load, tools)
+
+
+def down(load: int = 0, tools: frozenset[str] | None = TOOLS) -> InstanceFacts:
+    return InstanceFacts(False, load, tools)
+
+
+# -- which instances serve ------------------------------------------------------
+
+
+def test_every_ready_instance_serves_in_pool_order() -> None:
+    assert serving([up(), up(), up()]) == [0, 1, 2]
+
+
+def test_an_instance_that_is_not_ready_serves_nothing() -> None:
+    assert serving([up(), down(), up()]) == [0, 2]
+    assert serving([down(), up()]) == [1]
+
+
+def test_an_instance_missing_a_tool_the_catalog_shows_serves_nothing() -> None:
+    assert serving([up(), up(tools=frozenset({"a"})), up(tools=TOOLS | {"c"})]) == [0, 2]
+
+
+def test_tools_not_known_yet_do_not_hold_an_instance_back() -> None:
+    assert serving([up(tools=None), up(tools=frozenset())]) == [0, 1]  # the catalog's not listed
+    assert serving([up(), up(tools=None)]) == [0, 1]  # that instance has not listed its own
+
+
+def test_when_none_serves_the_catalog_instance_takes_the_call() -> None:
+    assert serving([down(), down()]) == [0]
+    assert serving([down(), up(tools=frozenset())]) == [0]
+
+
+# -- where a request goes -------------------------------------------------------
+
+
+def test_a_request_goes_to_the_least_loaded_serving_instance() -> None:
+    routing = PoolRouting()
+    assert routing.pick("s", "tools/call", [up(3), up(1), up(2)]) == 1
+    assert routing.pick("s", "tools/call", [up(3), down(0), up(2)]) == 2
+
+
+def test_a_tie_goes_to_the_first() -> None:
+    assert least_loaded([up(2), up(1), up(1)]) == 1
+    assert least_loaded([up(0), up(0)]) == 0
+
+
+def test_subscriptions_stick_to_the_sessions_instance_whatever_the_load() -> None:
+    routing = PoolRouting()
+    pool = [up(), up(), up()]
+    routing.attach("s1", pool)
+    assert routing.attach("s2", pool) == 1
+    busy = [up(0), up(50), up(0)]
+    for method in PINNED:
+        assert routing.pick("s2", method, busy) == 1
+    assert routing.pick("s2", "tools/call", busy) == 0  # the rest goes by load
+    assert routing.pick("s2", "resources/read", busy) == 0
+
+
+def test_a_subscription_of_a_session_never_assigned_goes_by_load() -> None:
+    assert PoolRouting().pick("nobody", "resources/subscribe", [up(5), up(1)]) == 1
+
+
+def test_a_departed_session_has_no_instance_any_more() -> None:
+    routing = PoolRouting()
+    pool = [up(), up()]
+    routing.attach("s", pool)
+    routing.detach("s")
+    routing.detach("s")  # (twice is harmless)
+    assert routing.assigned("s") is None
+    assert routing.pick("s", "resources/subscribe", [up(5), up(1)]) == 1
+
+
+# -- which instance a session is assigned ---------------------------------------
+
+
+def test_sessions_are_spread_over_the_serving_instances() -> None:
+    routing = PoolRouting()
+    pool = [up(), up(), up()]
+    assert [routing.attach(f"s{i}", pool) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_session_is_not_assigned_an_instance_that_does_not_serve() -> None:
+    routing = PoolRouting()
+    pool = [up(), down(), up(tools=frozenset({"a"})), up()]
+    assert [routing.attach(f"s{i}", pool) for i in range(4)] == [0, 3, 0, 3]
+
+
+def test_a_departure_makes_room_on_its_instance() -> None:
+    routing = PoolRouting()
+    pool = [up(), up()]
+    routing.attach("s0", pool)
+    routing.attach("s1", pool)
+    routing.detach("s0")
+    assert routing.attach("s2", pool) == 0
+
+
+def test_load_does_not_decide_an_assignment() -> None:
+    routing = PoolRouting()
+    assert routing.attach("s", [up(100), up(0)]) == 0
+
+
+# -- properties -------------------------------------------------------------------
+
+facts = st.builds(
+    InstanceFacts,
+    st.booleans(),
+    st.integers(0, 20),
+    st.one_of(st.none(), st.frozensets(st.sampled_from("abc"))),
+)
+pools = st.lists(facts, min_size=1, max_size=6)
+methods = st.sampled_from(["tools/call", "resources/read", *sorted(PINNED)])
+steps = st.lists(
+    st.tuples(st.sampled_from(["attach", "detach", "pick"]), st.integers(0, 4), methods, pools),
+    max_size=40,
+)
+
+
+def shows(catalog: InstanceFacts, instance: InstanceFacts) -> bool:
+    return catalog.tools is None or instance.tools is None or catalog.tools <= instance.tools
+
+
+@given(pools)
+def test_serving_is_what_the_rule_says(pool: list[InstanceFacts]) -> None:
+    chosen = serving(pool)
+    wanted = [i for i, f in enumerate(pool) if f.ready and shows(pool[0], f)]
+    assert chosen == (wanted or [0])
+
+
+@given(steps)
+def test_routing_keeps_its_rules(ops: list[tuple[str, int, str, list[InstanceFacts]]]) -> None:
+    # Pools of one size throughout, as a pool's size is fixed.
+    size = len(ops[0][3]) if ops else 1
+    routing = PoolRouting()
+    model: dict[str, int] = {}
+    for op, who, method, pool in ops:
+        pool = (pool * size)[:size]
+        session = f"s{who}"
+        if op == "attach":
+            counts = [list(model.values()).count(i) for i in range(size)]
+            choice = routing.attach(session, pool)
+            assert choice in serving(pool)
+            assert counts[choice] == min(counts[i] for i in serving(pool))
+            model[session] = choice
+        elif op == "detach":
+            routing.detach(session)
+            model.pop(session, None)
+        else:
+            choice = routing.pick(session, method, pool)
+            if method in PINNED and session in model:
+                assert choice == model[session]
+            else:
+                assert choice in serving(pool)
+                assert pool[choice].load == min(pool[i].load for i in serving(pool))
+        assert routing.assigned(session) == model.get(session)
