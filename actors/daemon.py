@@ -19,6 +19,7 @@ import trio
 import broker.upstream
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import claim_socket_path, hold_socket_lock, serve_unix
+from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
 from actors.logs import get_logger
 from actors.paths import prepare_socket_dir
 from actors.registry import Registry
@@ -26,7 +27,7 @@ from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream
-from broker.config import BrokerSettings, Config, ServerConfig
+from broker.config import BrokerSettings, Config, ServerConfig, parse_address
 
 # How broker/ was installed: compiled by mypyc (setup.py), or as Python.
 RULES = "compiled" if (broker.upstream.__file__ or "").endswith((".so", ".pyd")) else "Python"
@@ -40,6 +41,7 @@ class DaemonStatistics:
     servers: tuple[UpstreamStatistics, ...]
     sessions: tuple[SessionStatistics, ...]
     rules: str = RULES
+    websocket: str | None = None  # the WebSocket listener's URL, if there is one
 
 
 class Daemon:
@@ -54,6 +56,7 @@ class Daemon:
         self._log = get_logger()
         self._sessions: set[Session] = set()
         self._started = 0.0
+        self.websocket_url: str | None = None
 
     def statistics(self) -> DaemonStatistics:
         return DaemonStatistics(
@@ -62,6 +65,7 @@ class Daemon:
             uptime=trio.current_time() - self._started,
             servers=tuple(upstream.statistics() for upstream in self.upstreams.values()),
             sessions=tuple(s.statistics() for s in self._sessions if not s.is_control),
+            websocket=self.websocket_url,
         )
 
     def _control(self, command: str) -> Any:
@@ -72,6 +76,9 @@ class Daemon:
         """Serve until cancelled. Raises StartError (AlreadyRunning if another
         daemon has the socket) or UnsafePath if it cannot serve this socket."""
         self._started = trio.current_time()
+        settings = self.config.broker
+        address = parse_address(settings.websocket) if settings.websocket else None
+        policy = policy_for(address[0], settings) if address else None  # (a one-line error)
         prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
             claim_socket_path(self.socket_path)  # (before the nursery: a one-line error)
@@ -82,12 +89,26 @@ class Daemon:
                 for upstream in self.upstreams.values():
                     await nursery.start(upstream.run)
                 await nursery.start(serve_unix, self.socket_path, self._serve_client)
+                if address is not None and policy is not None:
+                    host, port = address
+                    port = await nursery.start(
+                        serve_websocket,
+                        host,
+                        port,
+                        policy,
+                        self.upstreams,
+                        settings.max_message_bytes,
+                        self._serve_websocket,
+                    )
+                    shown = f"[{host}]" if ":" in host else host
+                    self.websocket_url = f"ws://{shown}:{port}/mcp"
                 self._log.info(
                     "daemon.listening",
                     socket=self.socket_path,
                     servers=list(self.upstreams),
                     pid=os.getpid(),
                     rules=RULES,
+                    websocket=self.websocket_url,
                 )
                 task_status.started()
 
@@ -100,6 +121,20 @@ class Daemon:
                 self.registry,
                 self.config.broker,
                 control=self._control,
+            )
+        )
+
+    async def _serve_websocket(
+        self, connection: WebSocketConnection, view: tuple[str, ...] | None, transparent: bool
+    ) -> None:
+        await self._serve_session(
+            Session(
+                connection,
+                self.upstreams,
+                self.registry,
+                self.config.broker,
+                view=tuple(self.upstreams) if view is None else view,
+                transparent=transparent,
             )
         )
 

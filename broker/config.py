@@ -256,6 +256,20 @@ _SERVER_KEYS = {
 }
 
 
+def with_listeners(config: Config, websocket: str | None, token_file: str | None) -> Config:
+    """The config with the command line's listener options on top of its own."""
+    broker = config.broker
+    if websocket is not None:
+        try:
+            parse_address(websocket)
+        except ValueError as exc:
+            raise ConfigError(f"--ws: {exc}") from None
+        broker = attrs.evolve(broker, websocket=websocket)
+    if token_file is not None:
+        broker = attrs.evolve(broker, token_file=token_file)
+    return attrs.evolve(config, broker=broker)
+
+
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6; ``PORT`` alone: 127.0.0.1)."""
     host, sep, port = text.rpartition(":")

@@ -61,6 +61,20 @@ def _main(argv: list[str]) -> int:
         default=None,
         help=f"unix socket to listen on (default: {default_socket_path()})",
     )
+    serve.add_argument(
+        "--ws",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve WebSocket at ws://HOST:PORT/mcp and /mcp/NAME "
+        "(overrides broker.websocket; HOST defaults to 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=None,
+        help="a file holding the bearer token WebSocket clients must send "
+        "(overrides broker.tokenFile; required off loopback)",
+    )
     serve.add_argument("--log-level", choices=LEVELS, default="info")
     serve.add_argument(
         "--log-format",
@@ -99,7 +113,7 @@ def _serve(args: Any) -> int:
     from actors.downstream.unix import StartError
     from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
-    from broker.config import ConfigError, load_config, parse_config
+    from broker.config import ConfigError, load_config, parse_config, with_listeners
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
     try:
@@ -113,6 +127,7 @@ def _serve(args: Any) -> int:
         from tools.demo import demo_config
 
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
+        config = with_listeners(config, args.ws, args.token_file)
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 2

@@ -45,6 +45,7 @@ def render(status: dict[str, Any]) -> str:
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}",
+        *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         "",
     ]
     servers = [

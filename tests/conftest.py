@@ -51,10 +51,13 @@ def demo_server() -> dict[str, Any]:
 
 @asynccontextmanager
 async def running_daemon(
-    servers: dict[str, Any], socket_path: str, wait: tuple[str, ...] | None = None
+    servers: dict[str, Any],
+    socket_path: str,
+    wait: tuple[str, ...] | None = None,
+    broker: dict[str, Any] | None = None,
 ) -> AsyncIterator[Daemon]:
     """A daemon in this process, its servers (or those in ``wait``) up, cancelled on exit."""
-    daemon = Daemon(parse_config({"mcpServers": servers}), socket_path)
+    daemon = Daemon(parse_config({"mcpServers": servers, "broker": broker or {}}), socket_path)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.run)
         with trio.fail_after(30):

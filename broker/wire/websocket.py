@@ -27,6 +27,8 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
+from broker.wire import frames
+from broker.wire.envelope import Answer
 from broker.wire.frames import KEPT_ENDS, Frame, Oversize
 
 SUBPROTOCOL = "mcp"
@@ -41,6 +43,12 @@ def frame_of(message: str | bytes, limit: int) -> Frame:
     if len(data) > limit:
         return Oversize(len(data), data[:KEPT_ENDS], data[-KEPT_ENDS:])
     return data
+
+
+def text_of(message: object) -> str:
+    """An outgoing message (an unparsed answer too) as a text frame's text."""
+    data = message.encode() if isinstance(message, Answer) else frames.encode(message)
+    return data.decode()
 
 
 def reason_suffix(reason: str | None) -> str:
@@ -74,14 +82,16 @@ class Policy:
 
 def check_handshake(
     path: str,
+    host: str,
     headers: Sequence[tuple[bytes, bytes]],
     subprotocols: Iterable[str],
     servers: Iterable[str],
     policy: Policy,
 ) -> Accept | Reject:
-    """What to answer a client's opening request (see the module's docstring)."""
+    """What to answer a client's opening request (see the module's docstring):
+    ``host`` is its Host field, ``headers`` its other fields."""
     fields = _fields(headers)
-    host = _host_name(fields.get("host", ""))
+    host = _host_name(host)
     if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
         return Reject(403, f"Host {host!r} is not allowed (see broker.allowedHosts)")
     origin = fields.get("origin")

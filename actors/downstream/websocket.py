@@ -1,0 +1,169 @@
+"""The WebSocket listener (``mcpbroker serve --ws HOST:PORT``) and its connections.
+
+Hosts that connect by URL reach the daemon at ``ws://HOST:PORT/mcp`` (every
+server, aggregated) or ``ws://HOST:PORT/mcp/NAME`` (one server, as it is).
+Each WebSocket is one MCP session, one JSON-RPC message per text frame,
+subprotocol ``mcp``. Who may connect is decided by the handshake's rules
+(broker/wire/websocket.py: Host, Origin, bearer token, path), before any
+session exists; a refused client gets an HTTP status and a one-line reason.
+
+A message over ``broker.maxMessageBytes`` closes that connection with 1009
+(Message Too Big) and a reason: trio-websocket enforces the limit while it
+reads, so the message is never held whole.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import trio
+import trio_websocket
+
+from actors.errors import TransportClosed
+from actors.logs import get_logger
+from actors.mailbox import Outgoing
+from broker.config import BrokerSettings
+from broker.wire import websocket as wire
+from broker.wire.frames import Frame
+
+CLOSE_TIMEOUT = 2.0
+HANDSHAKE_TIMEOUT = 10.0
+RECEIVE_BUFFER = 256 * 1024
+
+# What the listener does with an accepted connection: run a session on it.
+OpenSession = Callable[["WebSocketConnection", tuple[str, ...] | None, bool], Awaitable[None]]
+
+
+class WebSocketConnection:
+    """One client's WebSocket, as a :class:`~actors.downstream.connection.Connection`."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+
+    async def receive(self) -> tuple[list[Frame], int]:
+        try:
+            message = await self._ws.get_message()
+        except trio_websocket.ConnectionClosed:
+            return [], 0
+        data = message.encode() if isinstance(message, str) else bytes(message)
+        return [data], len(data)
+
+    async def send(self, messages: list[Outgoing]) -> None:
+        try:
+            for message in messages:
+                await self._ws.send_message(wire.text_of(message))
+        except trio_websocket.ConnectionClosed as exc:
+            raise TransportClosed from exc
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+            await self._ws.aclose()
+
+
+def read_token(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace removed)."""
+    from actors.downstream.unix import StartError
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            token = file.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StartError(f"cannot read the token file {path}: {exc}") from None
+    if not token or any(c.isspace() for c in token):
+        raise StartError(f"the token file {path} must hold one token (no spaces)")
+    return token
+
+
+def policy_for(host: str, settings: BrokerSettings) -> wire.Policy:
+    """Who may connect to a listener on ``host``, by the settings; off
+    loopback, a token is required (docs/security.md)."""
+    from actors.downstream.unix import StartError
+
+    token = read_token(settings.token_file) if settings.token_file else None
+    if token is None and not is_loopback(host):
+        raise StartError(
+            f"a WebSocket listener on {host}, off loopback, needs a token "
+            "(--token-file or broker.tokenFile)"
+        )
+    return wire.Policy(
+        frozenset(settings.allowed_origins), frozenset(settings.allowed_hosts), token
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve_websocket(
+    host: str,
+    port: int,
+    policy: wire.Policy,
+    servers: Iterable[str],
+    max_message_bytes: int,
+    open_session: OpenSession,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve WebSocket clients on ``host:port`` until cancelled; reports the port bound."""
+    log = get_logger()
+    names = tuple(servers)
+
+    async def handle(request: Any) -> None:
+        try:
+            decision = wire.check_handshake(
+                request.path,
+                _host_of(request),
+                request.headers,
+                request.proposed_subprotocols,
+                names,
+                policy,
+            )
+            if isinstance(decision, wire.Reject):
+                log.warning(
+                    "websocket.refused",
+                    status=decision.status,
+                    reason=decision.reason,
+                    peer=str(request.remote),
+                )
+                headers = [(k.encode(), v.encode()) for k, v in decision.headers]
+                await request.reject(
+                    decision.status, extra_headers=headers, body=decision.reason.encode() + b"\n"
+                )
+                return
+            ws = await request.accept(subprotocol=decision.subprotocol)
+        except (trio_websocket.ConnectionClosed, trio.BrokenResourceError):
+            return  # the client left during the handshake
+        await open_session(WebSocketConnection(ws), decision.view, decision.transparent)
+
+    async def serve(*, task_status: trio.TaskStatus[Any]) -> None:
+        await trio_websocket.serve_websocket(
+            handle,
+            host,
+            port,
+            None,
+            max_message_size=max_message_bytes,
+            receive_buffer_size=RECEIVE_BUFFER,
+            connect_timeout=HANDSHAKE_TIMEOUT,
+            disconnect_timeout=CLOSE_TIMEOUT,
+            task_status=task_status,
+        )
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve)
+        task_status.started(server.port)
+
+
+def _host_of(request: Any) -> str:
+    """The request's Host field. trio-websocket hands on wsproto's request event,
+    which keeps Host apart from the other fields, but offers no property for
+    it; without one, the Host check refuses (an empty name is not loopback)."""
+    event = getattr(request, "_event", None)
+    host = getattr(event, "host", "")
+    return host if isinstance(host, str) else ""

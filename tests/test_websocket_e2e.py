@@ -1,0 +1,186 @@
+"""WebSocket clients (``serve --ws``), with real sockets, a real server process
+and the shim's clients at the same time.
+
+The official SDK has no WebSocket client in its 2.x line, so the WebSocket
+clients here are trio-websocket's, speaking MCP by hand; the shim's client is
+the SDK's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+import trio
+import trio_websocket
+
+from tests.conftest import running_daemon, sdk_server, shim_client, text_of
+
+INITIALIZE = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "ws-test", "version": "1"},
+}
+
+
+class WsClient:
+    """An MCP client over one WebSocket: requests by hand, answers matched by id."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        self.ws = ws
+        self.others: list[Any] = []  # notifications and requests that came meanwhile
+        self._ids = 0
+
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        self._ids += 1
+        id = f"r{self._ids}"
+        message = {"jsonrpc": "2.0", "id": id, "method": method, "params": params or {}}
+        await self.ws.send_message(orjson.dumps(message).decode())
+        while True:
+            answer = orjson.loads(await self.ws.get_message())
+            if answer.get("id") == id and "method" not in answer:
+                return answer
+            self.others.append(answer)
+
+    async def initialize(self) -> Any:
+        answer = await self.request("initialize", INITIALIZE)
+        await self.ws.send_message('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        return answer["result"]
+
+    async def call(self, tool: str, **arguments: Any) -> Any:
+        return await self.request("tools/call", {"name": tool, "arguments": arguments})
+
+
+@asynccontextmanager
+async def ws_client(
+    url: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> AsyncIterator[WsClient]:
+    async with trio_websocket.open_websocket_url(
+        url, subprotocols=["mcp"], extra_headers=headers or []
+    ) as ws:
+        assert ws.subprotocol == "mcp"
+        yield WsClient(ws)
+
+
+def text(answer: Any) -> str:
+    return "".join(block["text"] for block in answer["result"]["content"])
+
+
+async def test_websocket_and_shim_clients_share_one_server(socket_path: str) -> None:
+    servers = {"sdk": sdk_server()}
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path, broker={"websocket": "127.0.0.1:0"}) as d:
+            url = d.websocket_url
+            assert url is not None and url.startswith("ws://127.0.0.1:")
+            pids: set[str] = set()
+
+            async def over_websocket(path: str, tool: str) -> None:
+                async with ws_client(url + path) as client:
+                    result = await client.initialize()
+                    tools = await client.request("tools/list")
+                    names = {tool["name"] for tool in tools["result"]["tools"]}
+                    assert tool in names
+                    if path:  # one server, as it is: its own identity, unprefixed names
+                        assert result["serverInfo"]["name"] == "sdk-test-server"
+                    for n in range(5):
+                        answer = await client.call(tool.replace("pid", "echo"), text=f"ws{n}")
+                        assert text(answer) == f"ws{n}"
+                    pids.add(text(await client.call(tool)))
+
+            async def over_the_shim() -> None:
+                async with shim_client(socket_path, "sdk") as session:
+                    for n in range(5):
+                        assert (
+                            text_of(await session.call_tool("echo", {"text": f"s{n}"})) == f"s{n}"
+                        )
+                    pids.add(text_of(await session.call_tool("pid", {})))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(over_websocket, "", "sdk__pid")
+                nursery.start_soon(over_websocket, "/sdk", "pid")
+                nursery.start_soon(over_the_shim)
+            assert len(pids) == 1  # one process served the three clients
+            assert d.upstreams["sdk"].statistics().restarts == 0
+
+
+async def refused(url: str, headers: list[tuple[bytes, bytes]] | None = None) -> int:
+    with pytest.raises(trio_websocket.HandshakeError) as caught:
+        async with ws_client(url, headers):
+            pass
+    return int(caught.value.status_code)  # type: ignore[attr-defined]
+
+
+async def test_foreign_origin_host_token_and_paths_are_refused_and_nobody_else_notices(
+    socket_path: str, tmp_path: Any
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    os.chmod(token_file, 0o600)
+    broker = {
+        "websocket": "127.0.0.1:0",
+        "tokenFile": str(token_file),
+        "allowedOrigins": ["http://localhost:6274"],
+    }
+    good = [(b"Authorization", b"Bearer s3cret-token")]
+    with trio.fail_after(60):
+        async with running_daemon({"sdk": sdk_server()}, socket_path, broker=broker) as d:
+            url = d.websocket_url
+            assert url is not None
+            async with ws_client(url, good) as client:  # a session open throughout
+                await client.initialize()
+                assert await refused(url) == 401
+                assert await refused(url, [(b"Authorization", b"Bearer wrong")]) == 401
+                assert await refused(url, [*good, (b"Origin", b"https://evil.example")]) == 403
+                assert await refused(url, [*good, (b"Origin", b"null")]) == 403
+                assert await refused(url.replace("/mcp", "/other"), good) == 404
+                assert await refused(url + "/nope", good) == 404
+                listed = [*good, (b"Origin", b"http://localhost:6274")]
+                async with ws_client(url, listed) as browser:
+                    await browser.initialize()
+                # the open session was not disturbed
+                assert text(await client.call("sdk__echo", text="still here")) == "still here"
+
+
+async def test_a_foreign_host_name_is_refused(socket_path: str) -> None:
+    """DNS rebinding: a page whose own name now points at 127.0.0.1 still sends it."""
+    with trio.fail_after(60):
+        async with running_daemon(
+            {"sdk": sdk_server()}, socket_path, broker={"websocket": "127.0.0.1:0"}
+        ) as d:
+            assert d.websocket_url is not None
+            port = d.websocket_url.split(":")[2].split("/")[0]
+            stream = await trio.open_tcp_stream("127.0.0.1", int(port))
+            async with stream:
+                await stream.send_all(
+                    b"GET /mcp HTTP/1.1\r\nHost: rebound.example:" + port.encode() + b"\r\n"
+                    b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    b"Sec-WebSocket-Version: 13\r\n\r\n"
+                )
+                answer = b""
+                while b"rebound.example" not in answer:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 403")
+            assert b"rebound.example" in answer
+
+
+async def test_a_message_over_the_limit_closes_with_1009(socket_path: str) -> None:
+    broker = {"websocket": "127.0.0.1:0", "maxMessageBytes": 32768}
+    with trio.fail_after(60):
+        async with running_daemon({"sdk": sdk_server()}, socket_path, broker=broker) as d:
+            assert d.websocket_url is not None
+            async with ws_client(d.websocket_url) as big, ws_client(d.websocket_url) as small:
+                await big.initialize()
+                await small.initialize()
+                with pytest.raises(trio_websocket.ConnectionClosed) as caught:
+                    await big.call("sdk__echo", text="x" * 40_000)
+                assert caught.value.reason.code == 1009
+                assert caught.value.reason.reason
+                assert text(await small.call("sdk__echo", text="fine")) == "fine"
