@@ -31,7 +31,7 @@ def compiled_rules() -> list[Extension]:
     editable = "editable_wheel" in sys.argv or "develop" in sys.argv  # (PEP 660, or legacy)
     if os.environ.get("MCPBROKER_PURE") or editable:
         return []
-    sources = sorted(str(p) for p in Path("broker").glob("*.py") if p.name not in PURE)
+    sources = sorted(str(p) for p in Path("broker").rglob("*.py") if p.name not in PURE)
     try:
         from mypyc.build import mypycify
 
