@@ -492,7 +492,16 @@ class Upstream:
             self._restarts += 1
 
     async def _connect_once(self) -> None:
-        """One connection to the server, from opening its link to its end."""
+        """One connection to the server, from opening its link to its end.
+
+        Raises :class:`LaunchError` if the server cannot be reached as
+        configured: past the nursery, since out of one it would come wrapped
+        in an ExceptionGroup that ``except LaunchError`` does not catch."""
+        failure = await self._connect()
+        if failure is not None:
+            raise failure
+
+    async def _connect(self) -> LaunchError | None:
         self._protocol = self._protocol.restarted()
         self._set_status(Status.STARTING)
         async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
@@ -502,7 +511,10 @@ class Upstream:
             except OSError as exc:
                 self._went_down(f"could not be started ({exc.strerror or exc}: {self._target})")
                 nursery.cancel_scope.cancel()
-                return
+                return None
+            except LaunchError as exc:
+                nursery.cancel_scope.cancel()
+                return exc
             self._log.info("server.started", **link.info, target=self._target)
             try:
                 try:
@@ -521,6 +533,7 @@ class Upstream:
                 with trio.CancelScope(shield=True):
                     await link.close()
                 nursery.cancel_scope.cancel()
+        return None
 
     @property
     def _target(self) -> str:

@@ -1,9 +1,19 @@
 """A server reached by WebSocket (``"url": "ws://..."`` or ``"wss://..."``).
 
 One JSON-RPC message per text frame (binary frames are read as UTF-8 too),
-subprotocol ``mcp``, the config's ``headers`` sent with the handshake. The
-connection's reader is trio-websocket's own task, in the nursery the
-Upstream gives the link, so it ends with the connection.
+subprotocol ``mcp``, the config's ``headers`` sent with the handshake.
+
+The link opens the TCP (and TLS) connection itself and hands it to
+trio-websocket, so that it always closes it: trio-websocket does not when
+the server closed first, a message was too big or its reader was cancelled
+(the garbage collector would, some time later). The connection
+lives in a task of the link's own (:meth:`WebSocketLink._run`), in the
+nursery the Upstream gives the link, and trio-websocket's reader in a
+nursery of that task: what the reader raises (a refused handshake arrives
+that way) ends this connection, never the Upstream. :meth:`WebSocketLink.close`
+asks that task to close the connection (a close handshake, bounded) and
+waits for it; a daemon being cancelled cancels it, and the socket is closed
+at once, with no handshake to wait for.
 
 Size: a message over ``broker.maxMessageBytes`` is handed on as an
 :class:`~broker.wire.frames.Oversize` (its caller is answered with an error,
@@ -17,7 +27,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
+import attrs
 import orjson
 import trio
 import trio_websocket
@@ -36,10 +48,12 @@ RECEIVE_BUFFER = 256 * 1024
 
 
 class WebSocketLink:
-    def __init__(self, connection: Any, url: str, max_message_bytes: int) -> None:
-        self._ws = connection
+    def __init__(self, url: str, max_message_bytes: int) -> None:
+        self._ws: Any = None  # the trio-websocket connection, once open
         self._max = max_message_bytes
         self.info: Mapping[str, Any] = {"url": url}
+        self._closing = trio.Event()  # close() asks _run to end the connection
+        self._closed = trio.Event()  # _run has ended it
 
     def encode(self, messages: list[Message]) -> list[bytes]:
         return [orjson.dumps(message) for message in messages]  # a frame each
@@ -72,8 +86,81 @@ class WebSocketLink:
         )
 
     async def close(self) -> None:
-        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
-            await self._ws.aclose()
+        self._closing.set()
+        with trio.CancelScope(shield=True), trio.move_on_after(2 * CLOSE_TIMEOUT):
+            await self._closed.wait()  # (_run bounds its own wait: this is a backstop)
+
+    async def _run(
+        self,
+        stream: trio.abc.Stream,
+        address: _Address,
+        headers: list[tuple[bytes, bytes]],
+        log: Any,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The connection from its handshake to its end (see the module's docstring)."""
+        opened = False
+        try:
+            async with trio.open_nursery() as reader:
+                self._ws = await trio_websocket.wrap_client_stream(
+                    reader,
+                    stream,  # type: ignore[arg-type]  # (SocketStream or SSLStream)
+                    address.host_header,
+                    address.resource,
+                    subprotocols=[wire.SUBPROTOCOL],
+                    extra_headers=headers,
+                    max_message_size=self._max * HARD_LIMIT_FACTOR,
+                    receive_buffer_size=RECEIVE_BUFFER,
+                )
+                opened = True
+                task_status.started()
+                await self._closing.wait()
+                with trio.move_on_after(CLOSE_TIMEOUT):
+                    await self._ws.aclose()
+                reader.cancel_scope.cancel()
+        except Exception as exc:  # trio-websocket's reader's, in a group
+            if not opened:
+                raise OSError(f"WebSocket handshake failed ({_describe(exc)})") from exc
+            log.warning("server.websocket_failed", error=_describe(exc))
+        finally:
+            # (Shielded: a cancelled caller's Cancelled would come out of
+            # aclose_forcefully, and skip the next line.)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            self._closed.set()
+
+
+@attrs.frozen
+class _Address:
+    host: str
+    port: int
+    secure: bool
+    resource: str  # the path and query to ask for
+    host_header: str
+
+
+def _address(url: str) -> _Address:
+    """Where a ``ws://`` or ``wss://`` URL leads; LaunchError if it leads nowhere."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # (raises ValueError if it is not a port)
+    except ValueError as exc:
+        raise LaunchError(f"has a url that is not valid ({url}: {exc})") from None
+    if parts.scheme not in ("ws", "wss"):
+        raise LaunchError(f"has a url mcpbroker cannot reach yet ({url}: only ws:// and wss://)")
+    if not parts.hostname:
+        raise LaunchError(f"has a url without a host ({url})")
+    secure = parts.scheme == "wss"
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    return _Address(
+        host=host,
+        port=port or (443 if secure else 80),
+        secure=secure,
+        resource=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+        host_header=shown if port is None else f"{shown}:{port}",
+    )
 
 
 async def launch_websocket(config: ServerConfig, context: LinkContext) -> WebSocketLink:
@@ -81,28 +168,38 @@ async def launch_websocket(config: ServerConfig, context: LinkContext) -> WebSoc
     connection is an ``OSError`` to retry with backoff, like a process that
     could not start)."""
     url = config.url or ""
-    if not url.startswith(("ws://", "wss://")):
-        raise LaunchError(f"has a url mcpbroker cannot reach yet ({url}: only ws:// and wss://)")
+    address = _address(url)
     headers = [(k.encode(), v.encode()) for k, v in config.headers.items()]
-    tls = ssl.create_default_context() if url.startswith("wss://") else None
+    link = WebSocketLink(url, context.max_message_bytes)
     try:
         with trio.fail_after(CONNECT_TIMEOUT):
-            connection = await trio_websocket.connect_websocket_url(
-                context.nursery,
-                url,
-                tls,
-                subprotocols=[wire.SUBPROTOCOL],
-                extra_headers=headers,
-                max_message_size=context.max_message_bytes * HARD_LIMIT_FACTOR,
-                receive_buffer_size=RECEIVE_BUFFER,
-            )
+            stream = await _connect(address)
+            await context.nursery.start(link._run, stream, address, headers, context.log)
     except trio.TooSlowError as exc:
         raise OSError(f"no WebSocket handshake within {CONNECT_TIMEOUT:g} s") from exc
-    except trio_websocket.HandshakeError as exc:
-        raise OSError(f"WebSocket handshake refused ({_describe(exc)})") from exc
-    return WebSocketLink(connection, url, context.max_message_bytes)
+    return link
 
 
-def _describe(exc: Exception) -> str:
+async def _connect(address: _Address) -> trio.abc.Stream:
+    """The TCP connection, and over ``wss://`` its TLS handshake (done here, so
+    that a bad certificate is said as such, not as a handshake that never came)."""
+    if not address.secure:
+        return await trio.open_tcp_stream(address.host, address.port)
+    stream = await trio.open_ssl_over_tcp_stream(
+        address.host, address.port, ssl_context=ssl.create_default_context(), https_compatible=True
+    )
+    try:
+        await stream.do_handshake()
+    except BaseException as exc:  # (cancelled, timed out too: the socket is closed first)
+        await trio.aclose_forcefully(stream)
+        if isinstance(exc, trio.BrokenResourceError):
+            raise OSError(f"TLS handshake failed ({exc.__cause__ or exc})") from exc
+        raise
+    return stream
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     status = getattr(exc, "status_code", None)
     return f"HTTP {status}" if status is not None else str(exc) or type(exc).__name__
