@@ -22,6 +22,41 @@ import attrs
 
 from broker.jsonrpc import INVALID_REQUEST, LIMIT_REACHED, JsonRpcError, Message, RequestId
 
+# -- notes: what an in-flight request's answer needs done to it ---------------
+#
+# Nearly every request needs nothing (its note is None, the fast path's one
+# test). The few that do carry one of these records, and the answer is matched
+# by the record's type, never by comparing strings: a subscribed URI is data a
+# client chose, and may be spelt like anything.
+
+
+@attrs.frozen
+class Subscribing:
+    """A ``resources/subscribe`` forwarded upstream: refused, ``uri`` is forgotten."""
+
+    uri: str
+
+
+@attrs.frozen
+class CreatesTask:
+    """A task-augmented ``tools/call``: its answer creates a task the session owns."""
+
+
+@attrs.frozen
+class TaskQuery:
+    """``tasks/get``, ``tasks/result`` or ``tasks/cancel``: its answer's task ids are renamed."""
+
+
+@attrs.frozen
+class TaskList:
+    """``tasks/list``: its answer keeps only the session's own tasks, renamed."""
+
+
+Note = Subscribing | CreatesTask | TaskQuery | TaskList
+"""Every kind of note. The next protocol era's multi-step ``input_required``
+exchanges (a request answered by a question, then asked again with the answers)
+get their record here, beside these, when the broker carries them; none yet."""
+
 
 @attrs.define(slots=True)
 class InFlight:
@@ -31,7 +66,7 @@ class InFlight:
     client_id: RequestId
     method: str
     client_token: Any = None  # the client's progressToken, if it sent one
-    note: Any = None  # what the caller needs to remember about it (a subscribed URI)
+    note: Note | None = None  # what its answer needs done (None: nothing, nearly always)
 
 
 class RequestMap:
@@ -160,7 +195,7 @@ class RequestMap:
             self._pop(upstream_id)
         return gone
 
-    def note(self, upstream_id: int, note: Any) -> None:
+    def note(self, upstream_id: int, note: Note) -> None:
         self._by_upstream[upstream_id].note = note
 
     def forget(self, upstream_id: int) -> InFlight | None:

@@ -57,7 +57,15 @@ from broker.lifecycle import (
     initialize_request,
     read_initialize_result,
 )
-from broker.requestmap import InFlight, RequestMap
+from broker.requestmap import (
+    CreatesTask,
+    InFlight,
+    Note,
+    RequestMap,
+    Subscribing,
+    TaskList,
+    TaskQuery,
+)
 from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
@@ -200,21 +208,22 @@ class UpstreamProtocol:
         method, params = request["method"], request.get("params")
         if not isinstance(params, dict):
             params = {}
-        note: Any = None
+        note: Note | None = None
         if method == "tools/call":
             self._check_tool(request, params)
             if isinstance(params.get("task"), dict):
-                note = "creates-task"
+                note = CreatesTask()
         elif method in ("resources/subscribe", "resources/unsubscribe"):
-            note = _uri_of(request)
-            answered = self._subscription(session, request, note)
+            uri = _uri_of(request)
+            answered = self._subscription(session, request, uri)
             if answered is not None:
                 return answered
+            note = Subscribing(uri)  # (only a first subscribe goes upstream)
         elif method in TASK_METHODS:
             self.tasks.check(session, params.get("taskId"))
-            note = "task"
+            note = TaskQuery()
         elif method == "tasks/list":
-            note = "task-list"
+            note = TaskList()
         upstream_id = self._open(session, request, now)
         if note is not None:
             self.requests.note(upstream_id, note)
@@ -547,15 +556,17 @@ class UpstreamProtocol:
         self.deadlines.discard(upstream_id)  # type: ignore[arg-type]
         if self.turns.on:
             self._settle()
-        if entry.note is None:  # nearly every response (a subscription notes its URI)
+        note = entry.note
+        if note is None:  # nearly every response
             return [Deliver(entry.session, message)]
-        if entry.method == "resources/subscribe" and "error" in message:
-            self.fanout.unsubscribe(entry.session, entry.note)  # the server refused it
-        elif entry.note == "creates-task":
+        if isinstance(note, Subscribing):
+            if "error" in message:
+                self.fanout.unsubscribe(entry.session, note.uri)  # the server refused it
+        elif isinstance(note, CreatesTask):
             self.tasks.created(entry.session, message.get("result"))
-        elif entry.note == "task":
+        elif isinstance(note, TaskQuery):
             self.tasks.rename(message.get("result"))
-        elif entry.note == "task-list":
+        elif isinstance(note, TaskList):
             self.tasks.listed(entry.session, message.get("result"))
         return [Deliver(entry.session, message)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -273,3 +274,30 @@ def test_progress_with_null_params_is_dropped_not_a_crash() -> None:
     proto = ready_protocol()
     note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": None}
     assert proto.server_message(note) == []
+
+
+# -- what an in-flight request remembers ---------------------------------------
+
+
+@pytest.mark.parametrize("uri", ["task-list", "task", "creates-task"])
+def test_a_subscription_to_a_uri_named_like_a_task_record_stays_a_subscription(uri: str) -> None:
+    """A subscribed URI is remembered as a subscription, never mistaken for a
+    task request's record: its answer passes through untouched (even one
+    shaped like a task answer) and its updates reach the subscriber."""
+    proto = ready_protocol()
+    (sent,) = proto.client_request(A, request(7, "resources/subscribe", uri=uri))
+    assert isinstance(sent, SendUpstream)
+    upstream_id = sent.message["id"]
+    # A server may put anything in a result; none of it is the broker's to rename.
+    answer = {
+        "taskId": "t1",
+        "task": {"taskId": "t2"},
+        "tasks": [{"taskId": "t3"}],
+        "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "t4"}},
+    }
+    expected = jsonrpc.result_response(7, copy.deepcopy(answer))
+    assert proto.server_message(result(upstream_id, answer)) == [Deliver(A, expected)]
+    with pytest.raises(JsonRpcError):  # nobody created a task t2
+        proto.client_request(A, request(8, "tasks/get", taskId="t2"))
+    update = jsonrpc.notification("notifications/resources/updated", {"uri": uri})
+    assert proto.server_message(update) == [Deliver(A, update)]
