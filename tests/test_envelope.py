@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
-from broker.wire.envelope import Answer, split_answer
+from broker.wire.envelope import Answer, answer_id, split_answer
 from tests.test_fuzz import (
     Catalogs,
     _in_shape,
@@ -171,3 +171,35 @@ def test_taking_a_run_of_answers_is_taking_them_one_by_one(answers: list[Any]) -
         assert taken == len(lines)
     assert deliveries == expected and sizes == expected_sizes
     assert len(fast.requests) == len(slow.requests) and len(fast.deadlines) == len(slow.deadlines)
+
+
+@given(
+    st.integers(min_value=1, max_value=10**18),
+    st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=20), max_size=8),
+    st.sampled_from(["result", "error"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_an_oversize_answers_id_is_read_from_its_ends_in_any_spacing(
+    id: int, body: dict[str, Any], key: str, id_first: bool, spaced: bool
+) -> None:
+    """A server that writes spaces (Python's json.dumps) gets its too-large
+    answer's caller told at once too, not left to time out."""
+    import json
+
+    fields = {"jsonrpc": "2.0", "id": id, key: body} if id_first else {key: body, "id": id}
+    line = json.dumps(fields, separators=None if spaced else (",", ":")).encode()
+    assert answer_id(line[:64], line[-64:]) == id
+
+
+@pytest.mark.parametrize(
+    "head, tail",
+    [
+        (b'{"result":{"id":3,"x":', b'"y":{"id":4}}'),  # ids inside the result
+        (b'[{"jsonrpc":"2.0","id":1,', b'"id":2}]'),  # a batch
+        (b'{"jsonrpc":"2.0","id":"s",', b"}"),  # not one of the broker's ids
+        (b'{"jsonrpc":"2.0","id":12345678901234567890,', b"}"),  # too long
+    ],
+)
+def test_no_id_is_guessed_from_inside_an_answer(head: bytes, tail: bytes) -> None:
+    assert answer_id(head, tail) is None

@@ -32,6 +32,7 @@ as before.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -117,16 +118,32 @@ def split_answer(line: bytes) -> Answer | None:
 
 def answer_id(head: bytes, tail: bytes) -> int | None:
     """The upstream id of an answer known only by its first and last bytes (a
-    message too long to take, broker/wire/frames.py ``Oversize``), in either compact
-    shape; None if neither end shows one."""
-    if head.startswith(PREFIX):
-        end = head.find(b",", len(PREFIX))
-        digits = head[len(PREFIX) : end] if end > 0 else b""
-    elif head.startswith(_FIRST_KEYS):
-        at = tail.rfind(SUFFIX)
-        digits = tail[at + len(SUFFIX) : -1] if at >= 0 and tail.endswith(b"}") else b""
-    else:
-        return None
-    if not digits.isdigit() or len(digits) > _MAX_ID_DIGITS:
-        return None
-    return int(digits)
+    message too long to take, broker/wire/frames.py ``Oversize``): the id as
+    the first key (or the second, after ``"jsonrpc":"2.0"``), or as the last,
+    with any whitespace JSON allows (Python's ``json.dumps`` writes spaces);
+    None if neither end shows one. Sound for any valid JSON object: a key at
+    the very start, or one whose value is followed only by the closing brace
+    at the very end, is the top-level object's."""
+    match = _ID_FIRST.match(head) or _ID_LAST.search(tail)
+    return int(match.group(1)) if match is not None else None
+
+
+_WS = rb"[ \t\r\n]*"
+_ID = rb'"id"' + _WS + rb":" + _WS + rb"([0-9]{1,%d})" % _MAX_ID_DIGITS + _WS
+_ID_FIRST = re.compile(
+    _WS
+    + rb"\{"
+    + _WS
+    + rb'(?:"jsonrpc"'
+    + _WS
+    + rb":"
+    + _WS
+    + rb'"2\.0"'
+    + _WS
+    + rb","
+    + _WS
+    + rb")?"
+    + _ID
+    + rb","
+)
+_ID_LAST = re.compile(rb"," + _WS + _ID + rb"\}" + _WS + rb"\Z")
