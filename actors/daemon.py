@@ -17,6 +17,7 @@ import attrs
 import trio
 
 import broker.upstream
+from actors.downstream.connection import Connection
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import claim_socket_path, hold_socket_lock, serve_unix
 from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
@@ -114,32 +115,17 @@ class Daemon:
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
         connection = StreamConnection(stream, self.config.broker.max_message_bytes)
-        await self._serve_session(
-            Session(
-                connection,
-                self.upstreams,
-                self.registry,
-                self.config.broker,
-                control=self._control,
-            )
-        )
+        await self._serve_session(connection, control=self._control)
 
     async def _serve_websocket(
         self, connection: WebSocketConnection, view: tuple[str, ...] | None, transparent: bool
     ) -> None:
-        await self._serve_session(
-            Session(
-                connection,
-                self.upstreams,
-                self.registry,
-                self.config.broker,
-                view=tuple(self.upstreams) if view is None else view,
-                transparent=transparent,
-            )
-        )
+        view = tuple(self.upstreams) if view is None else view
+        await self._serve_session(connection, view=view, transparent=transparent)
 
-    async def _serve_session(self, session: Session) -> None:
-        """Run one client's session (of any transport) until it ends."""
+    async def _serve_session(self, connection: Connection, **options: Any) -> None:
+        """Run one client's session, over any transport, until it ends."""
+        session = Session(connection, self.upstreams, self.registry, self.config.broker, **options)
         self._sessions.add(session)
         try:
             await session.run()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -23,12 +21,11 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 import actors.upstream
-from actors.daemon import Daemon
 from actors.server_actor import Status
 from actors.upstream import Upstream
 from broker import jsonrpc
-from broker.config import BrokerSettings, ServerConfig, parse_config
-from tests.conftest import shim_client, text_of
+from broker.config import BrokerSettings, ServerConfig
+from tests.conftest import running_daemon, shim_client, text_of
 from tests.servers.ws_server import WsServer
 
 BEARER = "Bearer x"
@@ -36,25 +33,6 @@ BEARER = "Bearer x"
 
 def ws_entry(port: int, **extra: Any) -> dict[str, Any]:
     return {"url": f"ws://127.0.0.1:{port}/", "headers": {"Authorization": BEARER}, **extra}
-
-
-@asynccontextmanager
-async def running_daemon(
-    servers: dict[str, Any],
-    socket_path: str,
-    broker: dict[str, Any] | None = None,
-    wait: tuple[str, ...] | None = None,
-) -> AsyncIterator[Daemon]:
-    """As tests/conftest.py's, with a ``broker`` section."""
-    config = parse_config({"mcpServers": servers, "broker": broker or {}})
-    daemon = Daemon(config, socket_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(daemon.run)
-        with trio.fail_after(10):
-            for name in daemon.upstreams if wait is None else wait:
-                await daemon.upstreams[name].wait_ready()
-        yield daemon
-        nursery.cancel_scope.cancel()
 
 
 def echoed(result: Any) -> dict[str, Any]:
