@@ -254,6 +254,9 @@ _SERVER_KEYS = {
     "timeout": "timeout",
     "serverRequests": "server_requests",
 }
+# Each field's key in the file, for messages that name a setting (broker/configdiff.py).
+SERVER_KEY_OF = {field: key for key, field in _SERVER_KEYS.items()}
+BROKER_KEY_OF = {field: key for key, field in _BROKER_KEYS.items()}
 
 
 def with_listeners(config: Config, websocket: str | None, token_file: str | None) -> Config:
