@@ -29,6 +29,8 @@ from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, Config, ServerConfig, parse_address
+from broker.configdiff import ConfigDiff, Effect, diff
+from broker.wire.websocket import Policy
 
 # How broker/ was installed: compiled by mypyc (setup.py), or as Python.
 RULES = "compiled" if (broker.upstream.__file__ or "").endswith((".so", ".pyd")) else "Python"
@@ -58,6 +60,7 @@ class Daemon:
         self._sessions: set[Session] = set()
         self._started = 0.0
         self.websocket_url: str | None = None
+        self._websocket_policy: Policy | None = None
 
     def statistics(self) -> DaemonStatistics:
         return DaemonStatistics(
@@ -79,7 +82,8 @@ class Daemon:
         self._started = trio.current_time()
         settings = self.config.broker
         address = parse_address(settings.websocket) if settings.websocket else None
-        policy = policy_for(address[0], settings) if address else None  # (a one-line error)
+        # (before anything starts: a one-line error)
+        self._websocket_policy = policy_for(address[0], settings) if address else None
         prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
             claim_socket_path(self.socket_path)  # (before the nursery: a one-line error)
@@ -90,13 +94,13 @@ class Daemon:
                 for upstream in self.upstreams.values():
                     await nursery.start(upstream.run)
                 await nursery.start(serve_unix, self.socket_path, self._serve_client)
-                if address is not None and policy is not None:
+                if address is not None:
                     host, port = address
                     port = await nursery.start(
                         serve_websocket,
                         host,
                         port,
-                        policy,
+                        self._current_websocket_policy,
                         self.upstreams,
                         settings.max_message_bytes,
                         self._serve_websocket,
@@ -112,6 +116,43 @@ class Daemon:
                     websocket=self.websocket_url,
                 )
                 task_status.started()
+
+    def reconfigure(self, new: Config) -> ConfigDiff:
+        """Apply what of ``new`` applies live (broker/configdiff.py, LIVE):
+        settings go to every server, session, the Registry and the WebSocket
+        listener; servers whose only changes are live ones take them. Returns
+        the whole diff: what it says to add, remove or restart, and settings
+        that need a new daemon, are left to the caller (the reload, #14), and
+        ``self.config`` keeps the old values of those until then. Raises
+        StartError (nothing changed) if the new token file cannot be read."""
+        change = diff(self.config, new)
+        if change.empty:
+            return change
+        live = {c.field: c.new for c in change.settings if c.effect is Effect.LIVE}
+        settings = attrs.evolve(self.config.broker, **live)
+        if self._websocket_policy is not None and self.config.broker.websocket:
+            host = parse_address(self.config.broker.websocket)[0]
+            self._websocket_policy = policy_for(host, settings)
+        servers = dict(self.config.servers)
+        for name, server_change in change.updated.items():
+            servers[name] = server_change.new
+        for name, upstream in self.upstreams.items():
+            if name not in change.restarted and name not in change.removed:
+                upstream.reconfigure(servers[name], settings)
+        self.registry.reconfigure(settings)
+        for session in self._sessions:
+            session.reconfigure(settings)
+        self.config = attrs.evolve(self.config, servers=servers, broker=settings)
+        self._log.info(
+            "daemon.reconfigured",
+            settings=[c.key for c in change.settings if c.effect is Effect.LIVE],
+            servers=list(change.updated),
+        )
+        return change
+
+    def _current_websocket_policy(self) -> Policy:
+        assert self._websocket_policy is not None
+        return self._websocket_policy
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
         connection = StreamConnection(stream, self.config.broker.max_message_bytes)

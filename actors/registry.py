@@ -31,7 +31,16 @@ from actors.internal import InternalClient
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
 from actors.server_actor import ServerActor, ServerEvent, Status
-from broker.catalog import KINDS, KINDS_BY_NOTIFICATION, Catalog, Kind, ServerEntry, ServerState
+from broker.catalog import (
+    KINDS,
+    KINDS_BY_NOTIFICATION,
+    PROMPTS,
+    TOOLS,
+    Catalog,
+    Kind,
+    ServerEntry,
+    ServerState,
+)
 from broker.config import BrokerSettings
 from broker.jsonrpc import JsonRpcError
 from broker.listing import Lister, changed_kinds, list_changed, new_clashes
@@ -213,6 +222,16 @@ class Registry:
         return lister.items()
 
     # -- publishing -----------------------------------------------------------
+
+    def reconfigure(self, settings: BrokerSettings) -> None:
+        """New live settings (a reload): a new separator renames the tools and
+        prompts of every server, and every session is told its lists changed;
+        a new page size holds for the next list request."""
+        old = self._catalog
+        self._catalog = Catalog(old.servers.values(), settings.separator, settings.page_size)
+        if settings.separator != old.separator:
+            for server in self._catalog.servers:
+                self._notify(server, [kind for kind in KINDS if kind in (TOOLS, PROMPTS)])
 
     def _publish(self, entry: ServerEntry) -> None:
         before, self._catalog = self._catalog, self._catalog.replace(entry)

@@ -113,6 +113,12 @@ class Session:
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
 
+    def reconfigure(self, settings: BrokerSettings) -> None:
+        """New live settings (a reload): the session's limits, from now on."""
+        self._settings = settings
+        self._handle.max_bytes = settings.max_queued_bytes
+        self._protocol.max_in_flight = settings.max_in_flight
+
     @property
     def handle(self) -> SessionHandle:
         return self._handle

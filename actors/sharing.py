@@ -62,6 +62,17 @@ class ServerGroup:
         self._scopes: dict[Upstream, trio.CancelScope] = {}
         self._log = get_logger(server=name)
 
+    def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
+        """New live settings (see Upstream.reconfigure), for every instance, and
+        for the instances started later."""
+        self.config = config
+        self.settings = settings
+        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+            instance.reconfigure(config, settings)
+
+    def _every_instance(self) -> list[Upstream]:
+        return self.instances()
+
     def _instance(self, index: int) -> Upstream:
         """Instance ``index``; the first (the catalog's) follows the config's startup."""
         lazy = index == 0 and self.config.startup == "lazy"
@@ -188,6 +199,9 @@ class PooledServer(ServerGroup):
 
     def request_start(self) -> None:
         self._catalog.request_start()  # (and the others once it is ready: _grow)
+
+    def _every_instance(self) -> list[Upstream]:
+        return self._pool
 
     async def wait_ready(self) -> None:
         """Wait until every instance of the pool is ready (for tests and tools)."""

@@ -123,6 +123,7 @@ class Upstream:
         self._log = get_logger(server=name)
         self._launch: Launcher = launch or launcher_for(config)
         self._timeouts = TimeoutPolicy.for_server(config, settings)
+        self._timeouts_changed = trio.Event()  # set by reconfigure (_expire_requests)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
         # Items sent and not yet handled (a channel hands an item straight to a
         # waiting receiver, so its buffer alone undercounts), and their bytes.
@@ -216,6 +217,21 @@ class Upstream:
         """From its next start on, this instance is ready only once it offers these
         tools (see ``expected_tools`` in broker/upstream.py)."""
         self._protocol.expected_tools = tools
+
+    def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
+        """New settings that apply without a restart (broker/configdiff.py, LIVE):
+        timeouts, limits, startup. They hold for what comes next; what is in
+        flight keeps its deadline until progress moves it."""
+        self.config = config
+        self.settings = settings
+        self._max_backlog = settings.max_queued_bytes
+        self._timeouts = TimeoutPolicy.for_server(config, settings)
+        self._protocol.reconfigure(
+            self._timeouts, settings.max_server_in_flight, settings.max_waiting_requests
+        )
+        self._timeouts_changed.set()
+        if config.startup == "eager":
+            self.request_start()
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
@@ -564,14 +580,16 @@ class Upstream:
 
         Every request gets the same timeout and progress only pushes deadlines
         later, so with nothing pending, nothing can expire sooner than one
-        timeout from now.
+        timeout from now; a new timeout (a reload) wakes this task to look again.
         """
         while True:
             deadline = self._protocol.deadlines.next_deadline()
             if deadline is None:
-                await trio.sleep(self._timeouts.timeout)
+                deadline = trio.current_time() + self._timeouts.timeout
+            with trio.move_on_at(deadline):
+                await self._timeouts_changed.wait()
+                self._timeouts_changed = trio.Event()
                 continue
-            await trio.sleep_until(deadline)
             actions = self._protocol.expire(trio.current_time())
             answered = sum(isinstance(action, Deliver) for action in actions)
             if answered:

@@ -61,6 +61,20 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._in_order) + len(self._times)
 
+    def set_policy(self, policy: TimeoutPolicy) -> None:
+        """A new policy (a reload), for requests sent from now on. Those in flight
+        keep the deadline they have until progress moves it (then under the new
+        policy): they leave the in-order run, which holds one timeout only."""
+        if policy == self.policy:
+            return
+        for upstream_id, sent in self._in_order.items():
+            self._push(upstream_id, sent, sent + self._timeout)
+        self._in_order.clear()
+        self._latest = -math.inf
+        self.policy = policy
+        self._enabled = policy.enabled
+        self._timeout = policy.timeout
+
     def add(self, upstream_id: int, now: float) -> None:
         if not self._enabled:
             return

@@ -188,6 +188,12 @@ class UpstreamProtocol:
 
     # -- the handshake ------------------------------------------------------
 
+    def reconfigure(self, timeouts: TimeoutPolicy, max_in_flight: int, max_waiting: int) -> None:
+        """New limits and timeouts (a reload), for what comes next."""
+        self.deadlines.set_policy(timeouts)
+        self.requests.limit = max_in_flight
+        self.turns.limit = max_waiting
+
     def start(self) -> Message:
         """The first message to write to a freshly started server."""
         return initialize_request(HANDSHAKE_ID)

@@ -104,14 +104,16 @@ def is_loopback(host: str) -> bool:
 async def serve_websocket(
     host: str,
     port: int,
-    policy: wire.Policy,
+    policy: Callable[[], wire.Policy],
     servers: Iterable[str],
     max_message_bytes: int,
     open_session: OpenSession,
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve WebSocket clients on ``host:port`` until cancelled; reports the port bound."""
+    """Serve WebSocket clients on ``host:port`` until cancelled; reports the port
+    bound. ``policy()`` says who may connect, asked at each handshake (a
+    reload may change it)."""
     log = get_logger()
     names = tuple(servers)
 
@@ -123,7 +125,7 @@ async def serve_websocket(
                 request.headers,
                 request.proposed_subprotocols,
                 names,
-                policy,
+                policy(),
             )
             if isinstance(decision, wire.Reject):
                 log.warning(
