@@ -1,6 +1,8 @@
 """The Supervisor: the daemon's nursery tree, start order and shutdown.
 
-Start order: the lock on the socket (so two daemons never fight over it),
+Start order: what the process was handed (who started it, from
+``$MCPBROKER_STARTED_BY``; a listening socket, if a service manager passed
+one), then the lock on the socket (so two daemons never fight over it),
 then every Upstream (each starts its server in the background; sessions that
 need it wait for its handshake), then the Listener. Shutdown is cancellation
 of the whole tree: sessions close, and each Upstream stops its server the
@@ -11,6 +13,9 @@ file is removed.
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import MutableMapping
+from functools import partial
 from typing import Any
 
 import attrs
@@ -19,10 +24,15 @@ import trio
 import broker.upstream
 from actors.downstream.connection import Connection
 from actors.downstream.stream import StreamConnection
-from actors.downstream.unix import claim_socket_path, hold_socket_lock, serve_unix
+from actors.downstream.unix import (
+    claim_socket_path,
+    hold_socket_lock,
+    serve_unix,
+    take_inherited_listener,
+)
 from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
 from actors.logs import get_logger
-from actors.paths import prepare_socket_dir
+from actors.paths import STARTED_BY_ENV, prepare_socket_dir
 from actors.registry import Registry
 from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
@@ -34,6 +44,21 @@ from broker.wire.websocket import Policy
 
 # How broker/ was installed: compiled by mypyc (setup.py), or as Python.
 RULES = "compiled" if (broker.upstream.__file__ or "").endswith((".so", ".pyd")) else "Python"
+# Who started a daemon (DaemonStatistics.started_by): the shim, a service
+# manager (the unit `mcpbroker service install` writes), or someone by hand.
+START_MODES = ("shim", "service", "hand")
+
+
+def take_start_mode(environ: MutableMapping[str, str], socket_activated: bool = False) -> str:
+    """Who started this daemon, from ``$MCPBROKER_STARTED_BY`` (removed, so that
+    the servers the daemon starts do not inherit it); unset, "service" if a
+    service manager handed over the socket, else "hand". (Not from
+    ``INVOCATION_ID``: every process under any systemd service inherits it,
+    a shell in a terminal run as one included.)"""
+    mode = environ.pop(STARTED_BY_ENV, "")
+    if mode in START_MODES:
+        return mode
+    return "service" if socket_activated else "hand"
 
 
 @attrs.frozen
@@ -45,6 +70,8 @@ class DaemonStatistics:
     sessions: tuple[SessionStatistics, ...]
     rules: str = RULES
     websocket: str | None = None  # the WebSocket listener's URL, if there is one
+    started_by: str = "hand"  # one of START_MODES
+    socket_activated: bool = False  # the socket was handed over by a service manager
 
 
 class Daemon:
@@ -61,6 +88,8 @@ class Daemon:
         self._started = 0.0
         self.websocket_url: str | None = None
         self._websocket_policy: Policy | None = None
+        self.started_by = "hand"
+        self.socket_activated = False
 
     def statistics(self) -> DaemonStatistics:
         return DaemonStatistics(
@@ -70,6 +99,8 @@ class Daemon:
             servers=tuple(upstream.statistics() for upstream in self.upstreams.values()),
             sessions=tuple(s.statistics() for s in self._sessions if not s.is_control),
             websocket=self.websocket_url,
+            started_by=self.started_by,
+            socket_activated=self.socket_activated,
         )
 
     def _control(self, command: str) -> Any:
@@ -84,16 +115,20 @@ class Daemon:
         address = parse_address(settings.websocket) if settings.websocket else None
         # (before anything starts: a one-line error)
         self._websocket_policy = policy_for(address[0], settings) if address else None
+        inherited = self._take_process_origin()
         prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
-            claim_socket_path(self.socket_path)  # (before the nursery: a one-line error)
+            if inherited is None:
+                claim_socket_path(self.socket_path)  # (before the nursery: a one-line error)
             for warning in self.config.warnings:
                 self._log.warning("config.warning", detail=warning)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.registry.run)
                 for upstream in self.upstreams.values():
                     await nursery.start(upstream.run)
-                await nursery.start(serve_unix, self.socket_path, self._serve_client)
+                await nursery.start(
+                    partial(serve_unix, inherited=inherited), self.socket_path, self._serve_client
+                )
                 if address is not None:
                     host, port = address
                     port = await nursery.start(
@@ -114,6 +149,8 @@ class Daemon:
                     pid=os.getpid(),
                     rules=RULES,
                     websocket=self.websocket_url,
+                    started_by=self.started_by,
+                    socket_activated=self.socket_activated,
                 )
                 task_status.started()
 
@@ -153,6 +190,22 @@ class Daemon:
     def _current_websocket_policy(self) -> Policy:
         assert self._websocket_policy is not None
         return self._websocket_policy
+
+    def _take_process_origin(self) -> socket.socket | None:
+        """Read (and clear) what this process was started with: who started it,
+        and the listening socket a service manager handed over, if it did
+        (whose path then replaces the configured one)."""
+        inherited = take_inherited_listener(os.environ)
+        self.socket_activated = inherited is not None
+        self.started_by = take_start_mode(os.environ, self.socket_activated)
+        if inherited is not None:
+            path = inherited.getsockname()
+            if path != self.socket_path:
+                self._log.warning(
+                    "daemon.socket_handed_over", socket=path, configured=self.socket_path
+                )
+                self.socket_path = path
+        return inherited
 
     async def _serve_client(self, stream: trio.abc.Stream) -> None:
         connection = StreamConnection(stream, self.config.broker.max_message_bytes)

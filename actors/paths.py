@@ -29,6 +29,9 @@ from typing import Any
 
 SOCKET_ENV = "MCPBROKER_SOCKET"
 CONFIG_ENV = "MCPBROKER_CONFIG"
+# Who started the daemon: "shim" (set by ``mcpbroker connect``) or "service" (set
+# by the unit ``mcpbroker service install`` writes); unset, by hand.
+STARTED_BY_ENV = "MCPBROKER_STARTED_BY"
 SOCKET_NAME = "mcpbroker.sock"
 # AF_UNIX paths are at most 107 bytes on Linux (104 on macOS).
 MAX_SOCKET_PATH = 104

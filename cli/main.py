@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from tools import bench
 
         return bench.cli(argv[1:])
+    if argv[:1] == ["service"]:
+        from cli import service
+
+        return service.main(argv[1:])
     return _main(argv)
 
 
@@ -91,6 +95,9 @@ def _main(argv: list[str]) -> int:
     commands.add_parser("connect", help="stdio shim for MCP hosts (see 'mcpbroker connect --help')")
     commands.add_parser("demo-config", help="print the built-in demo configuration")
     commands.add_parser("bench", help="load-test a server (see 'mcpbroker bench --help')")
+    commands.add_parser(
+        "service", help="run the daemon as a systemd or launchd service (install, uninstall)"
+    )
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")

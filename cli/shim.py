@@ -22,6 +22,7 @@ import sys
 import time
 
 from actors.paths import (
+    STARTED_BY_ENV,
     UnsafePath,
     default_config_path,
     default_socket_path,
@@ -175,6 +176,7 @@ def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             stdout=subprocess.DEVNULL,
             stderr=log,
             start_new_session=True,
+            env={**os.environ, STARTED_BY_ENV: "shim"},  # (for `mcpbroker status`)
         )
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     exited_at: float | None = None

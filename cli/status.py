@@ -44,7 +44,8 @@ def main(socket_path: str, as_json: bool) -> int:
 def render(status: dict[str, Any]) -> str:
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
-        f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}",
+        f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
+        f"started {started_by(status)}",
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         "",
     ]
@@ -87,6 +88,16 @@ def render(status: dict[str, Any]) -> str:
     ]
     lines += ["", *_table(["SESSION", "VIEW", "VERSION", "CLIENT", "IN-FLIGHT", "AGE"], sessions)]
     return "\n".join(lines)
+
+
+STARTERS = {"shim": "by mcpbroker connect", "service": "by the service manager", "hand": "by hand"}
+
+
+def started_by(status: dict[str, Any]) -> str:
+    """How the daemon was started, in words ("by hand", "by the service manager
+    (socket-activated)"); "by ?" for a daemon too old to say."""
+    words = STARTERS.get(status.get("started_by", ""), "by ?")
+    return words + (" (socket-activated)" if status.get("socket_activated") else "")
 
 
 def _client_name(info: Any) -> str:

@@ -31,7 +31,8 @@ def test_version() -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["serve"], ["connect"], ["status"], ["bench"], ["demo-config"]]
+    "command",
+    [[], ["serve"], ["connect"], ["status"], ["bench"], ["demo-config"], ["service"]],
 )
 def test_every_help_exits_0(command: list[str]) -> None:
     done = run(*command, "--help")

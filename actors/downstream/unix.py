@@ -10,6 +10,13 @@ of mode 0700 (actors/paths.py), the lock file is opened without following
 symlinks, and each connection's peer uid is checked: another user's is
 refused and logged.
 
+Socket activation: a service manager (systemd's ``mcpbroker.socket``, which
+``mcpbroker service install`` writes) may hand the daemon its listening socket
+already bound (``LISTEN_PID``, ``LISTEN_FDS``: :func:`take_inherited_listener`).
+The daemon then serves that socket as it is: it takes the lock as always, but
+neither replaces the file nor removes it when it stops, since the manager owns
+it and keeps it listening while the daemon restarts (docs/service.md).
+
 Running out of descriptors (EMFILE and friends) while accepting does not
 flood the log: the loop backs off and reports at most once every
 :data:`REPORT_EVERY` seconds, with a count.
@@ -23,7 +30,7 @@ import fcntl
 import os
 import socket as stdlib_socket
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 
 import trio
 
@@ -34,6 +41,7 @@ BACKLOG = 512
 ACCEPT_RETRY = 0.1  # seconds to wait after an accept that failed for want of resources
 REPORT_EVERY = 10.0  # seconds between two log lines about such failures
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+LISTEN_FDS_START = 3  # the first descriptor a service manager passes (sd_listen_fds)
 
 
 class StartError(Exception):
@@ -97,6 +105,42 @@ def _remove_stale_socket(socket_path: str) -> None:
     os.unlink(socket_path)
 
 
+def take_inherited_listener(
+    environ: MutableMapping[str, str] = os.environ, fd: int = LISTEN_FDS_START
+) -> stdlib_socket.socket | None:
+    """The listening unix socket a service manager handed this process, or None.
+
+    The protocol of systemd's ``sd_listen_fds``: ``LISTEN_PID`` is this
+    process's pid and ``LISTEN_FDS`` the number of descriptors from ``fd`` (3)
+    on. The variables are removed either way, so that the servers the daemon
+    starts do not inherit them, and the socket is not inherited by them either. Raises
+    :class:`StartError` if what was handed over is not one listening unix
+    stream socket on a path.
+    """
+    pid = environ.pop("LISTEN_PID", None)
+    count = environ.pop("LISTEN_FDS", None)
+    environ.pop("LISTEN_FDNAMES", None)
+    if pid != str(os.getpid()) or count is None:
+        return None
+    if count != "1":
+        raise StartError(f"expected one socket from the service manager, got LISTEN_FDS={count}")
+    try:
+        sock = stdlib_socket.socket(fileno=fd)
+    except OSError as exc:
+        raise StartError(f"the socket handed over (descriptor {fd}) is unusable: {exc}") from None
+    sock.set_inheritable(False)
+    listening = sock.getsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_ACCEPTCONN)
+    kind = (sock.family, sock.type)
+    if kind != (stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM) or not listening:
+        sock.close()
+        raise StartError("the socket handed over is not a listening unix stream socket")
+    name = sock.getsockname()
+    if not isinstance(name, str) or not name.startswith("/"):
+        sock.close()
+        raise StartError(f"the socket handed over is not on a path ({name!r})")
+    return sock
+
+
 async def open_unix_listener(socket_path: str) -> trio.SocketListener:
     """Bind ``socket_path`` (mode 0600), replacing a stale socket file.
 
@@ -117,17 +161,36 @@ async def serve_unix(
     socket_path: str,
     handler: Callable[[trio.SocketStream], Awaitable[None]],
     *,
+    inherited: stdlib_socket.socket | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept clients on ``socket_path`` until cancelled, then remove the socket file."""
-    listener = await open_unix_listener(socket_path)
+    """Accept clients on ``socket_path`` until cancelled, then remove the socket
+    file if it is still the one this daemon bound. With ``inherited`` (from
+    :func:`take_inherited_listener`), serve that socket and leave its file alone."""
+    if inherited is not None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(inherited))
+    else:
+        listener = await open_unix_listener(socket_path)
+    bound = None if inherited is not None else _identity(socket_path)
     try:
         async with trio.open_nursery() as nursery:
             task_status.started()
             await _accept_loop(listener, handler, nursery)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket_path)
+        # (Another may have taken the path over meanwhile: a service manager's
+        # socket, bound where this daemon's was; that one is not ours to remove.)
+        if bound is not None and _identity(socket_path) == bound:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(socket_path)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode), or None if there is none."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 async def _accept_loop(
