@@ -479,8 +479,9 @@ class Upstream:
             started = trio.current_time()
             try:
                 await self._connect_once()
-            except LaunchError as exc:  # retrying cannot help: say so once, then wait
-                self._went_down(str(exc))
+            except* LaunchError as group:  # retrying cannot help: say so once, then wait
+                # (except*: it comes out of the connection's nursery in a group)
+                self._went_down(str(group.exceptions[0]))
                 await trio.sleep_forever()
             if trio.current_time() - started >= STABLE_AFTER:
                 backoff = BACKOFF_INITIAL
