@@ -51,7 +51,7 @@ def render(status: dict[str, Any]) -> str:
     servers = [
         [
             s["name"],
-            s["status"],
+            _status(s),
             s["pid"] or "-",
             s["restarts"],
             s["sessions"],
@@ -87,6 +87,13 @@ def render(status: dict[str, Any]) -> str:
     ]
     lines += ["", *_table(["SESSION", "VIEW", "VERSION", "CLIENT", "IN-FLIGHT", "AGE"], sessions)]
     return "\n".join(lines)
+
+
+def _status(server: dict[str, Any]) -> str:
+    """The status word, and the state behind it where that says more
+    (``down (restarting)``, ``starting (initializing)``)."""
+    status, state = server["status"], server.get("state")
+    return status if state in (None, status) else f"{status} ({state})"
 
 
 def _client_name(info: Any) -> str:
