@@ -30,7 +30,7 @@ import trio
 from actors.internal import InternalClient
 from actors.logs import get_logger
 from actors.mailbox import SessionHandle
-from actors.server_actor import ServerActor, ServerEvent, Status
+from actors.server_actor import ServerActor, ServerEvent
 from broker.catalog import (
     KINDS,
     KINDS_BY_NOTIFICATION,
@@ -39,11 +39,11 @@ from broker.catalog import (
     Catalog,
     Kind,
     ServerEntry,
-    ServerState,
 )
 from broker.config import BrokerSettings
 from broker.jsonrpc import JsonRpcError
 from broker.listing import Lister, changed_kinds, list_changed, new_clashes
+from broker.states import DOWN, ServerState
 
 EVENTS_SIZE = 1024
 FETCH_TIMEOUT = 30.0
@@ -67,10 +67,7 @@ class Registry:
     def __init__(self, upstreams: Mapping[str, ServerActor], settings: BrokerSettings) -> None:
         """Serve the catalog of ``upstreams``, and hear from them (sets their ``events``)."""
         self._upstreams = upstreams
-        entries = [
-            ServerEntry(name, ServerState.IDLE if up.status is Status.IDLE else ServerState.LOADING)
-            for name, up in upstreams.items()
-        ]
+        entries = [ServerEntry(name, up.status) for name, up in upstreams.items()]
         self._catalog = Catalog(entries, settings.separator, settings.page_size)
         self._changed = trio.Event()
         self.events, self._events = trio.open_memory_channel[RegistryEvent](EVENTS_SIZE)
@@ -126,22 +123,25 @@ class Registry:
             self._status_changed(event.server, event.status)
         elif event.list_changed is not None:
             kinds = KINDS_BY_NOTIFICATION.get(event.list_changed, ())
-            if kinds and self._catalog.entry(event.server).state is ServerState.READY:
+            if kinds and self._catalog.entry(event.server).serving:
                 self._want_refresh(event.server, kinds)
 
-    def _status_changed(self, server: str, status: Status) -> None:
+    def _status_changed(self, server: str, status: ServerState) -> None:
+        """The server's state moved: the entry takes it (the server's own state,
+        broker/states.py); a ready server's lists are fetched (it is served
+        once they are: ``loading``), a server that went down leaves the catalog."""
         self._generation[server] += 1
         entry = self._catalog.entry(server)
-        if status is Status.READY:
-            self._publish(attrs.evolve(entry, state=ServerState.LOADING, error=None))
+        if status is ServerState.READY:
+            self._publish(attrs.evolve(entry, state=status, loading=True, error=None))
             self._want_refresh(server, KINDS)
-        elif status is Status.STARTING:
-            self._publish(attrs.evolve(entry, state=ServerState.LOADING))
-        elif status is Status.DOWN:
+        elif status in DOWN:
             error = self._upstreams[server].statistics().last_error
-            down = attrs.evolve(entry, state=ServerState.DOWN, lists={}, error=error)
+            down = attrs.evolve(entry, state=status, loading=False, lists={}, error=error)
             self._publish(down)
             self._notify(server, changed_kinds(entry, down, KINDS))
+        else:  # coming up
+            self._publish(attrs.evolve(entry, state=status, loading=False))
 
     def _want_refresh(self, server: str, kinds: tuple[Kind, ...]) -> None:
         """Refresh some of a server's lists: one task per server at a time.
@@ -167,11 +167,9 @@ class Registry:
                 except Exception:  # a bug of the broker's: keep what is known, settle
                     self._log.exception("catalog.refresh_failed", server=server)
                     entry = self._catalog.entry(server)
-                    if entry.state is ServerState.LOADING:
+                    if entry.loading:
                         identity = self._upstreams[server].identity
-                        self._publish(
-                            attrs.evolve(entry, state=ServerState.READY, identity=identity)
-                        )
+                        self._publish(attrs.evolve(entry, loading=False, identity=identity))
         finally:
             del self._pending[server]
 
@@ -190,9 +188,7 @@ class Registry:
         if self._generation[server] != generation:
             return  # it restarted or went down meanwhile; a newer refresh follows
         old = self._catalog.entry(server)
-        new = attrs.evolve(
-            old, state=ServerState.READY, identity=identity, lists={**old.lists, **fetched}
-        )
+        new = attrs.evolve(old, loading=False, identity=identity, lists={**old.lists, **fetched})
         self._publish(new)
         self._notify(server, changed_kinds(old, new, kinds))
 

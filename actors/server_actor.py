@@ -8,7 +8,6 @@ implement.
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Protocol
 
 import attrs
@@ -17,6 +16,7 @@ import trio
 from actors.mailbox import SessionHandle
 from broker.config import BrokerSettings, ServerConfig
 from broker.jsonrpc import Message
+from broker.states import ServerState
 
 
 @attrs.define  # not frozen: one per chunk read on the hot path (benchmarks/README.md)
@@ -81,26 +81,21 @@ InboxItem = (
 )
 
 
-class Status(enum.Enum):
-    IDLE = "idle"  # a lazy server nobody has needed yet
-    STARTING = "starting"
-    READY = "ready"
-    DOWN = "down"
-
-
 @attrs.frozen
 class ServerEvent:
-    """What the Registry hears from an Upstream: a new status, or a list_changed."""
+    """What the Registry hears from an Upstream: its new state (broker/states.py),
+    or a list_changed."""
 
     server: str
-    status: Status | None = None
+    status: ServerState | None = None
     list_changed: str | None = None
 
 
 @attrs.frozen
 class UpstreamStatistics:
     name: str
-    status: str
+    status: str  # what mcpbroker status has always said: idle, starting, ready, down
+    state: str  # the state itself (broker/states.py)
     pid: int | None
     restarts: int
     sessions: int
@@ -120,7 +115,7 @@ class ServerActor(Protocol):
     events: Any
 
     @property
-    def status(self) -> Status: ...
+    def status(self) -> ServerState: ...
     @property
     def identity(self) -> Any: ...
     async def send(self, item: InboxItem) -> None: ...

@@ -56,6 +56,7 @@ from broker.session import (
 from broker.session import (
     Attach as AttachServers,
 )
+from broker.states import SessionState, SessionTrigger
 from broker.wire.frames import Oversize
 
 
@@ -109,7 +110,6 @@ class Session:
         else:
             self._protocol = self._new_protocol(view, transparent=transparent)
         self._attached: list[ServerActor] | None = None  # set once initialized
-        self._client_closed = False
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
 
@@ -140,6 +140,7 @@ class Session:
             with trio.CancelScope(shield=True):
                 await self._detach()
                 await self._connection.aclose()
+            self._protocol.move(SessionTrigger.ENDED)
             self._log.info("session.closed", reason=self._handle.close_reason or "client left")
 
     # -- reading ------------------------------------------------------------
@@ -277,7 +278,7 @@ class Session:
                 await upstream.send(Detach(self._handle))
 
     async def _linger(self) -> None:
-        self._client_closed = True
+        self._protocol.move(SessionTrigger.CLIENT_CLOSED)
         if self._protocol.inflight:
             with trio.move_on_after(LINGER_SECONDS):
                 await self._drained.wait()
@@ -308,7 +309,7 @@ class Session:
                 self._handle.disconnect("client closed the connection")
                 return False
         self._handle.written(counted)
-        if self._client_closed and not self._protocol.inflight:
+        if self._protocol.state is SessionState.CLOSING and not self._protocol.inflight:
             self._drained.set()
         return True
 

@@ -44,12 +44,12 @@ from actors.server_actor import (
     ClientRequest,
     Detach,
     InboxItem,
-    Status,
     UpstreamStatistics,
 )
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
 from broker.pooling import InstanceFacts, PoolRouting
+from broker.states import ServerState
 
 
 class ServerGroup:
@@ -92,7 +92,7 @@ class ServerGroup:
         self._catalog.events = channel
 
     @property
-    def status(self) -> Status:
+    def status(self) -> ServerState:
         return self._catalog.status
 
     @property
@@ -240,6 +240,6 @@ class PooledServer(ServerGroup):
     def _facts(self) -> list[InstanceFacts]:
         """What the routing rules (broker/pooling.py) see of each instance now."""
         return [
-            InstanceFacts(instance.status is Status.READY, instance.load, instance.tools)
+            InstanceFacts(instance.status is ServerState.READY, instance.load, instance.tools)
             for instance in self._pool
         ]

@@ -53,13 +53,13 @@ from actors.server_actor import (
     ClientResponse,
     InboxItem,
     ServerEvent,
-    Status,
     UpstreamStatistics,
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message, TooDeep
 from broker.lifecycle import HandshakeError
+from broker.states import COMING_UP, STATUS, ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
     Action,
@@ -98,9 +98,6 @@ STABLE_AFTER = 10.0  # a connection that lived this long resets the backoff
 # would otherwise grow the backlog without end: past this, it is taken as
 # stuck, stopped and restarted.
 CONTROL_SLACK = 1024 * 1024
-
-
-_NOT_YET = (Status.IDLE, Status.STARTING)
 
 
 class Upstream:
@@ -151,8 +148,8 @@ class Upstream:
             max_waiting=settings.max_waiting_requests,
             warm_up=warm_up,
             expected_tools=expected_tools,
+            state=ServerState.IDLE if lazy else ServerState.STARTING,
         )
-        self._status = Status.IDLE if lazy else Status.STARTING
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
         if not lazy:
@@ -182,8 +179,8 @@ class Upstream:
             raise
 
     @property
-    def status(self) -> Status:
-        return self._status
+    def status(self) -> ServerState:
+        return self._protocol.state
 
     @property
     def identity(self) -> Any:
@@ -197,7 +194,8 @@ class Upstream:
     def statistics(self) -> UpstreamStatistics:
         return UpstreamStatistics(
             name=self.name,
-            status=self._status.value,
+            status=STATUS[self._protocol.state],
+            state=self._protocol.state.value,
             pid=self._link.info.get("pid") if self._link is not None else None,
             restarts=self._restarts,
             sessions=len(self._protocol.sessions),
@@ -235,18 +233,23 @@ class Upstream:
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
+        if self._protocol.state is ServerState.IDLE:
+            self._set_status(ServerTrigger.START_REQUESTED)
         self._start_requested.set()
 
     async def wait_ready(self) -> None:
         """Wait until the server has finished its handshake (for tests and tools)."""
-        while self._status is not Status.READY:
+        while self._protocol.state is not ServerState.READY:
             await self._status_changed.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._dispatch)
             task_status.started()
-            await self._supervise()
+            try:
+                await self._supervise()
+            finally:
+                self._set_status(ServerTrigger.STOP)
 
     # -- dispatcher ---------------------------------------------------------
 
@@ -280,7 +283,7 @@ class Upstream:
     def _handle(self, item: InboxItem, now: float) -> list[Message]:
         protocol = self._protocol
         if isinstance(item, ClientRequest):
-            if self._status in _NOT_YET:
+            if self._protocol.state in COMING_UP:
                 self._park(item)
                 return []
             if self._backlog_bytes >= self._max_backlog:
@@ -469,11 +472,12 @@ class Upstream:
 
     async def _wait_not_starting(self) -> None:
         self.request_start()
-        while self._status in _NOT_YET:
+        while self._protocol.state in COMING_UP:
             await self._status_changed.wait()
 
-    def _set_status(self, status: Status) -> None:
-        self._status = status
+    def _set_status(self, trigger: ServerTrigger | None = None) -> None:
+        """The server's state moves on ``trigger`` (None: it moved in the protocol)."""
+        status = self._protocol.state if trigger is None else self._protocol.move(trigger)
         self._status_changed.set()
         self._status_changed = trio.Event()
         self._emit(ServerEvent(self.name, status=status))
@@ -495,8 +499,9 @@ class Upstream:
             started = trio.current_time()
             try:
                 await self._connect_once()
-            except LaunchError as exc:  # retrying cannot help: say so once, then wait
-                self._went_down(str(exc))
+            except* LaunchError as group:  # retrying cannot help: say so once, then wait
+                # (except*: it comes out of the connection's nursery in a group)
+                self._went_down(str(group.exceptions[0]), ServerTrigger.UNREACHABLE)
                 await trio.sleep_forever()
             if trio.current_time() - started >= STABLE_AFTER:
                 backoff = BACKOFF_INITIAL
@@ -504,6 +509,7 @@ class Upstream:
                 "server.restart_scheduled", delay=backoff, error=self._protocol.last_error
             )
             await trio.sleep(backoff)
+            self._set_status(ServerTrigger.BACKOFF_ELAPSED)
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._restarts += 1
 
@@ -519,7 +525,6 @@ class Upstream:
 
     async def _connect(self) -> LaunchError | None:
         self._protocol = self._protocol.restarted()
-        self._set_status(Status.STARTING)
         async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
             try:
                 context = LinkContext(nursery, self.settings.max_message_bytes, self._log)
@@ -532,6 +537,7 @@ class Upstream:
                 nursery.cancel_scope.cancel()
                 return exc
             self._log.info("server.started", **link.info, target=self._target)
+            self._set_status(ServerTrigger.LAUNCHED)
             try:
                 try:
                     reason = await self._serve_link(link, nursery)
@@ -611,9 +617,9 @@ class Upstream:
             return
         scope.cancel()
 
-    def _went_down(self, reason: str) -> None:
-        self._set_status(Status.DOWN)
-        failed = self._protocol.server_gone(reason)
+    def _went_down(self, reason: str, trigger: ServerTrigger = ServerTrigger.ENDED) -> None:
+        failed = self._protocol.server_gone(reason, trigger)
+        self._set_status()
         self._log.error("server.down", reason=reason, failed_requests=len(failed))
         for delivery in failed:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
@@ -625,7 +631,11 @@ class Upstream:
         while True:
             frames = await link.receive()
             if not frames:
-                return "exited" if self._status is Status.READY else "exited during startup"
+                return (
+                    "exited"
+                    if self._protocol.state is ServerState.READY
+                    else "exited during startup"
+                )
             reason = self._read_frames(frames)
             if reason is not None or self._abandoned is not None:
                 return reason or self._abandoned or ""
@@ -712,7 +722,7 @@ class Upstream:
                     server_info=action.identity.server_info,
                     protocol_version=action.identity.protocol_version,
                 )
-                self._set_status(Status.READY)
+                self._set_status()  # (the protocol moved it to READY)
                 self._unpark()
 
 

@@ -21,7 +21,6 @@ List requests are paginated with the broker's own opaque cursors (see
 from __future__ import annotations
 
 import base64
-import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,6 +31,7 @@ from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
+from broker.states import DOWN, ServerState
 from broker.templates import match
 
 RESOURCE_NOT_FOUND = -32002  # MCP's code for a resource that does not exist
@@ -86,24 +86,28 @@ KINDS_BY_NOTIFICATION: dict[str, tuple[Kind, ...]] = {
 }
 
 
-class ServerState(enum.Enum):
-    IDLE = "idle"  # lazy, not started yet
-    LOADING = "loading"  # starting, or fetching its lists
-    READY = "ready"
-    DOWN = "down"
-
-    @property
-    def settled(self) -> bool:
-        return self in (ServerState.READY, ServerState.DOWN)
-
-
 @attrs.frozen
 class ServerEntry:
+    """One server in the catalog: its state (the server connection's own,
+    broker/states.py, as its Upstream last reported it) and its lists."""
+
     name: str
-    state: ServerState = ServerState.LOADING
+    state: ServerState = ServerState.STARTING
     identity: ServerIdentity | None = None
     lists: Mapping[str, tuple[dict[str, Any], ...]] = attrs.field(factory=dict)
     error: str | None = None
+    # READY, and its lists are being fetched: not served from the catalog yet.
+    loading: bool = False
+
+    @property
+    def serving(self) -> bool:
+        """Ready, and its lists are in the catalog."""
+        return self.state is ServerState.READY and not self.loading
+
+    @property
+    def settled(self) -> bool:
+        """Serving, or down: a session has nothing to wait for."""
+        return self.serving or self.state in DOWN
 
     def items(self, kind: Kind) -> tuple[dict[str, Any], ...]:
         return self.lists.get(kind.name, ())
@@ -136,7 +140,7 @@ class Catalog:
         return self.servers[server]
 
     def settled(self, view: Iterable[str]) -> bool:
-        return all(self.servers[name].state.settled for name in view)
+        return all(self.servers[name].settled for name in view)
 
     # -- building -------------------------------------------------------------
 
@@ -222,7 +226,7 @@ class Catalog:
             if (
                 isinstance(name, str)
                 and name.startswith(sanitize(server) + self.separator)
-                and entry.state is not ServerState.READY
+                and not entry.serving
             ):
                 raise JsonRpcError(
                     CONNECTION_CLOSED, not_serving_message(entry), data={"server": server}
@@ -284,7 +288,7 @@ def _first_in(names: list[str], wanted: set[str]) -> str | None:
 
 def not_serving_message(entry: ServerEntry) -> str:
     """Why a server has nothing to offer right now."""
-    if entry.state is ServerState.DOWN:
+    if entry.state in DOWN:
         return f"MCP server {entry.name!r} is not running (it {entry.error or 'is down'})"
     if entry.error:
         return f"MCP server {entry.name!r} is restarting (last time it {entry.error})"

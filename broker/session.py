@@ -12,19 +12,25 @@ decoded message a client sends and returns what to do with it:
 List requests are answered from the catalog snapshot; calls are routed by
 :mod:`broker.views` (by name, URI or completion ref) to the owning server.
 
-Theory of operation: a session starts ``NEW`` and accepts only ``initialize``
-and ``ping``. Once it has answered ``initialize`` it is ``OPERATING`` (clients
-commonly send requests before ``notifications/initialized``, and the spec's
-"SHOULD NOT" there is not worth failing them for). A second ``initialize``
-is an error. JSON-RPC batches are accepted only from clients that negotiated
-2025-03-26, the one version whose schema has them; their responses are
-collected by :class:`BatchCollector` and written as one array.
+Theory of operation: the session's state is its lifecycle's
+(:mod:`broker.states`: the table, and where a handshake-less session of the
+2026-07-28 era will start). It starts ``CONNECTING`` and accepts only
+``initialize`` and ``ping``. Once it has answered ``initialize`` it is
+``OPERATING`` (clients commonly send requests before
+``notifications/initialized``, and the spec's "SHOULD NOT" there is not worth
+failing them for). A second ``initialize`` is an error. Its actor moves it to
+``CLOSING`` when the client closes its side and ``CLOSED`` when it ends. An
+unexpected exception inside it moves it to ``ERROR``, and it refuses further
+use (raises :class:`~broker.states.LifecycleError`).
+
+JSON-RPC batches are accepted only from clients that negotiated 2025-03-26,
+the one version whose schema has them; their responses are collected by
+:class:`BatchCollector` and written as one array.
 """
 
 from __future__ import annotations
 
-import enum
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import attrs
 
@@ -44,6 +50,7 @@ from broker.jsonrpc import (
 )
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
 from broker.server_requests import server_of
+from broker.states import LifecycleError, SessionState, SessionTrigger, next_session_state
 from broker.views import initialize_for, route
 from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
@@ -150,9 +157,8 @@ class AnonymousError(JsonRpcError):
     one with that id (the id is in ``data``)."""
 
 
-class Phase(enum.Enum):
-    NEW = "new"
-    OPERATING = "operating"
+# A session in one of these takes nothing more, in or out.
+_OVER = (SessionState.ERROR, SessionState.CLOSED)
 
 
 class SessionProtocol:
@@ -172,7 +178,7 @@ class SessionProtocol:
         # Set when the session cannot be served at all (a hello naming unknown
         # servers): every request is then answered with this error message.
         self.refusal = refusal
-        self.phase = Phase.NEW
+        self.state = SessionState.CONNECTING
         # Ids of requests forwarded and not yet answered (the session's in-flight
         # table). Only valid ids (int, str) enter it, so the ids themselves are
         # keys: 1 and "1" stay apart, and no bool or float can alias an int.
@@ -182,6 +188,16 @@ class SessionProtocol:
         self.client_info: Any = None
         self.batches = BatchCollector()
 
+    # -- the lifecycle ------------------------------------------------------
+
+    def move(self, trigger: SessionTrigger) -> SessionState:
+        """Move the session's state (raises LifecycleError if illegal)."""
+        self.state = next_session_state(self.state, trigger)
+        return self.state
+
+    def _refuse(self) -> NoReturn:
+        raise LifecycleError(f"this session is {self.state.value}: it takes nothing more")
+
     # -- input --------------------------------------------------------------
 
     def receive(self, message: Any, *, settled: bool = False) -> list[Action]:
@@ -189,8 +205,18 @@ class SessionProtocol:
 
         A request that needs the catalog while a server of the view is still
         starting comes back as :class:`Defer`; the actor waits for the view to
-        settle and hands it in again with ``settled=True``.
+        settle and hands it in again with ``settled=True``. An exception other
+        than the JSON-RPC errors it answers moves the session to ``ERROR``.
         """
+        if self.state in _OVER:
+            self._refuse()
+        try:
+            return self._receive(message, settled)
+        except Exception:
+            self.move(SessionTrigger.FAILED)
+            raise
+
+    def _receive(self, message: Any, settled: bool) -> list[Action]:
         if isinstance(message, list):
             return self._receive_batch(message)
         try:
@@ -208,7 +234,7 @@ class SessionProtocol:
         """
         if (
             type(message) is not dict
-            or self.phase is not Phase.OPERATING
+            or self.state is not SessionState.OPERATING
             or self.refusal is not None
             or message.get("jsonrpc") != "2.0"
             or type(message.get("params", {})) is not dict
@@ -239,19 +265,23 @@ class SessionProtocol:
         that frame's index (``len(frames)``: none); the caller reads it again.
         Before the handshake (or on a refused session) it takes nothing, so
         those frames are decoded once, by the caller."""
-        if self.phase is not Phase.OPERATING or self.refusal is not None:
+        if self.state is not SessionState.OPERATING or self.refusal is not None:
             return start
-        for i in range(start, len(frames)):
-            frame = frames[i]
-            if type(frame) is not bytes:
-                return i
-            try:
-                forward = self.forward_fast(jsonrpc.decode(frame))
-            except JsonRpcError:
-                return i
-            if forward is None:
-                return i
-            forwards.setdefault(forward[0], []).append(forward[1])
+        try:
+            for i in range(start, len(frames)):
+                frame = frames[i]
+                if type(frame) is not bytes:
+                    return i
+                try:
+                    forward = self.forward_fast(jsonrpc.decode(frame))
+                except JsonRpcError:
+                    return i
+                if forward is None:
+                    return i
+                forwards.setdefault(forward[0], []).append(forward[1])
+        except Exception:
+            self.move(SessionTrigger.FAILED)
+            raise
         return len(frames)
 
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:
@@ -281,7 +311,7 @@ class SessionProtocol:
             )
         if method == "initialize":
             return self._initialize(request, settled)
-        if self.phase is Phase.NEW:
+        if self.state is SessionState.CONNECTING:
             raise JsonRpcError(INVALID_REQUEST, "Session not initialized: send initialize first")
         if method in LIST_METHODS:
             return self._list(request, settled)
@@ -295,7 +325,7 @@ class SessionProtocol:
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     def _initialize(self, request: Message, settled: bool) -> list[Action]:
-        if self.phase is not Phase.NEW:
+        if self.state is not SessionState.CONNECTING:
             raise JsonRpcError(INVALID_REQUEST, "Session already initialized")
         requested, capabilities, info = read_client_initialize(request.get("params"))
         catalog = self.catalogs.current
@@ -303,7 +333,7 @@ class SessionProtocol:
             return [Defer(request)]
         version = negotiate_version(requested)
         result = initialize_for(catalog, self.view, self.transparent, version)
-        self.phase = Phase.OPERATING
+        self.move(SessionTrigger.INITIALIZED)
         self.protocol_version = version
         self.client_capabilities = capabilities
         self.client_info = info
@@ -392,7 +422,7 @@ class SessionProtocol:
             return [Reply(error.to_response())]
         if isinstance(item, list):
             return [Reply(jsonrpc.error_response(None, INVALID_REQUEST, "Nested batch"))]
-        return self.receive(item)
+        return self._receive(item, False)
 
     # -- output -------------------------------------------------------------
 
@@ -422,11 +452,18 @@ class SessionProtocol:
     ) -> None:
         """Add to ``out`` what to write for a delivery of messages bound for the
         client, in order (answers held for a batch are added when it is
-        complete). The connection's wire format then writes them."""
-        for message in delivery:
-            written = self.outgoing(message)
-            if written is not None:
-                out.append(written)
+        complete). The connection's wire format then writes them. An
+        unexpected exception moves the session to ``ERROR``."""
+        if self.state in _OVER:
+            self._refuse()
+        try:
+            for message in delivery:
+                written = self.outgoing(message)
+                if written is not None:
+                    out.append(written)
+        except Exception:
+            self.move(SessionTrigger.FAILED)
+            raise
 
 
 @attrs.define

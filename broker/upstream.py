@@ -13,6 +13,11 @@ server writes, and carries out the actions it returns:
   attached): its handshake is done and, for an instance that warms up, it
   has listed its tools (below).
 
+**Its state** (:attr:`UpstreamProtocol.state`) is the server connection's
+one lifecycle (broker/states.py): the actor moves it as the process starts
+and ends (:meth:`UpstreamProtocol.move`), the protocol as the handshake and
+the warm-up complete; the actor, the Registry and the catalog all read it.
+
 **The gate.** A server that sends requests to clients is given requests of
 one session at a time (broker/turns.py; docs/rules/server-requests.md), so
 that the session each such request belongs to is known, never guessed.
@@ -32,7 +37,6 @@ naming the server and the tool.
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections.abc import Hashable
 from typing import Any
@@ -67,6 +71,7 @@ from broker.requestmap import (
     TaskQuery,
 )
 from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
+from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 from broker.turns import DEFAULT_LIMIT, Turns
@@ -123,13 +128,6 @@ class Warn:
 Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn
 
 
-class Phase(enum.Enum):
-    HANDSHAKE = "handshake"
-    WARMING = "warming"  # handshake done, listing its tools (warm-up instances)
-    READY = "ready"
-    GONE = "gone"
-
-
 class UpstreamProtocol:
     def __init__(
         self,
@@ -142,6 +140,7 @@ class UpstreamProtocol:
         max_waiting: int = DEFAULT_LIMIT,
         warm_up: bool = False,
         expected_tools: frozenset[str] | None = None,
+        state: ServerState = ServerState.INITIALIZING,
     ) -> None:
         self.name = name
         self.numbering = numbering
@@ -157,7 +156,10 @@ class UpstreamProtocol:
         self._listed: set[str] = set()  # its pages so far
         self.turns = Turns(server_requests, max_waiting)
         self.released: list[Message] = []  # requests whose turn came, to write now
-        self.phase = Phase.HANDSHAKE
+        # The server connection's one state (broker/states.py), kept across its
+        # processes (restarted). A protocol made without one is for a server
+        # whose initialize is about to be sent (INITIALIZING).
+        self.state = state
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap(name, max_in_flight)
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
@@ -178,6 +180,7 @@ class UpstreamProtocol:
             self.max_in_flight,
             warm_up=self.warm_up,
             expected_tools=self.expected_tools,
+            state=self.state,
         )
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
@@ -185,6 +188,11 @@ class UpstreamProtocol:
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
         return fresh
+
+    def move(self, trigger: ServerTrigger) -> ServerState:
+        """Move the server connection's state (raises LifecycleError if illegal)."""
+        self.state = next_server_state(self.state, trigger)
+        return self.state
 
     # -- the handshake ------------------------------------------------------
 
@@ -202,7 +210,7 @@ class UpstreamProtocol:
 
     def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> list[Action]:
         """A client's request: forwarded rewritten, or answered here (raises JsonRpcError)."""
-        if self.phase is not Phase.READY:
+        if self.state is not ServerState.READY:
             message = f"MCP server {self.name!r} is not running"
             if self.last_error:
                 message += f" (it {self.last_error}; restarting)"
@@ -291,7 +299,7 @@ class UpstreamProtocol:
         """
         # (The gate, and the tools a warmed-up instance checks calls against,
         # are the general path's.)
-        if self.phase is not Phase.READY or self.turns.on or self.checked is not None:
+        if self.state is not ServerState.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
         if method == "tools/call":
@@ -342,7 +350,7 @@ class UpstreamProtocol:
 
     def _log_level_actions(self, level: str | None) -> list[Action]:
         has_logging = self.identity is not None and "logging" in self.identity.capabilities
-        if level is None or not has_logging or self.phase not in _UP:
+        if level is None or not has_logging or self.state not in _UP:
             return []
         return [SendUpstream(self._own_request("logging/setLevel", {"level": level}))]
 
@@ -416,7 +424,7 @@ class UpstreamProtocol:
         if turns.on:
             self._settle()
         self.tasks.forget_session(session)
-        if self.phase is Phase.READY:
+        if self.state is ServerState.READY:
             emptied, level = self.fanout.session_gone(session)
             out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
             out += [
@@ -532,9 +540,12 @@ class UpstreamProtocol:
         )
         return [Deliver(entry.session, error)]
 
-    def server_gone(self, reason: str) -> list[Deliver]:
-        """The server exited or its pipe broke: fail every request in flight."""
-        self.phase = Phase.GONE
+    def server_gone(
+        self, reason: str, trigger: ServerTrigger = ServerTrigger.ENDED
+    ) -> list[Deliver]:
+        """The server exited or its pipe broke (or it cannot be reached at all:
+        ``UNREACHABLE``): fail every request in flight."""
+        self.move(trigger)
         self.last_error = reason
         self.deadlines = Deadlines(self.deadlines.policy)
         self.turns.held.clear()  # (failed below with the rest)
@@ -551,7 +562,7 @@ class UpstreamProtocol:
         return Deliver(entry.session, error)
 
     def _response(self, message: Message) -> list[Action]:
-        if self.phase is Phase.HANDSHAKE and message.get("id") == HANDSHAKE_ID:
+        if self.state is ServerState.INITIALIZING and message.get("id") == HANDSHAKE_ID:
             return self._handshake_done(message)
         upstream_id = message.get("id")
         if upstream_id == self._listing and self._listing is not None:
@@ -579,7 +590,7 @@ class UpstreamProtocol:
     def _handshake_done(self, message: Message) -> list[Action]:
         self.identity = read_initialize_result(message)  # may raise HandshakeError
         warming = self.warm_up and "tools" in self.identity.capabilities
-        self.phase = Phase.WARMING if warming else Phase.READY
+        self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
         actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
         # A restarted server: renew what its sessions had asked of the last one.
         for uri in self.fanout.subscribed_uris():
@@ -618,7 +629,7 @@ class UpstreamProtocol:
         """The instance listed its tools: ready once it offers the expected ones."""
         self.tools = tools
         self.checked = None if self.expected_tools is None else tools
-        if self.phase is not Phase.WARMING:
+        if self.state is not ServerState.WARMING:
             return []
         expected = self.expected_tools
         if tools is not None and expected is not None and not expected <= tools:
@@ -627,13 +638,13 @@ class UpstreamProtocol:
 
     def _ready(self) -> list[Action]:
         assert self.identity is not None
-        self.phase = Phase.READY
+        self.move(ServerTrigger.WARMED)
         return [Ready(self.identity)]
 
     def warm_up_expired(self) -> list[Action]:
         """The actor waited long enough for the expected tools: ready anyway
         (calls for the tools still missing get -32602)."""
-        if self.phase is not Phase.WARMING:
+        if self.state is not ServerState.WARMING:
             return []
         missing = sorted((self.expected_tools or frozenset()) - (self.tools or frozenset()))
         warn = Warn(
@@ -702,7 +713,7 @@ NOTED_METHODS = frozenset({"resources/subscribe", "resources/unsubscribe", "task
 )
 
 
-_UP = (Phase.WARMING, Phase.READY)
+_UP = (ServerState.WARMING, ServerState.READY)  # initialized
 
 
 def _uri_of(request: Message) -> str:
@@ -725,7 +736,6 @@ __all__ = [
     "Deliver",
     "HandshakeError",
     "ListChanged",
-    "Phase",
     "Ready",
     "SendUpstream",
     "UpstreamProtocol",

@@ -52,7 +52,7 @@ def render(status: dict[str, Any]) -> str:
     servers = [
         [
             s["name"],
-            s["status"],
+            _status(s),
             s["pid"] or "-",
             s["restarts"],
             s["sessions"],
@@ -98,6 +98,13 @@ def started_by(status: dict[str, Any]) -> str:
     (socket-activated)"); "by ?" for a daemon too old to say."""
     words = STARTERS.get(status.get("started_by", ""), "by ?")
     return words + (" (socket-activated)" if status.get("socket_activated") else "")
+
+
+def _status(server: dict[str, Any]) -> str:
+    """The status word, and the state behind it where that says more
+    (``down (restarting)``, ``starting (initializing)``)."""
+    status, state = server["status"], server.get("state")
+    return status if state in (None, status) else f"{status} ({state})"
 
 
 def _client_name(info: Any) -> str:

@@ -18,14 +18,15 @@ from broker.catalog import (
     TOOLS,
     Catalog,
     ServerEntry,
-    ServerState,
     decode_cursor,
     encode_cursor,
 )
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
+from broker.states import ServerState
 
-READY, LOADING, IDLE, DOWN = (ServerState.READY, ServerState.LOADING, ServerState.IDLE,
-                              ServerState.DOWN)  # fmt: skip
+# LOADING: coming up (not settled); DOWN: down (settled), in the server's own states.
+READY, LOADING, IDLE, DOWN = (ServerState.READY, ServerState.STARTING, ServerState.IDLE,
+                              ServerState.RESTARTING)  # fmt: skip
 
 
 def server(

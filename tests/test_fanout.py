@@ -6,6 +6,7 @@ from typing import Any
 
 from broker import jsonrpc
 from broker.fanout import Fanout
+from broker.states import ServerTrigger
 from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
 
 A, B = "session-a", "session-b"
@@ -132,7 +133,9 @@ def test_a_restarted_server_gets_the_subscriptions_and_level_back() -> None:
     subscribe(proto, A, 1, "file:///kept")
     proto.client_log_level(A, "notice")
     proto.server_gone("exited")
+    proto.move(ServerTrigger.BACKOFF_ELAPSED)  # (the actor's moves: broker/states.py)
     fresh = proto.restarted()
+    fresh.move(ServerTrigger.LAUNCHED)
     fresh.start()
     actions = fresh.server_message(
         jsonrpc.result_response(

@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
-from broker.catalog import Catalog, ServerEntry, ServerState
+from broker.catalog import Catalog, ServerEntry
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.session import Forward, Reply, SessionProtocol
+from broker.states import ServerState
 from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
 from broker.wire.envelope import split_answer
 
@@ -107,7 +108,7 @@ class Catalogs:
     current = Catalog(
         [
             ServerEntry("a", ServerState.READY, IDENTITY, {"tools": ({"name": "t"},)}),
-            ServerEntry("b", ServerState.DOWN, error="exited"),
+            ServerEntry("b", ServerState.RESTARTING, error="exited"),
         ]
     )
 

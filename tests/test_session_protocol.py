@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from broker import jsonrpc
-from broker.catalog import KIND_BY_METHOD, RESOURCE_NOT_FOUND, Catalog, ServerEntry, ServerState
+from broker.catalog import KIND_BY_METHOD, RESOURCE_NOT_FOUND, Catalog, ServerEntry
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INVALID_PARAMS,
@@ -23,14 +23,15 @@ from broker.session import (
     Defer,
     Forward,
     NotifyUpstreams,
-    Phase,
     Reply,
     RespondUpstream,
     SessionProtocol,
 )
+from broker.states import ServerState, SessionState
 
-READY, LOADING, IDLE, DOWN = (ServerState.READY, ServerState.LOADING, ServerState.IDLE,
-                              ServerState.DOWN)  # fmt: skip
+# LOADING: coming up (not settled); DOWN: down (settled), in the server's own states.
+READY, LOADING, IDLE, DOWN = (ServerState.READY, ServerState.STARTING, ServerState.IDLE,
+                              ServerState.RESTARTING)  # fmt: skip
 BROKER_INFO = {"name": "mcpbroker", "version": "0.1.0"}
 EVERYTHING = {"tools": {}, "prompts": {}, "resources": {}}
 # The broker tells each session when a list changes, whatever the server said.
@@ -105,7 +106,7 @@ def session(*args: Any, version: str = "2025-06-18", **kwargs: Any) -> SessionPr
     """An initialized session (see :func:`new` for the arguments)."""
     proto = new(*args, **kwargs)
     proto.receive(initialize(version=version), settled=True)
-    assert proto.phase is Phase.OPERATING
+    assert proto.state is SessionState.OPERATING
     return proto
 
 
@@ -180,7 +181,7 @@ def test_aggregated_initialize() -> None:
     intro, files, github = result["instructions"].split("\n\n")
     assert "files, github" in intro and "SERVER__NAME" in intro
     assert (files, github) == ("## files\nRead files.", "## github\nSearch GitHub.")
-    assert proto.phase is Phase.OPERATING
+    assert proto.state is SessionState.OPERATING
     assert proto.protocol_version == "2025-06-18"
     assert proto.client_capabilities == {"roots": {}}
     assert proto.client_info == {"n": 1}
@@ -230,7 +231,7 @@ def test_initialize_bad_params() -> None:
     proto = new()
     id, code, _ = error_of(proto.receive(req(5, "initialize", {"capabilities": {}})))
     assert (id, code) == (5, INVALID_PARAMS)
-    assert proto.phase is Phase.NEW
+    assert proto.state is SessionState.CONNECTING
 
 
 def test_second_initialize_rejected() -> None:
@@ -286,7 +287,7 @@ def test_transparent_initialize_without_identity(
     assert (error["id"], error["code"]) == (3, CONNECTION_CLOSED)
     assert error["message"].startswith("MCP server 'files' " + message)
     assert error["data"] == {"server": "files"}
-    assert proto.phase is Phase.NEW
+    assert proto.state is SessionState.CONNECTING
 
 
 # -- waiting for the view to settle ------------------------------------------
@@ -309,11 +310,11 @@ def test_initialize_deferred_until_settled(state: ServerState) -> None:
     proto = new(loading_github(state))
     message = initialize(1)
     assert proto.receive(message) == [Defer(message)]
-    assert proto.phase is Phase.NEW
+    assert proto.state is SessionState.CONNECTING
     settle(proto)
     result = result_of(proto.receive(message, settled=True))
     assert "## github" in result["instructions"]
-    assert proto.phase is Phase.OPERATING
+    assert proto.state is SessionState.OPERATING
 
 
 @pytest.mark.parametrize("state", UNSETTLED)
@@ -574,7 +575,7 @@ def test_completion_errors(ref: Any, text: str) -> None:
 def test_ping_before_initialize() -> None:
     proto = new()
     assert proto.receive(req("p", "ping")) == [ok("p")]
-    assert proto.phase is Phase.NEW
+    assert proto.state is SessionState.CONNECTING
 
 
 @pytest.mark.parametrize("method", ["tools/list", "tools/call", "made/up"])
@@ -672,7 +673,7 @@ def test_refusal_answers_every_request(message: dict[str, Any]) -> None:
     id, code, text = error_of(proto.receive(message))
     assert (id, code) == (1, INVALID_PARAMS)
     assert "unknown server 'nope'" in text
-    assert proto.phase is Phase.NEW
+    assert proto.state is SessionState.CONNECTING
 
 
 # -- batches -----------------------------------------------------------------

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from broker import jsonrpc
-from broker.catalog import Catalog, ServerEntry, ServerState
+from broker.catalog import Catalog, ServerEntry
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
+from broker.states import ServerState
 from broker.tasks import RELATED_TASK, split_task_id
 from broker.upstream import Deliver, SendUpstream, UpstreamProtocol
 from broker.views import initialize_for, route

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from broker import jsonrpc
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, METHOD_NOT_FOUND, JsonRpcError
 from broker.server_requests import CAPABILITY_OF, supports
+from broker.states import ServerState
 from broker.timeouts import TimeoutPolicy
 from broker.turns import HOLDER_EXTRA
 from broker.upstream import (
     HANDSHAKE_ID,
     Action,
     Deliver,
-    Phase,
     Ready,
     SendUpstream,
     UpstreamProtocol,
@@ -277,7 +277,7 @@ def test_a_restarted_server_keeps_its_gate_on() -> None:
 def warming(expected: frozenset[str] | None) -> tuple[UpstreamProtocol, str]:
     proto = UpstreamProtocol("s", warm_up=True, expected_tools=expected)
     actions = proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT))
-    assert proto.phase is Phase.WARMING and not any(isinstance(a, Ready) for a in actions)
+    assert proto.state is ServerState.WARMING and not any(isinstance(a, Ready) for a in actions)
     listing = sent(actions)[-1]
     assert listing["method"] == "tools/list"
     return proto, listing["id"]
@@ -290,11 +290,11 @@ def tools(*names: str) -> dict[str, Any]:
 def test_an_instance_is_ready_once_it_offers_what_the_catalog_shows() -> None:
     proto, listing = warming(frozenset({"a", "late"}))
     assert proto.server_message(jsonrpc.result_response(listing, tools("a"))) == []
-    assert proto.phase is Phase.WARMING
+    assert proto.state is ServerState.WARMING
     changed = jsonrpc.notification("notifications/tools/list_changed")
     again = sent(proto.server_message(changed))[0]
     actions = proto.server_message(jsonrpc.result_response(again["id"], tools("a", "late")))
-    assert [type(a) for a in actions] == [Ready] and proto.phase is Phase.READY
+    assert [type(a) for a in actions] == [Ready] and proto.state is ServerState.READY
 
 
 def test_a_call_for_a_tool_the_instance_lacks_names_the_server_and_the_tool() -> None:

@@ -10,12 +10,12 @@ import pytest
 from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, METHOD_NOT_FOUND, JsonRpcError
 from broker.lifecycle import HandshakeError, ServerIdentity
+from broker.states import ServerState
 from broker.upstream import (
     HANDSHAKE_ID,
     Broadcast,
     Deliver,
     ListChanged,
-    Phase,
     Ready,
     SendUpstream,
     UpstreamProtocol,
@@ -47,7 +47,7 @@ def cancelled(request_id: Any, reason: str | None = None) -> dict[str, Any]:
 def ready_protocol(name: str = "files") -> UpstreamProtocol:
     proto = UpstreamProtocol(name)
     proto.server_message(result(HANDSHAKE_ID, INIT_RESULT))
-    assert proto.phase is Phase.READY
+    assert proto.state is ServerState.READY
     return proto
 
 
@@ -63,7 +63,7 @@ def forward(proto: UpstreamProtocol, session: str, id: Any, **params: Any) -> in
 
 def test_start_message() -> None:
     proto = UpstreamProtocol("files")
-    assert proto.phase is Phase.HANDSHAKE
+    assert proto.state is ServerState.INITIALIZING
     message = proto.start()
     assert message["jsonrpc"] == "2.0"
     assert message["id"] == HANDSHAKE_ID
@@ -80,7 +80,7 @@ def test_handshake_response() -> None:
         SendUpstream(jsonrpc.notification("notifications/initialized")),
         Ready(identity),
     ]
-    assert proto.phase is Phase.READY
+    assert proto.state is ServerState.READY
     assert proto.identity == identity
 
 
@@ -90,7 +90,7 @@ def test_handshake_refused() -> None:
     refusal = jsonrpc.error_response(HANDSHAKE_ID, -32602, "unsupported")
     with pytest.raises(HandshakeError):
         proto.server_message(refusal)
-    assert proto.phase is Phase.HANDSHAKE
+    assert proto.state is ServerState.INITIALIZING
 
 
 def test_client_request_before_ready() -> None:
@@ -222,7 +222,7 @@ def test_server_gone_fails_every_request() -> None:
     forward(proto, A, 1)
     forward(proto, B, "x")
     delivered = proto.server_gone("exited with status 1")
-    assert proto.phase is Phase.GONE
+    assert proto.state is ServerState.RESTARTING
     assert sorted((d.session, d.message["id"]) for d in delivered) == [(A, 1), (B, "x")]
     for deliver in delivered:
         error = deliver.message["error"]

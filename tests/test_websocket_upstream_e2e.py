@@ -21,10 +21,10 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 import actors.upstream
-from actors.server_actor import Status
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
+from broker.states import ServerState
 from tests.conftest import running_daemon, shim_client, text_of
 from tests.servers.ws_server import WsServer
 
@@ -305,7 +305,7 @@ async def test_a_url_that_leads_nowhere_is_said_once_and_not_retried(
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             await nursery.start(upstream.run)
-            while upstream.status is not Status.DOWN:
+            while upstream.status is not ServerState.FAILED:
                 await trio.sleep(0.01)
             await trio.sleep(0.05)  # (several backoffs)
             statistics = upstream.statistics()
