@@ -105,6 +105,14 @@ class UpstreamStatistics:
     requests: int = 0  # sent to this server since the daemon started (catalog fetches too)
     timeouts: int = 0  # of those, answered -32001 by the broker
     instances: int = 1
+    # Errors the broker answered for this server (timeouts, requests failed when
+    # it went down, refused over a limit, answers too large); the server's own
+    # error answers pass unparsed and are not counted.
+    errors: int = 0
+    share: str = "shared"  # "shared", "per-session" or "pool"
+    uptime: float | None = None  # seconds since the current connection became ready
+    cpu: float | None = None  # seconds of CPU its process(es) used (user + system)
+    rss: int | None = None  # bytes of memory its process(es) hold
 
 
 class ServerActor(Protocol):

@@ -69,6 +69,8 @@ class SessionStatistics:
     in_flight: int
     outbox: int
     age: float
+    transport: str = "unix"
+    queued_bytes: int = 0  # delivered to it and not yet written
 
 
 WRITE_BATCH_BYTES = 1024 * 1024
@@ -231,6 +233,8 @@ class Session:
             in_flight=len(self._protocol.inflight),
             outbox=self._outbox.statistics().current_buffer_used,
             age=trio.current_time() - self._started,
+            transport=self._connection.transport,
+            queued_bytes=self._handle.queued_bytes,
         )
 
     async def _execute(self, action: Action) -> None:

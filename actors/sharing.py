@@ -32,6 +32,7 @@ the server and the tool.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -53,6 +54,8 @@ from broker.states import ServerState
 
 
 class ServerGroup:
+    share = "per-session"
+
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         self.name = name
         self.config = config
@@ -118,7 +121,11 @@ class ServerGroup:
             inbox=sum(p.inbox for p in parts),
             requests=sum(p.requests for p in parts),
             timeouts=sum(p.timeouts for p in parts),
+            errors=sum(p.errors for p in parts),
             instances=len(parts),
+            share=self.share,
+            cpu=_total(p.cpu for p in parts),
+            rss=_total(p.rss for p in parts),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -182,6 +189,8 @@ class PerSessionServer(ServerGroup):
 
 
 class PooledServer(ServerGroup):
+    share = "pool"
+
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         super().__init__(name, config, settings)
         self._pool = [self._catalog] + [self._instance(i) for i in range(1, config.pool)]
@@ -243,3 +252,9 @@ class PooledServer(ServerGroup):
             InstanceFacts(instance.status is ServerState.READY, instance.load, instance.tools)
             for instance in self._pool
         ]
+
+
+def _total(values: Iterable[Any]) -> Any:
+    """The sum of the figures known (None if none is)."""
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None

@@ -33,10 +33,12 @@ one that arrives while it is down is answered at once with an error.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
 
+import psutil
 import trio
 
 from actors.errors import TransportClosed
@@ -139,6 +141,8 @@ class Upstream:
         self._max_backlog = settings.max_queued_bytes
         self._requests = 0
         self._timeouts_count = 0
+        self._errors = 0  # error answers of the broker's own for this server
+        self._ready_since: float | None = None
         self._protocol = UpstreamProtocol(
             name,
             self._timeouts,
@@ -204,6 +208,9 @@ class Upstream:
             last_error=self._protocol.last_error,
             requests=self._requests,
             timeouts=self._timeouts_count,
+            errors=self._errors + self._timeouts_count,
+            uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
+            **process_usage(self._link.info.get("pid") if self._link is not None else None),
         )
 
     @property
@@ -339,6 +346,7 @@ class Upstream:
 
     def _refuse(self, item: ClientRequest, why: str) -> None:
         """Answer every request of an item at once: the server cannot take them now."""
+        self._errors += len(item.messages)
         for request in item.messages:
             item.session.deliver(
                 jsonrpc.error_response(
@@ -619,6 +627,8 @@ class Upstream:
 
     def _went_down(self, reason: str, trigger: ServerTrigger = ServerTrigger.ENDED) -> None:
         failed = self._protocol.server_gone(reason, trigger)
+        self._errors += len(failed)
+        self._ready_since = None
         self._set_status()
         self._log.error("server.down", reason=reason, failed_requests=len(failed))
         for delivery in failed:
@@ -661,6 +671,7 @@ class Upstream:
             line, i = frames[i], i + 1
             if isinstance(line, Oversize):
                 actions = self._protocol.oversize(line, self.settings.max_message_bytes)
+                self._errors += sum(type(action) is Deliver for action in actions)
                 size = SMALL_MESSAGE
             else:
                 try:
@@ -680,6 +691,7 @@ class Upstream:
                     if not isinstance(exc, TooDeep) or not isinstance(exc.response_id, int):
                         continue
                     actions = self._protocol.fail_now(exc.response_id, exc.message)
+                    self._errors += len(actions)
                 except HandshakeError as exc:
                     _deliver_all(deliveries, sizes)  # what came before it still goes out
                     return f"failed the initialize handshake: {exc}"
@@ -722,6 +734,7 @@ class Upstream:
                     server_info=action.identity.server_info,
                     protocol_version=action.identity.protocol_version,
                 )
+                self._ready_since = trio.current_time()
                 self._set_status()  # (the protocol moved it to READY)
                 self._unpark()
 
@@ -734,6 +747,27 @@ def _count(item: InboxItem) -> int:
 def _size(item: InboxItem) -> int:
     """The bytes an inbox item counts for (only requests carry a client's payload)."""
     return item.size if isinstance(item, ClientRequest) else 0
+
+
+def process_usage(pid: int | None) -> dict[str, Any]:
+    """CPU seconds and resident bytes of a server's process (``cpu``, ``rss``),
+    children included (a server started through ``npx`` or a shell is its
+    child); empty if there is no process or it cannot be read."""
+    if pid is None:
+        return {}
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            processes = [process, *process.children(recursive=True)]
+        cpu, rss = 0.0, 0
+        for each in processes:
+            with contextlib.suppress(psutil.Error):
+                times = each.cpu_times()
+                cpu += times.user + times.system
+                rss += each.memory_info().rss
+    except psutil.Error:
+        return {}
+    return {"cpu": cpu, "rss": rss}
 
 
 def _deliver_all(deliveries: dict[Hashable, list[Outgoing]], sizes: dict[Hashable, int]) -> None:

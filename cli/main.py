@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 def _status(args: Any) -> int:
     from cli import status
 
-    return status.main(args.socket or default_socket_path(), args.json)
+    return status.main(args.socket or default_socket_path(), args.json, args.watch)
 
 
 def _main(argv: list[str]) -> int:
@@ -101,6 +101,15 @@ def _main(argv: list[str]) -> int:
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument(
+        "--watch",
+        metavar="SECONDS",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        help="print it again every SECONDS (default 2) until interrupted",
+    )
     args = parser.parse_args(argv)
     if args.command == "status":
         return _status(args)

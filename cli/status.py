@@ -1,15 +1,18 @@
 """``mcpbroker status``: ask a running daemon what it is doing.
 
-Standard library only. Sends the control hello ``{"mcpbroker": {"command":
-"status"}}`` and prints the one line of JSON the daemon answers with, as a
-table or (``--json``) as it is.
+Sends the control hello ``{"mcpbroker": {"command": "status"}}`` and prints
+the one line of JSON the daemon answers with, as tables (rich) or
+(``--json``) as it is; ``--watch`` repeats it. :func:`fetch_status` is
+standard library only (``mcpbroker bench`` uses it too).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
+import time
 from typing import Any
 
 
@@ -28,66 +31,132 @@ def fetch_status(socket_path: str, timeout: float = 5.0) -> dict[str, Any]:
     return status
 
 
-def main(socket_path: str, as_json: bool) -> int:
-    try:
-        status = fetch_status(socket_path)
-    except (OSError, ValueError) as exc:
-        print(f"mcpbroker status: no daemon answering on {socket_path}: {exc}", file=sys.stderr)
-        return 1
-    if as_json:
-        print(json.dumps(status, indent=2))
-    else:
-        print(render(status))
-    return 0
+def main(socket_path: str, as_json: bool, watch: float | None = None) -> int:
+    """Print the daemon's status once, or (``watch``: every so many seconds)
+    until interrupted."""
+    while True:
+        try:
+            status = fetch_status(socket_path)
+        except (OSError, ValueError) as exc:
+            print(f"mcpbroker status: no daemon answering on {socket_path}: {exc}", file=sys.stderr)
+            return 1
+        if as_json:
+            print(json.dumps(status, indent=2), flush=True)
+        elif watch is not None and sys.stdout.isatty():
+            print("\x1b[H\x1b[2J" + render(status), flush=True)  # (home, clear)
+        else:
+            print(render(status), flush=True)
+        if watch is None:
+            return 0
+        try:
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            return 0
 
 
-def render(status: dict[str, Any]) -> str:
+def render(status: dict[str, Any], width: int | None = None) -> str:
+    """The status as text: a line about the daemon, its totals, a table of
+    servers and one of sessions (rich tables, without borders)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    servers, sessions = status["servers"], status["sessions"]
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
         f"started {started_by(status)}",
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
+        f"{len(servers)} servers, {len(sessions)} sessions, "
+        f"{sum(s['in_flight'] for s in servers)} requests in flight, "
+        f"{sum(s['requests'] for s in servers)} sent, "
+        f"{sum(s.get('errors', 0) for s in servers)} errors",
         "",
     ]
-    servers = [
-        [
+    server_table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in SERVER_COLUMNS:
+        server_table.add_column(column, no_wrap=True)
+    for s in servers:
+        server_table.add_row(
             s["name"],
             _status(s),
-            s["pid"] or "-",
-            s["restarts"],
-            s["sessions"],
-            s["in_flight"],
-            s["requests"],
-            s["timeouts"],
+            _share(s),
+            str(s["pid"] or "-"),
+            _duration(s["uptime"]) if s.get("uptime") is not None else "-",
+            str(s["restarts"]),
+            str(s["sessions"]),
+            str(s["in_flight"]),
+            str(s["requests"]),
+            str(s.get("errors", s["timeouts"])),
+            f"{s['cpu']:.1f}s" if s.get("cpu") is not None else "-",
+            _bytes(s.get("rss")),
             s["last_error"] or "-",
-        ]
-        for s in status["servers"]
-    ]
-    header = [
-        "SERVER",
-        "STATUS",
-        "PID",
-        "RESTARTS",
-        "SESSIONS",
-        "IN-FLIGHT",
-        "REQUESTS",
-        "TIMEOUTS",
-        "LAST ERROR",
-    ]
-    lines += _table(header, servers)
-    sessions = [
-        [
-            s["id"],
+        )
+    session_table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in SESSION_COLUMNS:
+        session_table.add_column(column, no_wrap=True)
+    for s in sessions:
+        session_table.add_row(
+            str(s["id"]),
+            _client_name(s["client"]),
+            s.get("transport", "-"),
             ",".join(s["view"]) or "-",
             s["protocol_version"] or "-",
-            _client_name(s["client"]),
-            s["in_flight"],
+            str(s["in_flight"]),
+            f"{s['outbox']} ({_bytes(s.get('queued_bytes'))})",
             _duration(s["age"]),
-        ]
-        for s in status["sessions"]
-    ]
-    lines += ["", *_table(["SESSION", "VIEW", "VERSION", "CLIENT", "IN-FLIGHT", "AGE"], sessions)]
-    return "\n".join(lines)
+        )
+    console = Console(width=width or 400, record=True, file=io.StringIO(), color_system=None)
+    for table, what in ((server_table, "servers"), (session_table, "sessions")):
+        if table.row_count:
+            console.print(table)
+        else:
+            console.print(f"no {what}")
+    text = console.export_text(styles=False)
+    return "\n".join(lines) + "\n" + "\n".join(line.rstrip() for line in text.splitlines())
+
+
+SERVER_COLUMNS = (
+    "SERVER",
+    "STATUS",
+    "SHARE",
+    "PID",
+    "UP",
+    "RESTARTS",
+    "SESSIONS",
+    "IN-FLIGHT",
+    "REQUESTS",
+    "ERRORS",
+    "CPU",
+    "RSS",
+    "LAST ERROR",
+)
+SESSION_COLUMNS = (
+    "SESSION",
+    "CLIENT",
+    "TRANSPORT",
+    "VIEW",
+    "VERSION",
+    "IN-FLIGHT",
+    "QUEUED",
+    "AGE",
+)
+
+
+def _share(server: dict[str, Any]) -> str:
+    share = server.get("share", "shared")
+    instances = server.get("instances", 1)
+    return share if share == "shared" else f"{share} x{instances}"
+
+
+def _bytes(count: int | None) -> str:
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return f"{count:.1f} GiB"
 
 
 STARTERS = {"shim": "by mcpbroker connect", "service": "by the service manager", "hand": "by hand"}
@@ -118,14 +187,3 @@ def _duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, seconds = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    if not rows:
-        return [header[0] + ": none"]
-    cells = [header, *[[str(cell) for cell in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in cells
-    ]

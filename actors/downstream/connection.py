@@ -16,6 +16,9 @@ from broker.wire.frames import Frame
 
 
 class Connection(Protocol):
+    # What ``mcpbroker status`` calls this kind of connection ("unix", "websocket").
+    transport: str
+
     async def receive(self) -> tuple[list[Frame], int]:
         """The next frames the client sent (at least one), and the bytes they
         count as against the limits (what the client sent for them); ``([], 0)``

@@ -25,6 +25,8 @@ SEND_BUFFER = 1024 * 1024
 
 
 class StreamConnection:
+    transport = "unix"
+
     def __init__(self, stream: trio.abc.Stream, max_message_bytes: int) -> None:
         self.stream = stream
         self._io = FastIO(stream)

@@ -39,6 +39,8 @@ OpenSession = Callable[["WebSocketConnection", tuple[str, ...] | None, bool], Aw
 class WebSocketConnection:
     """One client's WebSocket, as a :class:`~actors.downstream.connection.Connection`."""
 
+    transport = "websocket"
+
     def __init__(self, ws: Any) -> None:
         self._ws = ws
 

@@ -1,0 +1,93 @@
+"""``mcpbroker status`` against a live daemon: every figure checked against
+what the test did, and the server's CPU and memory against psutil's view."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import psutil
+import pytest
+import trio
+from mcp.shared.exceptions import MCPError
+
+from cli.status import fetch_status, render
+from tests.conftest import MCPBROKER, running_daemon, sdk_server, shim_client, text_of
+from tests.test_websocket_e2e import ws_client
+
+
+async def test_status_counts_what_the_clients_did(socket_path: str) -> None:
+    servers = {"sdk": {**sdk_server(), "timeout": 0.5}, "pool": {**sdk_server("p"), "pool": 2}}
+    broker = {"websocket": "127.0.0.1:0"}
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path, broker=broker) as daemon:
+            first = await trio.to_thread.run_sync(fetch_status, socket_path)
+            before = {s["name"]: s["requests"] for s in first["servers"]}
+            assert daemon.websocket_url is not None
+            async with (
+                shim_client(socket_path, "sdk") as a,
+                shim_client(socket_path) as b,
+                ws_client(daemon.websocket_url + "/sdk") as c,
+            ):
+                await c.initialize()
+                for n in range(3):
+                    assert text_of(await a.call_tool("echo", {"text": f"{n}"})) == f"{n}"
+                    await b.call_tool("sdk__echo", {"text": "x"})
+                    await c.call("echo", text="y")
+                with pytest.raises(MCPError):  # over the server's 0.5 s: -32001
+                    await a.call_tool("slow", {"seconds": 5})
+                await b.call_tool("pool__echo", {"text": "p"})
+
+                status = await trio.to_thread.run_sync(fetch_status, socket_path)
+                by_name = {s["name"]: s for s in status["servers"]}
+                sdk = by_name["sdk"]
+                assert sdk["requests"] - before["sdk"] == 3 * 3 + 1
+                assert (sdk["timeouts"], sdk["errors"]) == (1, 1)
+                assert sdk["sessions"] == 3 and sdk["share"] == "shared"
+                assert sdk["in_flight"] <= 1  # (the timed-out call may still be cancelling)
+                assert sdk["uptime"] > 0 and sdk["restarts"] == 0
+                pool = by_name["pool"]
+                assert (pool["share"], pool["instances"]) == ("pool", 2)
+                assert pool["requests"] - before["pool"] == 1
+
+                process = psutil.Process(sdk["pid"])
+                cpu = process.cpu_times()
+                assert 0 < sdk["cpu"] <= cpu.user + cpu.system + 0.05
+                assert sdk["rss"] == pytest.approx(process.memory_info().rss, rel=0.2)
+                assert pool["rss"] > sdk["rss"]  # two processes
+
+                sessions = status["sessions"]
+                assert sorted(s["transport"] for s in sessions) == ["unix", "unix", "websocket"]
+                assert sorted(tuple(s["view"]) for s in sessions) == [
+                    ("sdk",),
+                    ("sdk",),
+                    ("sdk", "pool"),
+                ]
+                assert {s["client"]["name"] for s in sessions} >= {"ws-test"}
+                assert all(s["queued_bytes"] == 0 for s in sessions)
+
+                text = render(status)
+                assert "3 sessions" in text and "errors" in text
+                row = next(line for line in text.splitlines() if line.startswith("sdk "))
+                assert "shared" in row and str(sdk["pid"]) in row and "MiB" in row
+                assert "websocket" in text and "ws-test" in text
+
+
+async def test_status_watch_prints_again(socket_path: str) -> None:
+    def watch() -> str:
+        process = subprocess.Popen(
+            [MCPBROKER, "status", "--socket", socket_path, "--watch", "0.2"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, _ = process.communicate(timeout=1.2)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            out, _ = process.communicate()
+        return out
+
+    with trio.fail_after(30):
+        async with running_daemon({"sdk": sdk_server()}, socket_path):
+            out: Any = await trio.to_thread.run_sync(watch)
+            assert out.count("mcpbroker daemon pid") >= 3
