@@ -65,6 +65,9 @@ class ServerConfig:
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
     # Requests to clients: "auto", "exclusive" or "concurrent" (broker/turns.py).
     server_requests: str = "auto"
+    # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
+    # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
+    oauth: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -253,7 +256,9 @@ _SERVER_KEYS = {
     "pool": "pool",
     "timeout": "timeout",
     "serverRequests": "server_requests",
+    "oauth": "oauth",
 }
+OAUTH_KEYS = ("clientId", "clientSecret", "scope", "redirectPort")
 # Each field's key in the file, for messages that name a setting (broker/configdiff.py).
 SERVER_KEY_OF = {field: key for key, field in _SERVER_KEYS.items()}
 BROKER_KEY_OF = {field: key for key, field in _BROKER_KEYS.items()}
@@ -313,6 +318,15 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         )
     if server.startup not in ("eager", "lazy"):
         raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
+    for key in server.oauth:
+        if key not in OAUTH_KEYS:
+            raise ConfigError(
+                f'"{where}.oauth.{key}" is not a key of oauth ({", ".join(OAUTH_KEYS)})'
+            )
+    if not server.oauth.get("redirectPort", "0").isdigit():
+        raise ConfigError(f'"{where}.oauth.redirectPort" must be a port number, as a string')
+    if server.oauth and server.url is None:
+        raise ConfigError(f'"{where}.oauth" is for servers reached by "url"')
     if server.type is not None and server.type not in TRANSPORTS:
         raise ConfigError(
             f'"{where}.type" must be one of {", ".join(sorted(TRANSPORTS))}, not {server.type!r}'

@@ -55,6 +55,8 @@ SERVER_EFFECTS: dict[str, Effect] = {
     "cwd": Effect.RESTART_SERVER,
     "url": Effect.RESTART_SERVER,
     "headers": Effect.RESTART_SERVER,
+    # Read by ``mcpbroker auth`` only; the daemon uses the grant it stored.
+    "oauth": Effect.LIVE,
     # Informational: nothing reads it.
     "type": Effect.LIVE,
     "disabled": Effect.ADD_REMOVE,

@@ -47,6 +47,7 @@ SERVER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "pool": st.sampled_from([1, 2, 4]),
     "timeout": st.sampled_from([None, 1.0, 60.0]),
     "server_requests": st.sampled_from(["auto", "exclusive", "concurrent"]),
+    "oauth": st.sampled_from([{}, {"clientId": "c", "redirectPort": "8765"}]),
 }
 BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max_message_bytes": st.sampled_from([1024, 1 << 24]),

@@ -1,0 +1,403 @@
+"""OAuth 2.1 for remote servers: the token store, the flow's I/O, the tokens
+on every request.
+
+The rules (what to ask, what an answer means) are ``broker/oauth.py``; this
+module does the asking:
+
+- :class:`TokenStore`: one JSON file, mode 0600 in a 0700 directory of the
+  user's (``~/.local/state/mcpbroker/oauth.json``, or ``$MCPBROKER_TOKENS``),
+  holding per server name its URL, the authorization server's token
+  endpoint, the broker's client registration and the tokens. Written whole
+  and renamed into place, so a reader never sees half a file.
+- :func:`authorize`: ``mcpbroker auth NAME``'s interactive flow: discovery,
+  registration, the user's browser sent to the authorization endpoint, the
+  code caught on a loopback redirect (:class:`RedirectListener`), the tokens
+  stored.
+- :class:`BearerTokens`: the ``httpx2.Auth`` an HTTP link uses. It puts the
+  stored access token on every request, refreshes it shortly before it
+  expires (and once on a 401), and leaves a 401 it cannot cure to the link,
+  which reports that the server needs ``mcpbroker auth NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import attrs
+import cattrs
+import h11
+import httpx2
+import orjson
+import trio
+
+from actors.paths import ensure_private_dir, open_private
+from broker import oauth
+from broker.oauth import Challenge, Client, OAuthError, ServerMetadata, Tokens
+
+TOKENS_ENV = "MCPBROKER_TOKENS"
+CALLBACK_PATH = "/callback"
+# How long ``mcpbroker auth`` waits for the user to finish in the browser.
+AUTHORIZE_TIMEOUT = 300.0
+HTTP_TIMEOUT = 30.0
+
+
+def default_token_path() -> str:
+    """``$MCPBROKER_TOKENS``, else ``oauth.json`` in the user's state directory
+    (from the user database, like the daemon's other files: docs/security.md)."""
+    explicit = os.environ.get(TOKENS_ENV)
+    if explicit:
+        return explicit
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    return os.path.join(home, ".local", "state", "mcpbroker", "oauth.json")
+
+
+@attrs.frozen
+class Grant:
+    """What the broker holds for one server: enough to use and refresh its tokens."""
+
+    server_url: str
+    resource: str
+    token_endpoint: str
+    client: Client
+    tokens: Tokens
+    issuer: str | None = None
+
+
+_converter = cattrs.Converter()
+
+
+class TokenStore:
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or default_token_path()
+
+    def load_all(self) -> dict[str, Grant]:
+        try:
+            fd = open_private(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return {}
+        with os.fdopen(fd, "rb") as file:
+            data = file.read()
+        if not data:
+            return {}
+        try:
+            raw = orjson.loads(data)
+            return {name: _converter.structure(grant, Grant) for name, grant in raw.items()}
+        except (orjson.JSONDecodeError, AttributeError, cattrs.BaseValidationError) as exc:
+            raise OAuthError(
+                f"the token file {self.path} cannot be read ({exc}): remove it"
+            ) from exc
+
+    def load(self, name: str) -> Grant | None:
+        try:
+            return self.load_all().get(name)
+        except FileNotFoundError:
+            return None
+
+    def save(self, name: str, grant: Grant | None) -> None:
+        """Store (or, with None, forget) a server's grant."""
+        grants = self.load_all() if os.path.exists(self.path) else {}
+        if grant is None:
+            grants.pop(name, None)
+        else:
+            grants[name] = grant
+        directory = os.path.dirname(os.path.abspath(self.path))
+        ensure_private_dir(directory)
+        temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(
+                orjson.dumps(
+                    {key: _converter.unstructure(value) for key, value in grants.items()},
+                    option=orjson.OPT_INDENT_2,
+                )
+            )
+        os.replace(temporary, self.path)
+
+
+# -- the tokens on every request (the daemon's side) ---------------------------
+
+
+class AuthorizationNeeded(Exception):
+    """A server asks for authorization the broker does not hold."""
+
+
+class BearerTokens(httpx2.Auth):
+    """The stored grant of server ``name`` on every request to it (an
+    ``httpx2.Auth``, one per link). With no grant stored, requests go as they
+    are (the server may not ask for any)."""
+
+    def __init__(
+        self, name: str, store: TokenStore, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.name = name
+        self._store = store
+        self._clock = clock
+        self._lock = trio.Lock()  # one refresh at a time: refresh tokens rotate
+
+    async def async_auth_flow(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        grant = await self._current()
+        if grant is None:
+            yield request
+            return
+        if oauth.needs_refresh(grant.tokens, self._clock()):
+            grant = await self._refresh(grant) or grant
+        request.headers["Authorization"] = f"Bearer {grant.tokens.access_token}"
+        response = yield request
+        if response.status_code != 401 or grant.tokens.refresh_token is None:
+            return
+        refreshed = await self._refresh(grant, force=True)
+        if refreshed is not None:
+            request.headers["Authorization"] = f"Bearer {refreshed.tokens.access_token}"
+            yield request
+
+    async def _current(self) -> Grant | None:
+        return await trio.to_thread.run_sync(self._store.load, self.name)
+
+    async def _refresh(self, seen: Grant, force: bool = False) -> Grant | None:
+        """New tokens for the grant (None if it cannot be refreshed). Under the
+        lock, a grant another request refreshed meanwhile is taken as it is."""
+        async with self._lock:
+            grant = await self._current()
+            if grant is None:
+                return None
+            if grant.tokens != seen.tokens:
+                return grant
+            if not force and not oauth.needs_refresh(grant.tokens, self._clock()):
+                return grant
+            if grant.tokens.refresh_token is None:
+                return None
+            body = oauth.refresh_request(grant.client, grant.tokens.refresh_token, grant.resource)
+            try:
+                async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as client:
+                    answer = await client.post(grant.token_endpoint, data=body)
+                tokens = oauth.read_tokens(_json(answer), self._clock(), grant.tokens)
+            except (httpx2.HTTPError, OAuthError):
+                return None
+            grant = attrs.evolve(grant, tokens=tokens)
+            await trio.to_thread.run_sync(self._store.save, self.name, grant)
+            return grant
+
+
+def _json(response: httpx2.Response) -> Any:
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        raise OAuthError(
+            f"{response.request.url} answered {response.status_code} without JSON"
+        ) from None
+
+
+# -- the interactive flow (mcpbroker auth NAME) --------------------------------
+
+
+class RedirectListener:
+    """A loopback HTTP listener that catches the authorization server's
+    redirect: one GET to ``/callback`` with the code (h11 over a Trio socket).
+    Bound to 127.0.0.1 on ``port`` (0: any free port)."""
+
+    def __init__(self, listener: trio.SocketListener) -> None:
+        self._listener = listener
+        host, port = listener.socket.getsockname()[:2]
+        self.redirect_uri = f"http://{host}:{port}{CALLBACK_PATH}"
+
+    @classmethod
+    async def open(cls, port: int = 0) -> RedirectListener:
+        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+        return cls(listeners[0])
+
+    async def aclose(self) -> None:
+        await self._listener.aclose()
+
+    async def wait_callback(self) -> dict[str, str]:
+        """The query of the first request to the callback path (others get 404)."""
+        while True:
+            stream = await self._listener.accept()
+            async with stream:
+                query = await _serve_one(stream)
+            if query is not None:
+                return query
+
+
+async def _serve_one(stream: trio.abc.Stream) -> dict[str, str] | None:
+    connection = h11.Connection(h11.SERVER)
+    with trio.move_on_after(10):
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                connection.receive_data(bytes(data))
+                if not data:
+                    return None
+                continue
+            if isinstance(event, h11.Request):
+                break
+            return None
+        target = urlsplit(event.target.decode("ascii", "replace"))
+        found = target.path == CALLBACK_PATH and event.method == b"GET"
+        text = (
+            b"mcpbroker has the answer; you may close this window.\n" if found else b"not found\n"
+        )
+        headers = [("content-type", "text/plain"), ("content-length", str(len(text)))]
+        for message in (
+            h11.Response(status_code=200 if found else 404, headers=headers),
+            h11.Data(data=text),
+            h11.EndOfMessage(),
+        ):
+            await stream.send_all(connection.send(message) or b"")
+        return dict(parse_qsl(target.query)) if found else None
+    return None
+
+
+@attrs.frozen
+class Settings:
+    """What the config says of a server's authorization (its ``oauth`` key)."""
+
+    client_id: str | None = None
+    client_secret: str | None = None
+    scope: str | None = None
+    redirect_port: int = 0
+
+
+PROBE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": oauth.CLIENT_NAME, "version": "auth"},
+    },
+}
+
+
+async def authorize(
+    name: str,
+    server_url: str,
+    headers: dict[str, str],
+    store: TokenStore,
+    show: Callable[[str], Any],
+    settings: Settings | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Grant | None:
+    """Run the authorization flow for server ``name`` and store its grant;
+    ``show`` is given the URL the user must open. None if the server does not
+    ask for authorization. An :class:`OAuthError` says what went wrong."""
+    settings = settings or Settings()
+    async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=True) as client:
+        challenge = await _probe(client, server_url, headers)
+        if challenge is None:
+            return None
+        resource = await _resource_metadata(client, server_url, challenge)
+        server = await _server_metadata(client, resource.authorization_servers[0])
+        listener = await RedirectListener.open(settings.redirect_port)
+        try:
+            registration = await _client(client, name, server, store, settings, listener)
+            state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
+            scope = settings.scope or oauth.choose_scope(challenge, resource)
+            show(
+                oauth.authorization_url(
+                    server,
+                    registration,
+                    listener.redirect_uri,
+                    state=state,
+                    verifier=verifier,
+                    resource=resource.resource,
+                    scope=scope,
+                )
+            )
+            with trio.fail_after(AUTHORIZE_TIMEOUT):
+                query = await listener.wait_callback()
+        except trio.TooSlowError:
+            raise OAuthError(
+                f"no answer from the browser within {AUTHORIZE_TIMEOUT:.0f} s"
+            ) from None
+        finally:
+            await listener.aclose()
+        code = oauth.read_callback(query, state)
+        body = oauth.code_request(
+            registration, code, listener.redirect_uri, verifier, resource.resource
+        )
+        answer = await client.post(server.token_endpoint, data=body)
+        tokens = oauth.read_tokens(_json(answer), clock())
+    grant = Grant(
+        server_url, resource.resource, server.token_endpoint, registration, tokens, server.issuer
+    )
+    await trio.to_thread.run_sync(store.save, name, grant)
+    return grant
+
+
+async def _probe(client: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> Challenge | None:
+    """Whether the server asks for authorization: its challenge, or None."""
+    try:
+        response = await client.post(
+            url,
+            json=PROBE,
+            headers={**headers, "Accept": "application/json, text/event-stream"},
+        )
+    except httpx2.HTTPError as exc:
+        raise OAuthError(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 401:
+        return None
+    return oauth.parse_challenge(response.headers.get("www-authenticate"))
+
+
+async def _resource_metadata(
+    client: httpx2.AsyncClient, server_url: str, challenge: Challenge
+) -> oauth.ResourceMetadata:
+    for url in oauth.resource_metadata_urls(server_url, challenge):
+        response = await client.get(url)
+        if response.status_code == 200:
+            return oauth.read_resource_metadata(_json(response), server_url)
+    raise OAuthError(f"{server_url} asks for authorization but publishes no resource metadata")
+
+
+async def _server_metadata(client: httpx2.AsyncClient, issuer: str) -> ServerMetadata:
+    for url in oauth.server_metadata_urls(issuer):
+        response = await client.get(url)
+        if response.status_code == 200:
+            return oauth.read_server_metadata(_json(response))
+    raise OAuthError(f"the authorization server {issuer} publishes no metadata")
+
+
+async def _client(
+    client: httpx2.AsyncClient,
+    name: str,
+    server: ServerMetadata,
+    store: TokenStore,
+    settings: Settings,
+    listener: RedirectListener,
+) -> Client:
+    """The client id to use: the configured one, the one registered before with
+    this authorization server for this redirect, or a new registration."""
+    if settings.client_id:
+        return Client(settings.client_id, settings.client_secret, listener.redirect_uri)
+    known = await trio.to_thread.run_sync(store.load, name)
+    if (
+        known is not None
+        and known.issuer == server.issuer
+        and known.client.redirect_uri == listener.redirect_uri
+    ):
+        return known.client
+    if server.registration_endpoint is None:
+        raise OAuthError(
+            f"the authorization server {server.issuer} offers no client registration: "
+            f'register a client there and give its id as "oauth": {{"clientId": ...}} '
+            f"in server {name!r}'s config"
+        )
+    response = await client.post(
+        server.registration_endpoint, json=oauth.registration_request(server, listener.redirect_uri)
+    )
+    if response.status_code not in (200, 201):
+        raise OAuthError(
+            f"the authorization server refused to register the broker ({response.status_code}: "
+            f"{response.text[:200]})"
+        )
+    return oauth.read_registration(_json(response), listener.redirect_uri)

@@ -1,0 +1,356 @@
+"""OAuth 2.1 for remote servers: the rules of the flow, no I/O.
+
+A remote MCP server may answer 401 with a ``WWW-Authenticate: Bearer
+resource_metadata="...", scope="..."`` challenge. The MCP authorization spec
+(2025-11-25, basic/authorization) then has the client:
+
+1. find the server's Protected Resource Metadata (RFC 9728): the URL in the
+   challenge, else ``/.well-known/oauth-protected-resource/<path>``, else
+   the same at the root (:func:`resource_metadata_urls`);
+2. take an authorization server from it and find that server's metadata
+   (RFC 8414, then OpenID Connect discovery; :func:`server_metadata_urls`),
+   which must offer PKCE with S256 (:func:`read_server_metadata`);
+3. use a client id: one configured, one registered earlier, or one obtained
+   by dynamic client registration (RFC 7591; :func:`registration_request`);
+4. send the user to the authorization endpoint with PKCE, a state, the
+   scopes (the challenge's, else the metadata's ``scopes_supported``) and
+   the ``resource`` (RFC 8707) naming the server (:func:`authorization_url`);
+5. exchange the code for tokens, and later refresh them before they expire
+   (:func:`code_request`, :func:`refresh_request`, :func:`read_tokens`,
+   :func:`needs_refresh`).
+
+Each step's I/O is done by the caller (``actors/oauth.py``); what to ask for
+and what an answer means is decided here. Client ID Metadata Documents are
+not used: they need an HTTPS URL the broker does not have.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import attrs
+
+# Refresh this long before an access token expires, so no request carries a
+# token that lapses on its way.
+REFRESH_MARGIN = 60.0
+
+_PARAM = re.compile(r'([A-Za-z_][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
+
+
+class OAuthError(Exception):
+    """The flow cannot go on; the message says why, for the user."""
+
+
+@attrs.frozen
+class Challenge:
+    """What a 401's ``WWW-Authenticate: Bearer ...`` said."""
+
+    resource_metadata: str | None = None
+    scope: str | None = None
+    error: str | None = None
+
+
+def parse_challenge(header: str | None) -> Challenge:
+    """The Bearer challenge's parameters (RFC 6750 section 3, RFC 9728 section 5.1);
+    an empty :class:`Challenge` for a header that is absent or not Bearer."""
+    if not header:
+        return Challenge()
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return Challenge()
+    params: dict[str, str] = {}
+    for match in _PARAM.finditer(rest):
+        quoted, bare = match.group(2), match.group(3)
+        value = bare if quoted is None else re.sub(r"\\(.)", r"\1", quoted)
+        params.setdefault(match.group(1).lower(), value)
+    return Challenge(params.get("resource_metadata"), params.get("scope"), params.get("error"))
+
+
+def canonical_resource(url: str) -> str:
+    """The server's canonical URI (RFC 8707 section 2, as the MCP spec asks): lower-case
+    scheme and host, no fragment, no trailing slash unless it is the whole path."""
+    parts = urlsplit(url)
+    path = parts.path
+    if path.endswith("/") and path != "/":
+        path = path.rstrip("/")
+    if path == "/":
+        path = ""
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
+
+
+def resource_metadata_urls(server_url: str, challenge: Challenge) -> list[str]:
+    """Where to look for the Protected Resource Metadata, in the spec's order."""
+    if challenge.resource_metadata:
+        return [challenge.resource_metadata]
+    parts = urlsplit(server_url)
+    root = urlunsplit((parts.scheme, parts.netloc, "/.well-known/oauth-protected-resource", "", ""))
+    path = parts.path.rstrip("/")
+    return [root + path, root] if path else [root]
+
+
+@attrs.frozen
+class ResourceMetadata:
+    resource: str
+    authorization_servers: tuple[str, ...]
+    scopes_supported: tuple[str, ...] | None = None
+
+
+def read_resource_metadata(body: Any, server_url: str) -> ResourceMetadata:
+    """The parts of a Protected Resource Metadata document the flow uses; its
+    ``resource`` must name this server (RFC 9728 section 3.3), or be a prefix of its URL."""
+    if not isinstance(body, dict):
+        raise OAuthError("the server's resource metadata is not a JSON object")
+    servers = body.get("authorization_servers")
+    if not isinstance(servers, list) or not servers or not all(isinstance(s, str) for s in servers):
+        raise OAuthError("the server's resource metadata names no authorization server")
+    resource = body.get("resource")
+    ours = canonical_resource(server_url)
+    if resource is None:
+        resource = ours
+    elif not isinstance(resource, str) or not _covers(canonical_resource(resource), ours):
+        raise OAuthError(f"the server's resource metadata is for {resource!r}, not {server_url}")
+    scopes = body.get("scopes_supported")
+    if scopes is not None and not (
+        isinstance(scopes, list) and all(isinstance(s, str) for s in scopes)
+    ):
+        scopes = None
+    return ResourceMetadata(
+        canonical_resource(resource), tuple(servers), None if scopes is None else tuple(scopes)
+    )
+
+
+def _covers(resource: str, url: str) -> bool:
+    return url == resource or url.startswith(resource.rstrip("/") + "/")
+
+
+def server_metadata_urls(issuer: str) -> list[str]:
+    """Where an authorization server's metadata may be, in the spec's order:
+    RFC 8414 then OpenID Connect, with the issuer's path inserted or appended."""
+    parts = urlsplit(issuer)
+    path = parts.path.rstrip("/")
+
+    def at(well_known: str) -> str:
+        return urlunsplit((parts.scheme, parts.netloc, well_known, "", ""))
+
+    if not path:
+        return [
+            at("/.well-known/oauth-authorization-server"),
+            at("/.well-known/openid-configuration"),
+        ]
+    return [
+        at("/.well-known/oauth-authorization-server" + path),
+        at("/.well-known/openid-configuration" + path),
+        at(path + "/.well-known/openid-configuration"),
+    ]
+
+
+@attrs.frozen
+class ServerMetadata:
+    issuer: str
+    authorization_endpoint: str
+    token_endpoint: str
+    registration_endpoint: str | None = None
+    # How a client may prove itself at the token endpoint (None: not said).
+    auth_methods: tuple[str, ...] | None = None
+
+
+def read_server_metadata(body: Any) -> ServerMetadata:
+    """The endpoints of an authorization server; refused unless it offers PKCE
+    with S256 (the MCP spec: a client MUST refuse to proceed otherwise)."""
+    if not isinstance(body, dict):
+        raise OAuthError("the authorization server's metadata is not a JSON object")
+    missing = [
+        key
+        for key in ("issuer", "authorization_endpoint", "token_endpoint")
+        if not isinstance(body.get(key), str)
+    ]
+    if missing:
+        raise OAuthError(f"the authorization server's metadata lacks {', '.join(missing)}")
+    methods = body.get("code_challenge_methods_supported")
+    if not isinstance(methods, list) or "S256" not in methods:
+        raise OAuthError(
+            "the authorization server does not offer PKCE with S256, so it is not used"
+        )
+    registration = body.get("registration_endpoint")
+    auth_methods = body.get("token_endpoint_auth_methods_supported")
+    return ServerMetadata(
+        body["issuer"],
+        body["authorization_endpoint"],
+        body["token_endpoint"],
+        registration if isinstance(registration, str) else None,
+        tuple(m for m in auth_methods if isinstance(m, str))
+        if isinstance(auth_methods, list)
+        else None,
+    )
+
+
+def choose_scope(challenge: Challenge, resource: ResourceMetadata) -> str | None:
+    """The scopes to ask for: the challenge's, else every scope the server
+    lists, else none (the spec's scope selection strategy)."""
+    if challenge.scope:
+        return challenge.scope
+    if resource.scopes_supported:
+        return " ".join(resource.scopes_supported)
+    return None
+
+
+def pkce_challenge(verifier: str) -> str:
+    """The S256 code challenge of a verifier (RFC 7636 section 4.2)."""
+    digest = hashlib.sha256(verifier.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+CLIENT_NAME = "mcpbroker"
+
+
+def registration_request(server: ServerMetadata, redirect_uri: str) -> dict[str, Any]:
+    """The body of a dynamic client registration (RFC 7591): a client that
+    redirects to the broker's loopback listener; public ("none") unless the
+    server lists only methods with a secret (then "client_secret_post")."""
+    methods = server.auth_methods
+    method = "none" if methods is None or "none" in methods else "client_secret_post"
+    return {
+        "client_name": CLIENT_NAME,
+        "redirect_uris": [redirect_uri],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": method,
+    }
+
+
+@attrs.frozen
+class Client:
+    """The broker's registration with one authorization server."""
+
+    client_id: str
+    client_secret: str | None = None
+    redirect_uri: str | None = None  # the one registered (dynamic registration)
+
+
+def read_registration(body: Any, redirect_uri: str) -> Client:
+    if not isinstance(body, dict) or not isinstance(body.get("client_id"), str):
+        raise OAuthError("the authorization server's registration answer has no client_id")
+    secret = body.get("client_secret")
+    return Client(body["client_id"], secret if isinstance(secret, str) else None, redirect_uri)
+
+
+def authorization_url(
+    server: ServerMetadata,
+    client: Client,
+    redirect_uri: str,
+    *,
+    state: str,
+    verifier: str,
+    resource: str,
+    scope: str | None,
+) -> str:
+    """Where the user's browser goes to grant access (authorization code with PKCE)."""
+    params = {
+        "response_type": "code",
+        "client_id": client.client_id,
+        "redirect_uri": redirect_uri,
+        "state": state,
+        "code_challenge": pkce_challenge(verifier),
+        "code_challenge_method": "S256",
+        "resource": resource,
+    }
+    if scope:
+        params["scope"] = scope
+    separator = "&" if urlsplit(server.authorization_endpoint).query else "?"
+    return server.authorization_endpoint + separator + urlencode(params)
+
+
+def read_callback(query: dict[str, str], state: str) -> str:
+    """The code the authorization server sent back to the redirect URI, after
+    checking the state; an :class:`OAuthError` if it refused or the state is wrong."""
+    if "error" in query:
+        description = query.get("error_description")
+        raise OAuthError(
+            f"the authorization server refused: {query['error']}"
+            + (f" ({description})" if description else "")
+        )
+    if query.get("state") != state:
+        raise OAuthError("the answer's state does not match the request's: not used")
+    code = query.get("code")
+    if not code:
+        raise OAuthError("the authorization server's answer carries no code")
+    return code
+
+
+def _client_fields(client: Client) -> dict[str, str]:
+    fields = {"client_id": client.client_id}
+    if client.client_secret:
+        fields["client_secret"] = client.client_secret
+    return fields
+
+
+def code_request(
+    client: Client, code: str, redirect_uri: str, verifier: str, resource: str
+) -> dict[str, str]:
+    """The form body that exchanges an authorization code for tokens."""
+    return {
+        "grant_type": "authorization_code",
+        "code": code,
+        "redirect_uri": redirect_uri,
+        "code_verifier": verifier,
+        "resource": resource,
+        **_client_fields(client),
+    }
+
+
+def refresh_request(client: Client, refresh_token: str, resource: str) -> dict[str, str]:
+    """The form body that exchanges a refresh token for new tokens."""
+    return {
+        "grant_type": "refresh_token",
+        "refresh_token": refresh_token,
+        "resource": resource,
+        **_client_fields(client),
+    }
+
+
+@attrs.frozen
+class Tokens:
+    access_token: str
+    refresh_token: str | None = None
+    expires_at: float | None = None  # seconds since the epoch; None: not said
+    scope: str | None = None
+
+
+def read_tokens(body: Any, now: float, previous: Tokens | None = None) -> Tokens:
+    """The tokens in a token endpoint's answer. A refresh answer that carries
+    no new refresh token keeps the previous one (RFC 6749 section 6)."""
+    if not isinstance(body, dict):
+        raise OAuthError("the token endpoint's answer is not a JSON object")
+    if "error" in body:
+        description = body.get("error_description")
+        raise OAuthError(
+            f"the token endpoint refused: {body['error']}"
+            + (f" ({description})" if description else "")
+        )
+    access = body.get("access_token")
+    if not isinstance(access, str) or not access:
+        raise OAuthError("the token endpoint's answer has no access_token")
+    kind = body.get("token_type", "Bearer")
+    if not isinstance(kind, str) or kind.lower() != "bearer":
+        raise OAuthError(f"the token endpoint gave a {kind!r} token, not a bearer token")
+    refresh = body.get("refresh_token")
+    if not isinstance(refresh, str):
+        refresh = previous.refresh_token if previous is not None else None
+    expires_in = body.get("expires_in")
+    expires_at = (
+        now + float(expires_in)
+        if isinstance(expires_in, (int, float)) and not isinstance(expires_in, bool)
+        else None
+    )
+    scope = body.get("scope")
+    return Tokens(access, refresh, expires_at, scope if isinstance(scope, str) else None)
+
+
+def needs_refresh(tokens: Tokens, now: float, margin: float = REFRESH_MARGIN) -> bool:
+    """Whether to refresh before the next request: the access token lapses
+    within ``margin`` seconds (never, if the server did not say when)."""
+    return tokens.expires_at is not None and tokens.expires_at - now <= margin

@@ -1,0 +1,85 @@
+"""``mcpbroker auth NAME``: authorize the broker at a remote server that asks
+for OAuth, once, in the user's browser.
+
+The daemon cannot open a browser for a server that answers 401 (it may run
+as a service, with no screen); the user runs this command instead. It finds
+the server's authorization server, registers the broker there if need be,
+prints the URL to open (and opens it, unless ``--no-browser``), catches the
+answer on a loopback redirect and stores the tokens where the daemon reads
+them (``actors/oauth.py``). The daemon refreshes them from then on.
+``--logout`` forgets what is stored for the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+from typing import Any
+
+USAGE = "mcpbroker auth NAME [--config FILE] [--no-browser] [--logout]"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mcpbroker auth",
+        description="Authorize the broker at a remote server that asks for OAuth.",
+    )
+    parser.add_argument("name", metavar="NAME", help="the server's name in the config")
+    parser.add_argument("--config", metavar="FILE", default=None, help="the daemon's config file")
+    parser.add_argument(
+        "--no-browser", action="store_true", help="print the URL to open; do not open a browser"
+    )
+    parser.add_argument("--logout", action="store_true", help="forget the server's stored tokens")
+    args = parser.parse_args(argv)
+
+    import trio
+
+    from actors.oauth import Settings, TokenStore, authorize
+    from actors.paths import UnsafePath, default_config_path
+    from broker.config import ConfigError, load_config
+    from broker.oauth import OAuthError
+
+    try:
+        config = load_config(args.config or default_config_path())
+    except ConfigError as exc:
+        print(f"mcpbroker auth: {exc}", file=sys.stderr)
+        return 2
+    server = config.servers.get(args.name)
+    if server is None or server.url is None:
+        remote = ", ".join(n for n, s in config.servers.items() if s.url is not None) or "none"
+        print(
+            f"mcpbroker auth: no remote server {args.name!r} in the config "
+            f"(servers reached by url: {remote})",
+            file=sys.stderr,
+        )
+        return 2
+    store = TokenStore()
+    if args.logout:
+        store.save(args.name, None)
+        print(f"forgot the tokens of {args.name!r} ({store.path})")
+        return 0
+
+    def show(url: str) -> None:
+        print(f"Open this address to let mcpbroker use {args.name!r}:\n\n  {url}\n", flush=True)
+        if not args.no_browser:
+            webbrowser.open(url)
+
+    settings = Settings(
+        client_id=server.oauth.get("clientId"),
+        client_secret=server.oauth.get("clientSecret"),
+        scope=server.oauth.get("scope"),
+        redirect_port=int(server.oauth.get("redirectPort", "0")),
+    )
+    try:
+        grant: Any = trio.run(
+            authorize, args.name, server.url, dict(server.headers), store, show, settings
+        )
+    except (OAuthError, UnsafePath, OSError) as exc:
+        print(f"mcpbroker auth: {exc}", file=sys.stderr)
+        return 1
+    if grant is None:
+        print(f"{args.name!r} does not ask for authorization: nothing to do")
+        return 0
+    print(f"authorized: the daemon uses {args.name!r}'s tokens from {store.path}")
+    return 0

@@ -1,0 +1,232 @@
+"""The OAuth rules (broker/oauth.py): discovery URLs, metadata checks, the
+authorization URL, token answers and when to refresh. No event loop."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker import oauth
+from broker.oauth import Challenge, Client, OAuthError, ServerMetadata, Tokens
+
+SERVER = ServerMetadata(
+    "https://as.example", "https://as.example/authorize", "https://as.example/token"
+)
+
+
+def test_challenge_parameters_quoted_or_bare() -> None:
+    header = (
+        'Bearer error="invalid_token", error_description="Authentication required", '
+        'resource_metadata="https://mcp.example/.well-known/oauth-protected-resource/mcp", '
+        "scope=files:read"
+    )
+    assert oauth.parse_challenge(header) == Challenge(
+        "https://mcp.example/.well-known/oauth-protected-resource/mcp",
+        "files:read",
+        "invalid_token",
+    )
+
+
+@pytest.mark.parametrize("header", [None, "", "Basic realm=x", "Bearer"])
+def test_no_bearer_challenge(header: str | None) -> None:
+    assert oauth.parse_challenge(header) == Challenge()
+
+
+def test_escaped_quotes_in_a_challenge() -> None:
+    assert oauth.parse_challenge(r'Bearer scope="a \"b\""').scope == 'a "b"'
+
+
+def test_resource_metadata_from_the_challenge_first() -> None:
+    challenge = Challenge(resource_metadata="https://x/meta")
+    assert oauth.resource_metadata_urls("https://mcp.example/mcp", challenge) == ["https://x/meta"]
+
+
+def test_resource_metadata_well_known_path_then_root() -> None:
+    assert oauth.resource_metadata_urls("https://mcp.example/public/mcp/", Challenge()) == [
+        "https://mcp.example/.well-known/oauth-protected-resource/public/mcp",
+        "https://mcp.example/.well-known/oauth-protected-resource",
+    ]
+    assert oauth.resource_metadata_urls("https://mcp.example", Challenge()) == [
+        "https://mcp.example/.well-known/oauth-protected-resource"
+    ]
+
+
+def test_server_metadata_urls_in_the_spec_order() -> None:
+    assert oauth.server_metadata_urls("https://auth.example/tenant1") == [
+        "https://auth.example/.well-known/oauth-authorization-server/tenant1",
+        "https://auth.example/.well-known/openid-configuration/tenant1",
+        "https://auth.example/tenant1/.well-known/openid-configuration",
+    ]
+    assert oauth.server_metadata_urls("https://auth.example/") == [
+        "https://auth.example/.well-known/oauth-authorization-server",
+        "https://auth.example/.well-known/openid-configuration",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "canonical"),
+    [
+        ("HTTPS://MCP.Example.com/mcp/", "https://mcp.example.com/mcp"),
+        ("https://mcp.example.com/", "https://mcp.example.com"),
+        ("https://mcp.example.com/mcp#frag", "https://mcp.example.com/mcp"),
+    ],
+)
+def test_canonical_resource(url: str, canonical: str) -> None:
+    assert oauth.canonical_resource(url) == canonical
+
+
+def test_resource_metadata_must_name_this_server() -> None:
+    body = {"resource": "https://mcp.example/mcp", "authorization_servers": ["https://as"]}
+    assert oauth.read_resource_metadata(body, "https://mcp.example/mcp").resource == (
+        "https://mcp.example/mcp"
+    )
+    with pytest.raises(OAuthError, match=r"not https://mcp\.example/mcp"):
+        oauth.read_resource_metadata(
+            {**body, "resource": "https://evil.example/mcp"}, "https://mcp.example/mcp"
+        )
+    with pytest.raises(OAuthError, match="no authorization server"):
+        oauth.read_resource_metadata(
+            {"resource": "https://mcp.example/mcp"}, "https://mcp.example/mcp"
+        )
+
+
+def test_a_prefix_resource_covers_the_server() -> None:
+    body = {"resource": "https://mcp.example", "authorization_servers": ["https://as"]}
+    assert oauth.read_resource_metadata(body, "https://mcp.example/mcp").resource == (
+        "https://mcp.example"
+    )
+    with pytest.raises(OAuthError):  # not a path prefix: /mcpx is not under /mc
+        oauth.read_resource_metadata(
+            {**body, "resource": "https://mcp.example/mc"}, "https://mcp.example/mcpx"
+        )
+
+
+def test_server_metadata_needs_pkce_s256() -> None:
+    body = {
+        "issuer": "https://as",
+        "authorization_endpoint": "https://as/a",
+        "token_endpoint": "https://as/t",
+        "code_challenge_methods_supported": ["S256"],
+        "registration_endpoint": "https://as/r",
+        "token_endpoint_auth_methods_supported": ["client_secret_post"],
+    }
+    metadata = oauth.read_server_metadata(body)
+    assert metadata.registration_endpoint == "https://as/r"
+    assert (
+        oauth.registration_request(metadata, "http://127.0.0.1:1/callback")[
+            "token_endpoint_auth_method"
+        ]
+        == "client_secret_post"
+    )
+    for methods in (None, ["plain"]):
+        with pytest.raises(OAuthError, match="PKCE"):
+            oauth.read_server_metadata({**body, "code_challenge_methods_supported": methods})
+    with pytest.raises(OAuthError, match="token_endpoint"):
+        oauth.read_server_metadata({k: v for k, v in body.items() if k != "token_endpoint"})
+
+
+def test_public_client_where_the_server_allows_it() -> None:
+    assert (
+        oauth.registration_request(SERVER, "http://127.0.0.1:1/callback")[
+            "token_endpoint_auth_method"
+        ]
+        == "none"
+    )
+
+
+def test_authorization_url_carries_pkce_state_and_resource() -> None:
+    url = oauth.authorization_url(
+        SERVER,
+        Client("id-1"),
+        "http://127.0.0.1:5555/callback",
+        state="st",
+        verifier="v" * 43,
+        resource="https://mcp.example/mcp",
+        scope="a b",
+    )
+    query = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    assert url.startswith("https://as.example/authorize?")
+    assert query == {
+        "response_type": "code",
+        "client_id": "id-1",
+        "redirect_uri": "http://127.0.0.1:5555/callback",
+        "state": "st",
+        "code_challenge": oauth.pkce_challenge("v" * 43),
+        "code_challenge_method": "S256",
+        "resource": "https://mcp.example/mcp",
+        "scope": "a b",
+    }
+
+
+def test_pkce_challenge_of_rfc7636_appendix_b() -> None:
+    verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+    assert oauth.pkce_challenge(verifier) == "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+
+
+def test_scope_from_the_challenge_else_the_metadata() -> None:
+    metadata = oauth.ResourceMetadata("https://r", ("https://as",), ("a", "b"))
+    assert oauth.choose_scope(Challenge(scope="x"), metadata) == "x"
+    assert oauth.choose_scope(Challenge(), metadata) == "a b"
+    assert oauth.choose_scope(Challenge(), oauth.ResourceMetadata("https://r", ("s",))) is None
+
+
+def test_callback_checks_state_and_errors() -> None:
+    assert oauth.read_callback({"code": "c", "state": "s"}, "s") == "c"
+    with pytest.raises(OAuthError, match="state"):
+        oauth.read_callback({"code": "c", "state": "other"}, "s")
+    with pytest.raises(OAuthError, match="access_denied"):
+        oauth.read_callback({"error": "access_denied", "state": "s"}, "s")
+
+
+def test_token_requests_name_the_resource() -> None:
+    client = Client("id", "secret")
+    assert oauth.code_request(client, "c", "http://r", "v", "https://res") == {
+        "grant_type": "authorization_code",
+        "code": "c",
+        "redirect_uri": "http://r",
+        "code_verifier": "v",
+        "resource": "https://res",
+        "client_id": "id",
+        "client_secret": "secret",
+    }
+    assert oauth.refresh_request(Client("id"), "rt", "https://res") == {
+        "grant_type": "refresh_token",
+        "refresh_token": "rt",
+        "resource": "https://res",
+        "client_id": "id",
+    }
+
+
+def test_tokens_and_expiry() -> None:
+    tokens = oauth.read_tokens(
+        {"access_token": "a", "token_type": "bearer", "expires_in": 120, "refresh_token": "r"},
+        1000.0,
+    )
+    assert tokens == Tokens("a", "r", 1120.0)
+    assert not oauth.needs_refresh(tokens, 1000.0)
+    assert oauth.needs_refresh(tokens, 1060.0)
+    # A refresh answer without a new refresh token keeps the old one.
+    assert oauth.read_tokens({"access_token": "b"}, 0.0, tokens) == Tokens("b", "r", None)
+    assert not oauth.needs_refresh(Tokens("b"), 1e12)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": "invalid_grant"},
+        {"token_type": "bearer"},
+        {"access_token": "a", "token_type": "mac"},
+        ["access_token"],
+    ],
+)
+def test_token_answers_refused(body: object) -> None:
+    with pytest.raises(OAuthError):
+        oauth.read_tokens(body, 0.0)
+
+
+@given(st.text(max_size=200))
+def test_any_challenge_header_parses(header: str) -> None:
+    assert isinstance(oauth.parse_challenge(header), Challenge)

@@ -1,0 +1,199 @@
+"""``mcpbroker auth NAME`` end to end, against an MCP server with its own
+authorization server (the official SDK's: tests/servers/oauth_server.py):
+discovery, dynamic registration, PKCE through a "browser" (httpx following
+the redirects to the loopback listener), tokens stored 0600, then used and
+refreshed on requests by the daemon's ``BearerTokens``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import httpx2
+import trio
+
+from actors.oauth import BearerTokens, TokenStore
+from tests.conftest import MCPBROKER, REPO
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+HEADERS = {"Accept": "application/json, text/event-stream"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def oauth_server(log: Path | None = None) -> AsyncIterator[str]:
+    """The test server on a free port (its stderr to ``log``); yields its MCP
+    endpoint's URL."""
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.servers.oauth_server", str(port)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if log is None else log.open("wb"),
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with httpx2.AsyncClient() as client:
+            for _ in range(200):
+                try:
+                    await client.get(
+                        f"http://127.0.0.1:{port}/.well-known/oauth-authorization-server"
+                    )
+                    break
+                except httpx2.TransportError:
+                    await trio.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        with trio.move_on_after(5):
+            await process.wait()
+
+
+def write_config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"mcpServers": {"remote": {"url": url}}}))
+    return path
+
+
+async def run_auth(config: Path, tokens: Path, *extra: str) -> tuple[int, str, str]:
+    """``mcpbroker auth remote``, with the browser played by an HTTP client
+    that opens the printed URL and follows its redirects."""
+    env = {**os.environ, "MCPBROKER_TOKENS": str(tokens)}
+    process = await trio.lowlevel.open_process(
+        [MCPBROKER, "auth", "remote", "--config", str(config), "--no-browser", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    out = b""
+    async with httpx2.AsyncClient(follow_redirects=True) as browser:
+        while b"\n\n" not in out.partition(b"http")[2] and process.poll() is None:
+            out += await process.stdout.receive_some(4096)
+        for word in out.decode().split():
+            if word.startswith("http"):
+                page = await browser.get(word)
+                assert page.status_code == 200 and b"you may close this window" in page.content
+    rest = b""
+    while chunk := await process.stdout.receive_some(4096):
+        rest += chunk
+    errors = b""
+    while chunk := await process.stderr.receive_some(4096):
+        errors += chunk
+    return await process.wait(), (out + rest).decode(), errors.decode()
+
+
+async def test_auth_stores_tokens_the_server_accepts(tmp_path: Path) -> None:
+    tokens = tmp_path / "state" / "oauth.json"
+    with trio.fail_after(60):
+        async with oauth_server() as url:
+            async with httpx2.AsyncClient() as client:  # without a token: 401
+                assert (await client.post(url, json=INITIALIZE, headers=HEADERS)).status_code == 401
+            code, out, errors = await run_auth(write_config(tmp_path, url), tokens)
+            assert code == 0, errors
+            assert "authorized" in out
+            assert stat.S_IMODE(tokens.stat().st_mode) == 0o600
+            assert stat.S_IMODE(tokens.parent.stat().st_mode) == 0o700
+            grant = TokenStore(str(tokens)).load("remote")
+            assert grant is not None and grant.resource == url
+            assert grant.tokens.refresh_token and grant.client.client_id
+
+            auth = BearerTokens("remote", TokenStore(str(tokens)))
+            async with httpx2.AsyncClient(auth=auth) as client:
+                answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+                assert answer.status_code == 200, answer.text
+                assert b"oauth-test-server" in answer.content
+
+
+async def test_tokens_are_refreshed_before_they_lapse(tmp_path: Path) -> None:
+    tokens, log = tmp_path / "oauth.json", tmp_path / "server.log"
+    with trio.fail_after(60):
+        async with oauth_server(log) as url:
+            code, _, errors = await run_auth(write_config(tmp_path, url), tokens)
+            assert code == 0, errors
+            store = TokenStore(str(tokens))
+            first = store.load("remote")
+            assert first is not None and first.tokens.expires_at is not None
+            # An hour on: the access token is about to lapse, so the next
+            # request refreshes it first (once, though two go at once).
+            later = BearerTokens("remote", store, clock=lambda: time.time() + 3590)
+            async with httpx2.AsyncClient(auth=later) as client:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(2):
+                        nursery.start_soon(
+                            partial(client.post, url, json=INITIALIZE, headers=HEADERS)
+                        )
+                answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+                assert answer.status_code == 200, answer.text
+            second = store.load("remote")
+            assert second is not None
+            assert second.tokens.access_token != first.tokens.access_token
+            assert second.tokens.refresh_token != first.tokens.refresh_token  # rotated
+            assert log.read_text().count("issued access") == 2  # the grant, one refresh
+
+
+async def test_a_grant_the_server_forgot_leaves_the_401(tmp_path: Path) -> None:
+    tokens = tmp_path / "oauth.json"
+    with trio.fail_after(60):
+        async with oauth_server() as url:
+            config = write_config(tmp_path, url)
+            code, _, errors = await run_auth(config, tokens)
+            assert code == 0, errors
+        # The server restarts (on another port, say: a new server) and knows
+        # nothing of the grant: the refresh fails, the 401 reaches the caller.
+        async with oauth_server() as url:
+            store = TokenStore(str(tokens))
+            grant = store.load("remote")
+            assert grant is not None
+            async with httpx2.AsyncClient(auth=BearerTokens("remote", store)) as client:
+                answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+            assert answer.status_code == 401
+
+
+async def test_auth_of_a_server_that_asks_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"mcpServers": {"local": {"command": "true"}}}))
+    process = await trio.run_process(
+        [MCPBROKER, "auth", "remote", "--config", str(config)],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert process.returncode == 2
+    assert b"no remote server 'remote'" in process.stderr
+
+
+async def test_logout_forgets(tmp_path: Path) -> None:
+    tokens = tmp_path / "oauth.json"
+    with trio.fail_after(60):
+        async with oauth_server() as url:
+            config = write_config(tmp_path, url)
+            code, _, errors = await run_auth(config, tokens)
+            assert code == 0, errors
+            assert TokenStore(str(tokens)).load("remote") is not None
+            code, out, _ = await run_auth(config, tokens, "--logout")
+            assert code == 0 and "forgot" in out
+            assert TokenStore(str(tokens)).load("remote") is None
