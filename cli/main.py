@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from cli import service
 
         return service.main(argv[1:])
+    if argv[:1] in (["install"], ["uninstall"], ["import"]):
+        from cli import install
+
+        return install.main(argv[0], argv[1:])
     return _main(argv)
 
 
@@ -98,6 +102,11 @@ def _main(argv: list[str]) -> int:
     commands.add_parser(
         "service", help="run the daemon as a systemd or launchd service (install, uninstall)"
     )
+    commands.add_parser(
+        "install", help="move an MCP host's servers here and point the host at mcpbroker"
+    )
+    commands.add_parser("uninstall", help="put an MCP host's config back as it was")
+    commands.add_parser("import", help="add the servers of a host's config file to mcpbroker's")
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
