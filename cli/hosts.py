@@ -43,16 +43,17 @@ class Host:
     servers_key: str  # "mcpServers", or "servers" (VS Code)
     comments: bool
     url_key: str | None  # the key of a remote entry's URL; None: the host has none
+    typed: bool  # whether the host writes "type": "stdio" in its entries
 
 
 HOSTS: dict[str, Host] = {
     host.client: host
     for host in (
-        Host("claude-desktop", "Claude Desktop", "mcpServers", False, None),
-        Host("claude-code", "Claude Code", "mcpServers", False, "url"),
-        Host("cursor", "Cursor", "mcpServers", False, "url"),
-        Host("vscode", "VS Code", "servers", True, "url"),
-        Host("windsurf", "Windsurf", "mcpServers", False, "serverUrl"),
+        Host("claude-desktop", "Claude Desktop", "mcpServers", False, None, False),
+        Host("claude-code", "Claude Code", "mcpServers", False, "url", True),
+        Host("cursor", "Cursor", "mcpServers", False, "url", False),
+        Host("vscode", "VS Code", "servers", True, "url", True),
+        Host("windsurf", "Windsurf", "mcpServers", False, "serverUrl", False),
     )
 }
 
@@ -116,11 +117,14 @@ def entries(data: Any) -> Iterator[tuple[BlockPath, str, Any]]:
 
 
 def for_broker(entry: dict[str, Any]) -> dict[str, Any]:
-    """A host's entry as the broker's config has it (Windsurf's ``serverUrl``
-    is ``url``); everything else as it was."""
-    if "serverUrl" in entry and "url" not in entry:
-        return {("url" if key == "serverUrl" else key): value for key, value in entry.items()}
-    return dict(entry)
+    """A host's entry as the broker's config has it: Windsurf's ``serverUrl``
+    is ``url``, and what only the host reads (which tools it approves or
+    hides) stays with the host; the rest as it was."""
+    host_only = [key for key in HOST_SIDE_KEYS if key != "disabled"]
+    converted = {key: value for key, value in entry.items() if key not in host_only}
+    if "serverUrl" in converted and "url" not in converted:
+        converted["url"] = converted.pop("serverUrl")
+    return converted
 
 
 def is_broker_entry(entry: Any) -> bool:
@@ -268,7 +272,7 @@ def connect_entry(host: Host, target: Target, view: list[str]) -> dict[str, Any]
     args = [*target.command[1:], "connect", *view]
     if target.config is not None:
         args += ["--config", target.config]
-    entry = {"type": "stdio"} if host.servers_key == "servers" else {}
+    entry = {"type": "stdio"} if host.typed else {}
     entry.update(command=target.command[0], args=args)
     return entry
 

@@ -256,21 +256,21 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
             current: bytes | None = file.read()
     except FileNotFoundError:
         current = None
-    if current is None or digest(current) != record["sha256"]:
-        if not args.force:
-            what = "is gone" if current is None else "changed"
-            raise InstallError(
-                f"{path} {what} since `mcpbroker install` ({record['installed']}): "
-                f"restoring {backup} would lose that. Look at both, or run "
-                f"`mcpbroker uninstall --client {host.client} --force` to restore "
-                f"it anyway (the file as it is now is backed up first)"
-            )
+    changed = current is None or digest(current) != record["sha256"]
+    if changed and not args.force:
+        what = "is gone" if current is None else "changed"
+        raise InstallError(
+            f"{path} {what} since `mcpbroker install` ({record['installed']}): "
+            f"restoring {backup} would lose that. Look at both, or run "
+            f"`mcpbroker uninstall --client {host.client} --force` to restore "
+            f"it anyway (the file as it is now is backed up first)"
+        )
     if args.dry_run:
         before = (current or b"").decode("utf-8", "replace")
         out.write(diff(path, before, original.decode("utf-8", "replace")))
         print(f"(dry run: {path} would be restored from {backup}; nothing was written)", file=out)
         return 0
-    if current is not None and digest(current) != record["sha256"]:
+    if current is not None and changed:
         print(f"backup of the changed {path}: {back_up(path, _now())}", file=out)
     mode = os.stat(backup).st_mode & 0o777
     write_atomically(path, original, mode)
@@ -344,9 +344,7 @@ def parser(command: str) -> argparse.ArgumentParser:
         "import": "Add the servers of an mcpServers (or VS Code servers) file to "
         "mcpbroker's config.",
     }
-    parser = argparse.ArgumentParser(
-        prog=f"mcpbroker {command}", description=descriptions[command]
-    )
+    parser = argparse.ArgumentParser(prog=f"mcpbroker {command}", description=descriptions[command])
     if command == "import":
         parser.add_argument("file", metavar="FILE", help="a host's config file")
     else:

@@ -148,15 +148,17 @@ def _delete(obj_node: model.Value, path: Path) -> None:
     last = index == len(obj.keys) - 1
     removed = obj.values[index]
     before_close = _pop_trailing_space(removed.wsc_after) if last else None
+    if not last:  # a comment on this member's line, after its comma, goes with it
+        following = obj.keys[index + 1].wsc_before
+        del following[: len(_same_line(following))]
     if index > 0:  # a comment on the line of the comma before it is the previous member's
         kept = _same_line(obj.keys[index].wsc_before)
         if last:
             obj.values[index - 1].wsc_after.extend(kept)
         else:
             obj.keys[index + 1].wsc_before[:0] = kept
-    if index == 0 and len(obj.keys) > 1:
-        # What came between this member's comma and the next key (often the
-        # next member's own comment) now opens the object.
+    elif not last:
+        # What came between this member's comma and the next key now opens the object.
         obj.leading_wsc[:] = obj.keys[1].wsc_before
         obj.keys[1].wsc_before.clear()
     del obj.keys[index]
