@@ -351,3 +351,31 @@ def describe_block(block: BlockPath) -> str:
     if block[:1] == ("projects",):
         return f"project {block[1]}"
     return ".".join(block)
+
+
+def restore_servers(current: Any, original: Any) -> list[Edit]:
+    """The edits that give the current file the server entries of the
+    original (from before the install), leaving the rest as it is now: every
+    entry of the original's blocks put back, and every entry that runs
+    mcpbroker and the original did not have removed. Entries added since
+    that do not run mcpbroker stay."""
+    edits: list[Edit] = []
+    original_blocks = server_blocks(original)
+    for block in original_blocks:
+        now = _block_or_empty(current, block)
+        for name, entry in lookup(original, block).items():
+            if now.get(name) != entry:
+                edits.append(Set((*block, name), entry))
+    for block, name, entry in entries(current):
+        had = lookup(original, block) if block in original_blocks else {}
+        if name not in had and is_broker_entry(entry):
+            edits.append(Delete((*block, name)))
+    return edits
+
+
+def _block_or_empty(data: Any, block: BlockPath) -> dict[str, Any]:
+    try:
+        found = lookup(data, block)
+    except (KeyError, TypeError):
+        return {}
+    return found if isinstance(found, dict) else {}

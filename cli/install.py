@@ -180,7 +180,7 @@ def add_to_broker_config(text: str, added: dict[str, Any], config: str) -> str:
 def install(args: argparse.Namespace, out: Any) -> int:
     host = hosts.HOSTS[args.client]
     home = os.path.expanduser("~")
-    path = os.path.abspath(args.file or hosts.host_path(host.client, home, os.environ, _system()))
+    path = _host_file(args, host, home)
     config = os.path.abspath(args.config or default_config_path())
     text = read_text(path)
     if text is None:
@@ -239,7 +239,7 @@ def install(args: argparse.Namespace, out: Any) -> int:
 def uninstall(args: argparse.Namespace, out: Any) -> int:
     host = hosts.HOSTS[args.client]
     home = os.path.expanduser("~")
-    path = os.path.abspath(args.file or hosts.host_path(host.client, home, os.environ, _system()))
+    path = _host_file(args, host, home)
     config = os.path.abspath(args.config or default_config_path())
     records = load_records(config)
     record = records.get(path)
@@ -257,13 +257,16 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
     except FileNotFoundError:
         current = None
     changed = current is None or digest(current) != record["sha256"]
+    if args.servers_only and current is not None:
+        return _restore_servers(args, out, path, current, original, record, config, records)
     if changed and not args.force:
         what = "is gone" if current is None else "changed"
         raise InstallError(
             f"{path} {what} since `mcpbroker install` ({record['installed']}): "
             f"restoring {backup} would lose that. Look at both, or run "
-            f"`mcpbroker uninstall --client {host.client} --force` to restore "
-            f"it anyway (the file as it is now is backed up first)"
+            f"`mcpbroker uninstall --client {host.client} --servers-only` to put back "
+            f"only the server entries, or `--force` to restore the whole file anyway "
+            f"(the file as it is now is backed up first)"
         )
     if args.dry_run:
         before = (current or b"").decode("utf-8", "replace")
@@ -277,6 +280,43 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
     del records[path]
     save_records(config, records)
     print(f"restored {path} from {backup}; the servers stay in {config}", file=out)
+    print(f"restart {host.title} to use its own servers again", file=out)
+    return 0
+
+
+def _restore_servers(
+    args: argparse.Namespace,
+    out: Any,
+    path: str,
+    current: bytes,
+    original: bytes,
+    record: dict[str, Any],
+    config: str,
+    records: dict[str, Any],
+) -> int:
+    """``uninstall --servers-only``: the backup's server entries put back
+    into the file as it is now (for a host that rewrites its file as it
+    runs, such as Claude Code's ~/.claude.json)."""
+    host = hosts.HOSTS[args.client]
+    comments = host.comments or args.file is not None
+    text = current.decode("utf-8")
+    before = original.decode("utf-8")
+    edits = hosts.restore_servers(
+        decode(text, path, comments), decode(before, record["backup"], comments)
+    )
+    try:
+        new = apply_edits(text, edits)
+    except EditError as exc:
+        raise InstallError(f"{path}: {exc}") from None
+    if args.dry_run:
+        out.write(diff(path, text, new))
+        print(f"(dry run: {path}'s server entries would be put back; nothing written)", file=out)
+        return 0
+    print(f"backup of {path} as it was: {back_up(path, _now())}", file=out)
+    write_atomically(path, new)
+    del records[path]
+    save_records(config, records)
+    print(f"put back the server entries of {path} from {record['backup']}", file=out)
     print(f"restart {host.title} to use its own servers again", file=out)
     return 0
 
@@ -313,6 +353,12 @@ def import_file(args: argparse.Namespace, out: Any) -> int:
     elif merged.added:
         write_atomically(config, new_broker)
     return 0
+
+
+def _host_file(args: argparse.Namespace, host: hosts.Host, home: str) -> str:
+    """The host's file, through any symlinks (a dotfiles checkout keeps its link)."""
+    given = args.file or hosts.host_path(host.client, home, os.environ, _system())
+    return os.path.realpath(given)
 
 
 def _where(block: hosts.BlockPath, name: str) -> str:
@@ -377,10 +423,17 @@ def parser(command: str) -> argparse.ArgumentParser:
             "e.g. http://127.0.0.1:8765) instead of `mcpbroker connect`",
         )
     if command == "uninstall":
-        parser.add_argument(
+        how = parser.add_mutually_exclusive_group()
+        how.add_argument(
             "--force",
             action="store_true",
-            help="restore even if the host's file changed since the install",
+            help="restore the whole file even if it changed since the install",
+        )
+        how.add_argument(
+            "--servers-only",
+            action="store_true",
+            help="put back only the server entries, keeping the rest of the file as it is "
+            "now (for hosts that rewrite their file as they run, like Claude Code)",
         )
     parser.add_argument(
         "--dry-run", action="store_true", help="show what would change, write nothing"

@@ -311,3 +311,45 @@ def test_edits_keep_comments_and_layout() -> None:
     assert apply_edits('{\n\t"x": 1\n}', [Set(("mcpServers", "s"), {"command": "c"})]) == (
         '{\n\t"x": 1,\n\t"mcpServers": {\n\t\t"s": {\n\t\t\t"command": "c"\n\t\t}\n\t}\n}'
     )
+
+
+def test_servers_only_puts_the_entries_back_into_a_file_the_host_rewrote(tmp_path: Path) -> None:
+    home = Home(tmp_path, "claude-code")
+    home.run("install", "--client", "claude-code")
+    # Claude Code rewrites ~/.claude.json as it runs; here it counted a start
+    # and the user added a server by hand.
+    data = json.loads(home.host_file.read_text())
+    data["numStartups"] = 43
+    data["mcpServers"]["added-later"] = {"type": "stdio", "command": "uvx", "args": ["x"]}
+    home.host_file.write_text(json.dumps(data, indent=2))
+    refused = home.run("uninstall", "--client", "claude-code", check=False)
+    assert refused.returncode == 1 and "--servers-only" in refused.stderr
+    home.run("uninstall", "--client", "claude-code", "--servers-only")
+    want = json.loads(home.original)
+    want["numStartups"] = 43
+    want["mcpServers"]["added-later"] = {"type": "stdio", "command": "uvx", "args": ["x"]}
+    assert json.loads(home.host_file.read_text()) == want
+
+
+def test_aggregate_then_servers_only_removes_the_aggregate_entry(tmp_path: Path) -> None:
+    home = Home(tmp_path, "vscode")
+    home.run("install", "--client", "vscode", "--aggregate")
+    home.host_file.write_text(home.host_file.read_text().replace("// MCP", "// My MCP"))
+    home.run("uninstall", "--client", "vscode", "--servers-only")
+    text = home.host_file.read_text()
+    assert text.startswith("// My MCP servers") and '"mcpbroker"' not in text
+    import json5
+
+    assert json5.loads(text) == json5.loads(home.original.decode())
+
+
+def test_a_symlinked_host_file_stays_a_symlink(tmp_path: Path) -> None:
+    home = Home(tmp_path, "cursor")
+    dotfiles = tmp_path / "dotfiles" / "cursor-mcp.json"
+    dotfiles.parent.mkdir()
+    home.host_file.rename(dotfiles)
+    home.host_file.symlink_to(dotfiles)
+    home.run("install", "--client", "cursor")
+    assert home.host_file.is_symlink() and '"connect"' in dotfiles.read_text()
+    home.run("uninstall", "--client", "cursor")
+    assert home.host_file.is_symlink() and dotfiles.read_bytes() == home.original
