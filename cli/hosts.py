@@ -132,13 +132,11 @@ def is_broker_entry(entry: Any) -> bool:
     if not isinstance(entry, dict):
         return False
     command, args = entry.get("command"), entry.get("args")
-    if isinstance(command, str) and posixpath.basename(command).startswith("mcpbroker"):
-        return True
-    return (
-        isinstance(args, list)
-        and args[:2] == ["-m", "cli.main"]
-        and args[2:3] == ["connect"]  # `python -m cli.main connect`
-    )
+    if not isinstance(command, str) or not isinstance(args, list):
+        return False
+    if posixpath.basename(command) == "mcpbroker":
+        return args[:1] == ["connect"]
+    return args[:3] == ["-m", "cli.main", "connect"]  # a Python running mcpbroker
 
 
 def why_kept(name: str, entry: Any) -> str | None:
@@ -320,9 +318,17 @@ def plan_install(
         new = connect_entry(host, target, [broker_name])
         new.update({key: entry[key] for key in HOST_SIDE_KEYS if key in entry})
         edits.append(Set((*block, name), new))
-    if aggregate and movable:
+    if aggregate and movable and not _has_aggregate(data):
         edits.append(_aggregate_edit(host, data, target, kept))
     return Plan(merged.added, edits, moved, merged.renamed, kept)
+
+
+def _has_aggregate(data: Any) -> bool:
+    """Whether the file has an entry for every server already (an earlier
+    ``install --aggregate``)."""
+    return any(
+        is_broker_entry(entry) and entry["args"][-1] == "connect" for _, _, entry in entries(data)
+    )
 
 
 def _aggregate_edit(host: Host, data: Any, target: Target, kept: list[Any]) -> Edit:

@@ -353,3 +353,16 @@ def test_a_symlinked_host_file_stays_a_symlink(tmp_path: Path) -> None:
     assert home.host_file.is_symlink() and '"connect"' in dotfiles.read_text()
     home.run("uninstall", "--client", "cursor")
     assert home.host_file.is_symlink() and dotfiles.read_bytes() == home.original
+
+
+def test_a_second_aggregate_install_adds_no_second_aggregate_entry(tmp_path: Path) -> None:
+    home = Home(tmp_path, "cursor")
+    home.run("install", "--client", "cursor", "--aggregate")
+    fresh = json.loads(home.host_file.read_text())
+    fresh["mcpServers"]["new"] = {"command": "uvx", "args": ["new-server"]}  # added since
+    home.host_file.write_text(json.dumps(fresh, indent=2))
+    home.run("install", "--client", "cursor", "--aggregate")
+    servers = json.loads(home.host_file.read_text())["mcpServers"]
+    assert sorted(servers) == ["mcpbroker", "notion", "stripe"]
+    assert servers["mcpbroker"]["args"] == ["connect"]
+    assert "new" in json.loads(home.config.read_text())["mcpServers"]
