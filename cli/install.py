@@ -229,11 +229,32 @@ def install(args: argparse.Namespace, out: Any) -> int:
     }
     save_records(config, records)
     for block, name, broker_name in plan.moved:
+        if broker_name not in plan.broker_added:
+            print(f"{_where(block, name)} is already in {config} as {broker_name!r}", file=out)
+            continue
         renamed = f" as {broker_name!r} (the name was taken)" if broker_name != name else ""
         print(f"moved {_where(block, name)} to {config}{renamed}", file=out)
     print(f"backup of {path}: {backup}", file=out)
     print(f"restart {host.title} to use the broker; `mcpbroker uninstall` undoes this", file=out)
+    _warn_running_daemon(out)
     return 0
+
+
+def _warn_running_daemon(out: Any) -> None:
+    """A daemon already running serves the config it started with: say so."""
+    from actors.paths import default_socket_path
+    from cli.status import fetch_status
+
+    try:
+        status = fetch_status(default_socket_path(), timeout=2.0)
+    except (OSError, ValueError):
+        return  # no daemon: the first host to connect starts one with the new config
+    pid = status.get("pid")
+    print(
+        f"a daemon (pid {pid}) is running with the config it started with; it serves "
+        f"the new servers once restarted (kill {pid}: the next host to connect starts it)",
+        file=out,
+    )
 
 
 def uninstall(args: argparse.Namespace, out: Any) -> int:

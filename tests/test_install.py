@@ -19,10 +19,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 
 from cli import hosts
 from cli.jsonedit import Delete, Set, apply_edits
-from tests.conftest import MCPBROKER, REPO
+from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
 FILES = {
@@ -51,13 +52,17 @@ class Home:
         self.config.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(FIXTURES / "broker-config.json", self.config)
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, socket: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = {
             key: value
             for key, value in os.environ.items()
-            if key not in ("MCPBROKER_CONFIG", "CLAUDE_CONFIG_DIR")
+            if key not in ("MCPBROKER_CONFIG", "CLAUDE_CONFIG_DIR", "MCPBROKER_SOCKET")
         }
         env.update(HOME=str(self.root), XDG_CONFIG_HOME=str(self.root / ".config"))
+        if socket is not None:
+            env["MCPBROKER_SOCKET"] = socket
         result = subprocess.run(
             [MCPBROKER, *args], env=env, capture_output=True, text=True, timeout=60
         )
@@ -366,3 +371,20 @@ def test_a_second_aggregate_install_adds_no_second_aggregate_entry(tmp_path: Pat
     assert sorted(servers) == ["mcpbroker", "notion", "stripe"]
     assert servers["mcpbroker"]["args"] == ["connect"]
     assert "new" in json.loads(home.config.read_text())["mcpServers"]
+
+
+async def test_install_says_a_running_daemon_needs_a_restart(
+    tmp_path: Path, socket_path: str
+) -> None:
+    home = Home(tmp_path, "cursor")
+    async with running_daemon({"demo": demo_server()}, socket_path):
+        result = await trio.to_thread.run_sync(
+            lambda: home.run("install", "--client", "cursor", socket=socket_path)
+        )
+    assert f"a daemon (pid {os.getpid()}) is running with the config it started with" in (
+        result.stdout
+    )
+    # With no daemon, nothing is said.
+    again = Home(tmp_path / "again", "cursor")
+    quiet = again.run("install", "--client", "cursor", socket=socket_path)
+    assert "a daemon" not in quiet.stdout
