@@ -35,13 +35,11 @@ AGGREGATE_NAME = "mcpbroker"
 
 @attrs.frozen
 class Host:
-    """One MCP host: its name on the command line, where its file is, in
-    which shape, and whether the file may hold comments."""
+    """One MCP host: its name on the command line and how its entries look."""
 
     client: str
     title: str
     servers_key: str  # "mcpServers", or "servers" (VS Code)
-    comments: bool
     url_key: str | None  # the key of a remote entry's URL; None: the host has none
     typed: bool  # whether the host writes "type": "stdio" in its entries
 
@@ -49,11 +47,11 @@ class Host:
 HOSTS: dict[str, Host] = {
     host.client: host
     for host in (
-        Host("claude-desktop", "Claude Desktop", "mcpServers", False, None, False),
-        Host("claude-code", "Claude Code", "mcpServers", False, "url", True),
-        Host("cursor", "Cursor", "mcpServers", False, "url", False),
-        Host("vscode", "VS Code", "servers", True, "url", True),
-        Host("windsurf", "Windsurf", "mcpServers", False, "serverUrl", False),
+        Host("claude-desktop", "Claude Desktop", "mcpServers", None, False),
+        Host("claude-code", "Claude Code", "mcpServers", "url", True),
+        Host("cursor", "Cursor", "mcpServers", "url", False),
+        Host("vscode", "VS Code", "servers", "url", True),
+        Host("windsurf", "Windsurf", "mcpServers", "serverUrl", False),
     )
 }
 

@@ -55,16 +55,21 @@ def read_text(path: str) -> str | None:
 
 
 def decode(text: str, path: str, comments: bool) -> Any:
-    """A config file's value: JSON, or (``comments``) JSON with comments."""
+    """A config file's value: JSON, or (``comments``) JSON with comments.
+    Host files are read with comments allowed, whatever the host documents:
+    a file its host reads is one install can read (plain JSON takes the
+    fast path)."""
     try:
-        if comments:
-            import json5
-
-            return json5.loads(text)
         return json.loads(text)
-    except Exception as exc:  # json and json-five raise their own kinds of errors
-        kind = "JSON with comments" if comments else "JSON"
-        raise InstallError(f"{path} is not valid {kind}: {exc}") from None
+    except ValueError as exc:
+        if not comments:
+            raise InstallError(f"{path} is not valid JSON: {exc}") from None
+    import json5
+
+    try:
+        return json5.loads(text)
+    except Exception as exc:  # json-five raises its own kinds of errors
+        raise InstallError(f"{path} is not valid JSON (even with comments): {exc}") from None
 
 
 def write_atomically(path: str, text: str | bytes, mode: int | None = None) -> None:
@@ -187,7 +192,7 @@ def install(args: argparse.Namespace, out: Any) -> int:
         raise InstallError(
             f"no {host.title} config at {path}: nothing to install (--file names another file)"
         )
-    data = decode(text, path, host.comments or args.file is not None)
+    data = decode(text, path, comments=True)
     records = load_records(config)
     record = records.get(path)
     if record is not None and record.get("sha256") == digest(text):
@@ -319,11 +324,10 @@ def _restore_servers(
     into the file as it is now (for a host that rewrites its file as it
     runs, such as Claude Code's ~/.claude.json)."""
     host = hosts.HOSTS[args.client]
-    comments = host.comments or args.file is not None
     text = current.decode("utf-8")
     before = original.decode("utf-8")
     edits = hosts.restore_servers(
-        decode(text, path, comments), decode(before, record["backup"], comments)
+        decode(text, path, comments=True), decode(before, record["backup"], comments=True)
     )
     try:
         new = apply_edits(text, edits)

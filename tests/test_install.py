@@ -388,3 +388,18 @@ async def test_install_says_a_running_daemon_needs_a_restart(
     again = Home(tmp_path / "again", "cursor")
     quiet = again.run("install", "--client", "cursor", socket=socket_path)
     assert "a daemon" not in quiet.stdout
+
+
+def test_a_host_file_with_comments_is_read_and_they_are_kept(tmp_path: Path) -> None:
+    home = Home(tmp_path, "cursor")
+    text = "// mine\n" + home.original.decode()
+    home.host_file.write_text(text)
+    home.run("install", "--client", "cursor")
+    assert home.host_file.read_text() == "// mine\n" + expected("cursor", "expected-host.json")
+    home.host_file.write_text('{"mcpServers": {"a": ')
+    home.run("uninstall", "--client", "cursor", "--force")
+    assert home.host_file.read_text() == text
+    home.host_file.write_text('{"mcpServers": {"a": ')
+    broken = home.run("install", "--client", "cursor", check=False)
+    assert broken.returncode == 1
+    assert f"{home.host_file} is not valid JSON (even with comments)" in broken.stderr
