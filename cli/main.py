@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         from cli import auth
 
         return auth.main(argv[1:])
+    if argv[:1] in (["install"], ["uninstall"], ["import"]):
+        from cli import install
+
+        return install.main(argv[0], argv[1:])
     return _main(argv)
 
 
@@ -105,6 +109,11 @@ def _main(argv: list[str]) -> int:
     commands.add_parser(
         "auth", help="authorize the broker at a remote server that asks for OAuth (auth NAME)"
     )
+    commands.add_parser(
+        "install", help="move an MCP host's servers here and point the host at mcpbroker"
+    )
+    commands.add_parser("uninstall", help="put an MCP host's config back as it was")
+    commands.add_parser("import", help="add the servers of a host's config file to mcpbroker's")
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
