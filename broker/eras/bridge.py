@@ -349,15 +349,17 @@ class AnsweringServers:
     def retry(self, session: Hashable, request: Message) -> list[Action]:
         """A modern client's request carrying one of the broker's ``requestState``s."""
         params = request.get("params") or {}
-        parked = self.states.redeem(session, params.get("requestState"))
+        token = params.get("requestState")
+        parked = self.states.peek(session, token)
         if not isinstance(parked, _Parked) or parked.method != request.get("method"):
-            if isinstance(parked, _Parked):  # another method's state: keep it for its owner
-                parked.token = self.states.mint(session, parked)
-                message = f"requestState belongs to a {parked.method} call"
-            else:
-                message = "requestState is unknown, expired, or not this client's"
+            message = (
+                f"requestState belongs to a {parked.method} request"
+                if isinstance(parked, _Parked)
+                else "requestState is unknown, expired, or not this client's"
+            )
             error = jsonrpc.error_response(request["id"], INVALID_PARAMS, message)
             return [AnswerClient(session, error)]
+        self.states.redeem(session, token)
         parked.token = None
         parked.client_id = request["id"]
         responses = params.get("inputResponses")
@@ -369,10 +371,10 @@ class AnsweringServers:
                 actions.append(
                     SendServer(jsonrpc.result_response(question.server_id, responses[key]))
                 )
-        actions.append(Rebind(parked.upstream_id, session, request["id"]))
-        if parked.final is not None:
+        if parked.final is not None:  # answered while the client was away
             del self._calls[parked.upstream_id]
             return [*actions, AnswerClient(session, {**parked.final, "id": request["id"]})]
+        actions.append(Rebind(parked.upstream_id, session, request["id"]))
         if parked.asking or parked.waiting:
             actions.extend(self._ask(parked))
         return actions

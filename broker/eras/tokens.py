@@ -47,6 +47,11 @@ class RequestStates:
         self._held[token] = (session, value)
         return token
 
+    def peek(self, session: Hashable, token: Any) -> Any:
+        """The value of a token this session holds, kept; None for any other."""
+        held = self._held.get(token) if isinstance(token, str) else None
+        return None if held is None or held[0] != session else held[1]
+
     def redeem(self, session: Hashable, token: Any) -> Any:
         """The value of a token this session holds, forgotten; None for any other."""
         held = self._held.get(token) if isinstance(token, str) else None
