@@ -16,7 +16,6 @@ from broker.eras.subscriptions import (
     RequestLogLevels,
     UpstreamListen,
     offer_of,
-    read_filter,
 )
 from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, SUBSCRIPTION_ID_KEY
 from broker.jsonrpc import JsonRpcError
