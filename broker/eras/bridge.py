@@ -94,7 +94,7 @@ class SendServer:
 class Rebind:
     """The call in flight upstream now answers the client's request ``client_id``."""
 
-    upstream_id: int
+    call: Hashable
     session: Hashable
     client_id: RequestId
 
@@ -103,7 +103,7 @@ class Rebind:
 class CancelCall:
     """Give up the call in flight upstream (cancel it at the server)."""
 
-    upstream_id: int
+    call: Hashable
 
 
 Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall
@@ -296,7 +296,7 @@ class _Parked:
     """A modern client's call at a legacy server that asked it something."""
 
     session: Hashable
-    upstream_id: int
+    call: Hashable  # its upstream id, or whatever names it to the caller
     method: str
     client_id: RequestId | None  # None: answered input_required, waiting for the retry
     asking: dict[str, _Question]  # input key -> question, put to the client
@@ -312,7 +312,7 @@ class AnsweringServers:
     def __init__(self, server: str, key: bytes, limit: int = 4096) -> None:
         self.server = server
         self.states = RequestStates(key, limit)
-        self._calls: dict[int, _Parked] = {}  # upstream id -> call
+        self._calls: dict[Hashable, _Parked] = {}
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -321,13 +321,13 @@ class AnsweringServers:
         self,
         session: Hashable,
         capabilities: dict[str, Any],
-        call: tuple[int, RequestId, str],
+        call: tuple[Hashable, RequestId, str],
         request: Message,
     ) -> list[Action]:
         """The server asked ``request`` during the modern client's ``call``
-        (its upstream id, the client's id, its method)."""
+        (what names it, such as its upstream id; the client's id; its method)."""
         method, params = request["method"], request.get("params") or {}
-        upstream_id, client_id, call_method = call
+        name, client_id, call_method = call
         if method not in CAPABILITY_OF:
             message = f"Method not found: {method}"
             return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
@@ -337,10 +337,10 @@ class AnsweringServers:
                 f"the {CAPABILITY_OF[method]!r} capability"
             )
             return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
-        parked = self._calls.get(upstream_id)
+        parked = self._calls.get(name)
         if parked is None:
-            parked = _Parked(session, upstream_id, call_method, client_id, {}, [])
-            self._calls[upstream_id] = parked
+            parked = _Parked(session, name, call_method, client_id, {}, [])
+            self._calls[name] = parked
         parked.waiting.append(_Question(request["id"], method, params))
         if parked.client_id is None:
             return []  # the client is away: it hears this on its retry
@@ -372,23 +372,23 @@ class AnsweringServers:
                     SendServer(jsonrpc.result_response(question.server_id, responses[key]))
                 )
         if parked.final is not None:  # answered while the client was away
-            del self._calls[parked.upstream_id]
+            del self._calls[parked.call]
             return [*actions, AnswerClient(session, {**parked.final, "id": request["id"]})]
-        actions.append(Rebind(parked.upstream_id, session, request["id"]))
+        actions.append(Rebind(parked.call, session, request["id"]))
         if parked.asking or parked.waiting:
             actions.extend(self._ask(parked))
         return actions
 
-    def call_answered(self, upstream_id: int, response: Message) -> bool:
+    def call_answered(self, call: Hashable, response: Message) -> bool:
         """The call itself was answered. True: the client is away, the answer is
         kept for its retry (do not deliver it now)."""
-        parked = self._calls.get(upstream_id)
+        parked = self._calls.get(call)
         if parked is None:
             return False
         if parked.client_id is None:
             parked.final = response
             return True
-        del self._calls[upstream_id]
+        del self._calls[call]
         return False
 
     def expire(self, token: str) -> list[Action]:
@@ -405,9 +405,9 @@ class AnsweringServers:
             actions.extend(self._abandon(parked, "the client disconnected"))
         return actions
 
-    def cancelled(self, upstream_id: int) -> list[Action]:
+    def cancelled(self, call: Hashable) -> list[Action]:
         """The client cancelled the call (or it timed out): its questions get errors."""
-        parked = self._calls.get(upstream_id)
+        parked = self._calls.get(call)
         if parked is None:
             return []
         if parked.token is not None:
@@ -437,7 +437,7 @@ class AnsweringServers:
         """End a parked call: the server's open questions get errors; the
         client, if it waits, an error; the call is cancelled upstream unless
         the caller already did (``cancel``)."""
-        self._calls.pop(parked.upstream_id, None)
+        self._calls.pop(parked.call, None)
         message = f"mcpbroker: {why}"
         actions: list[Action] = [
             SendServer(jsonrpc.error_response(q.server_id, INTERNAL_ERROR, message))
@@ -447,5 +447,5 @@ class AnsweringServers:
             error = jsonrpc.error_response(parked.client_id, INTERNAL_ERROR, message)
             actions.append(AnswerClient(parked.session, error))
         if cancel:
-            actions.append(CancelCall(parked.upstream_id))
+            actions.append(CancelCall(parked.call))
         return actions
