@@ -100,3 +100,19 @@ async def test_legacy_and_modern_clients_share_one_server(socket_path: str) -> N
                 text_of(await legacy.call_tool("s__pid", {})),
             }
             assert len(pids) == 1
+
+
+async def test_a_modern_client_hears_list_changed_on_its_listen_stream(socket_path: str) -> None:
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": sdk_server()}, socket_path),
+            modern_client(socket_path) as client,
+            client.listen(tools_list_changed=True, resource_subscriptions=["x://y"]) as stream,
+        ):
+            assert stream.honored.tools_list_changed
+            assert not stream.honored.resource_subscriptions  # not carried yet: not granted
+            assert text_of(await client.call_tool("s__grow", {"name": "late"})) == "added late"
+            event = await stream.__anext__()
+            assert type(event).__name__ == "ToolsListChanged"
+            # The broker tells sessions once its catalog has the new list.
+            assert "s__late" in [tool.name for tool in (await client.list_tools()).tools]
