@@ -110,7 +110,7 @@ async def test_a_modern_client_hears_list_changed_on_its_listen_stream(socket_pa
             client.listen(tools_list_changed=True, resource_subscriptions=["x://y"]) as stream,
         ):
             assert stream.honored.tools_list_changed
-            assert not stream.honored.resource_subscriptions  # not carried yet: not granted
+            assert not stream.honored.resource_subscriptions  # no server has x://y: not granted
             assert text_of(await client.call_tool("s__grow", {"name": "late"})) == "added late"
             event = await stream.__anext__()
             assert type(event).__name__ == "ToolsListChanged"

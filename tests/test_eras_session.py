@@ -174,16 +174,17 @@ def test_list_changed_reaches_only_the_streams_that_asked() -> None:
     proto = opened(session())
     changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
     assert written(proto, changed) == []  # nobody listens
-    (ack,) = proto.receive(
+    ack, *subscribe = proto.receive(
         request(
             "L",
             "subscriptions/listen",
-            notifications={"toolsListChanged": True, "resourceSubscriptions": ["file:///x"]},
+            notifications={"toolsListChanged": True, "resourceSubscriptions": ["zz://x"]},
         )
     )
     assert ack == Reply({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
                          "params": {"_meta": {SUBSCRIPTION_ID_KEY: "L"},
                                     "notifications": {"toolsListChanged": True}}})  # fmt: skip
+    assert subscribe == []  # zz://x: no server of the view has it
     assert written(proto, changed) == [{**changed, "params": {"_meta": {SUBSCRIPTION_ID_KEY: "L"}}}]
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "L"}}
     assert proto.receive(cancel) == []  # the broker's own stream: nothing upstream
@@ -273,3 +274,29 @@ def test_cancelling_a_retry_cancels_the_call_upstream_by_its_first_id() -> None:
     ((server, error),) = proto.take_upstream_answers()
     assert server == "files" and error["id"] == "mcpbroker:files:1"
     assert proto.inflight == set()
+
+
+def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None:
+    proto = opened(session())
+    readme = "file:///README.md"  # files takes subscriptions; github's file:///gh.txt: no
+    ack, subscribe = proto.receive(request(1, "subscriptions/listen", notifications={
+        "resourceSubscriptions": [readme, "file:///gh.txt"]}))  # fmt: skip
+    assert isinstance(ack, Reply) and isinstance(ack.message, dict)
+    assert ack.message["params"]["notifications"] == {"resourceSubscriptions": [readme]}
+    assert subscribe == Forward("files", {
+        "jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "method": "resources/subscribe",
+        "params": {"uri": readme}})  # fmt: skip
+    # A second stream on the same URI needs nothing more upstream.
+    assert [type(a) for a in proto.receive(request(2, "subscriptions/listen", notifications={
+        "resourceSubscriptions": [readme]}))] == [Reply]  # fmt: skip
+    assert written(proto, {"jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "result": {}}) == []
+    updated = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+               "params": {"uri": readme}}  # fmt: skip
+    assert [m["params"]["_meta"][SUBSCRIPTION_ID_KEY] for m in written(proto, updated)] == [1, 2]
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+    assert proto.receive({**cancel, "params": {"requestId": 1}}) == []
+    assert proto.receive({**cancel, "params": {"requestId": 2}}) == [
+        Forward("files", {"jsonrpc": "2.0", "id": "mcpbroker:subscription:2",
+                          "method": "resources/unsubscribe", "params": {"uri": readme}})
+    ]  # fmt: skip
+    assert written(proto, updated) == []

@@ -37,8 +37,8 @@ from broker.eras.modern import INPUT_METHODS, complete_result, discover_result, 
 from broker.eras.subscriptions import (
     FLAG_OF,
     UPDATED,
+    Changes,
     Listeners,
-    Offer,
     RequestLogLevels,
     offer_of,
 )
@@ -74,6 +74,8 @@ GONE = frozenset(
     | TASK_METHODS
 )
 MODERN_ROUTED = ROUTED_METHODS - GONE
+# The ids of the session's own requests (subscriptions for its streams).
+OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
 SELF = "session"
 
@@ -92,6 +94,8 @@ class ModernSessionProtocol(SessionProtocol):
         self.call_capabilities: dict[RequestId, dict[str, Any]] = {}  # what each call declared
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
         self.questions = bridge.AnsweringServers("", key)
+        self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
+        self.own_requests = 0
         # Answers to servers' questions that the writer decided: the actor sends them.
         self.upstream_answers: list[tuple[str, Message]] = []
 
@@ -157,10 +161,38 @@ class ModernSessionProtocol(SessionProtocol):
                 self.catalogs.current, self.view, self.transparent, LATEST_MODERN_VERSION
             )
             offer = offer_of(told["capabilities"])
-            # Resource subscriptions are not yet carried to the servers: not offered.
-            self.listeners = Listeners(Offer(offer.lists, subscribe=False))
-        acks, _ = self.listeners.listen(request)
-        return [Reply(ack) for ack in acks]
+            self.listeners = Listeners(offer)
+        acks, changes = self.listeners.listen(request, self._subscribable)
+        return [*(Reply(ack) for ack in acks), *self._subscriptions(changes)]
+
+    def _subscribable(self, uri: str) -> bool:
+        """Whether a server of the view owns ``uri`` and takes subscriptions."""
+        catalog = self.catalogs.current
+        try:
+            server = catalog.route_resource(self.view, uri)
+        except JsonRpcError:
+            return False
+        identity = catalog.entry(server).identity
+        resources = identity.capabilities.get("resources") if identity is not None else None
+        return isinstance(resources, dict) and bool(resources.get("subscribe"))
+
+    def _subscriptions(self, changes: Changes) -> list[Action]:
+        """The URIs the session's streams now want, or no longer do, as the
+        legacy ``resources/subscribe`` and ``unsubscribe`` the servers count
+        (broker/fanout.py); their answers are the broker's own (dropped)."""
+        actions: list[Action] = []
+        for uri in sorted(changes.added):
+            self.subscribed[uri] = server = self.catalogs.current.route_resource(self.view, uri)
+            actions.append(Forward(server, self._own("resources/subscribe", uri)))
+        for uri in sorted(changes.removed):
+            server = self.subscribed.pop(uri)
+            actions.append(Forward(server, self._own("resources/unsubscribe", uri)))
+        return actions
+
+    def _own(self, method: str, uri: str) -> Message:
+        self.own_requests += 1
+        id = f"{OWN_PREFIX}{self.own_requests}"
+        return {"jsonrpc": "2.0", "id": id, "method": method, "params": {"uri": uri}}
 
     def _stamped(self, method: str, actions: list[Action]) -> list[Action]:
         for action in actions:
@@ -222,8 +254,9 @@ class ModernSessionProtocol(SessionProtocol):
             return []  # initialized and roots/list_changed are not in 2026-07-28
         params = message.get("params") or {}
         request_id = params.get("requestId")
-        if self.listeners is not None and self.listeners.cancel(request_id) is not None:
-            return []  # a stream of the broker's own: nothing upstream
+        ended = self.listeners.cancel(request_id) if self.listeners is not None else None
+        if ended is not None:  # a stream: the broker's own (its URIs may be let go)
+            return self._subscriptions(ended)
         first = self._first(request_id)
         cancel = {**params, "requestId": first}
         actions = super()._notification({**message, "params": cancel})
@@ -267,6 +300,8 @@ class ModernSessionProtocol(SessionProtocol):
         id = message.get("id")
         if type(id) is not int and type(id) is not str:
             return [message]
+        if type(id) is str and id.startswith(OWN_PREFIX):
+            return []  # the answer to a subscribe of the session's streams
         if id in self.calls and self.questions.call_answered(id, message):
             return []  # the client is away: kept for its retry
         current = self.aliases.pop(id, id)

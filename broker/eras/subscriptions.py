@@ -23,6 +23,7 @@ legacy one (``logging/setLevel``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -131,8 +132,11 @@ class Listeners:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def listen(self, request: Message) -> tuple[list[Message], Changes]:
-        """Open a stream: its acknowledgement (what is granted) and the new URIs."""
+    def listen(
+        self, request: Message, accept: Callable[[str], bool] | None = None
+    ) -> tuple[list[Message], Changes]:
+        """Open a stream: its acknowledgement (what is granted) and the new URIs.
+        ``accept``: whether a resource URI can be subscribed to (all, if None)."""
         id = request["id"]
         key = jsonrpc.id_key(id)
         if key in self._streams:
@@ -147,7 +151,9 @@ class Listeners:
             raise
         granted = Filter(
             asked.lists & self.offered.lists,
-            asked.uris if self.offered.subscribe else frozenset(),
+            frozenset(uri for uri in asked.uris if accept is None or accept(uri))
+            if self.offered.subscribe
+            else frozenset(),
         )
         before = self.uris()
         self._streams[key] = (id, granted)
