@@ -52,6 +52,7 @@ from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Messa
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
 from broker.server_requests import server_of
 from broker.session import (
+    LIST_METHODS,
     ROUTED_METHODS,
     Action,
     Attach,
@@ -121,6 +122,7 @@ class ModernSessionProtocol(SessionProtocol):
             )
         meta = read_meta(request)
         actions = self._attach(meta.capabilities)
+        self.client_info = meta.client_info
         if method == "server/discover":
             catalog = self.catalogs.current
             if not settled and not catalog.settled(self.view):
@@ -131,7 +133,7 @@ class ModernSessionProtocol(SessionProtocol):
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method} (not in 2026-07-28)")
         if method == "subscriptions/listen":
             return [*actions, *self._listen(request)]
-        if method in self.LIST_METHODS:
+        if method in LIST_METHODS:
             return [*actions, *self._stamped(method, self._list(request, settled))]
         if method in MODERN_ROUTED:
             params = request.get("params") or {}
@@ -139,10 +141,6 @@ class ModernSessionProtocol(SessionProtocol):
                 return [*actions, *self._retry(request, meta.capabilities)]
             return [*actions, *self._forward_modern(request, meta.log_level, settled)]
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
-
-    LIST_METHODS = frozenset(
-        {"tools/list", "prompts/list", "resources/list", "resources/templates/list"}
-    )
 
     def _attach(self, capabilities: dict[str, Any]) -> list[Action]:
         """On the first request: hear from the view's servers and the catalog.
