@@ -18,8 +18,9 @@ The client sees one request and one answer; a question it did not declare
 the capability for is never asked: its call is answered -32021. After
 :data:`MAX_ROUNDS` rounds the call is answered with an error.
 
-**A modern client at a legacy server** (:class:`AnsweringServers`, one per
-legacy server). When the server asks a question during a modern client's
+**A modern client at a legacy server** (:class:`AnsweringServers`; a
+modern session keeps one, naming each call by its first id:
+broker/eras/session.py). When the server asks a question during a modern client's
 call, the call is kept waiting upstream and the client's request is
 answered ``input_required`` with the question and a ``requestState`` of the
 broker's own (broker/eras/tokens.py). The client's retry (a new id, the
