@@ -52,10 +52,12 @@ from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Messa
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
 from broker.server_requests import server_of
 from broker.session import (
+    DEFAULT_MAX_IN_FLIGHT,
     LIST_METHODS,
     ROUTED_METHODS,
     Action,
     Attach,
+    CatalogSource,
     Defer,
     Forward,
     Reply,
@@ -82,9 +84,25 @@ SELF = "session"
 
 
 class ModernSessionProtocol(SessionProtocol):
-    def __init__(self, *args: Any, key: bytes, **kwargs: Any) -> None:
-        """``key``: the secret the session's ``requestState`` tokens are made with."""
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        view: tuple[str, ...],
+        catalogs: CatalogSource,
+        *,
+        key: bytes,
+        transparent: bool = False,
+        refusal: str | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        """``key``: the secret the session's ``requestState`` tokens are made with;
+        the rest as :class:`~broker.session.SessionProtocol`'s."""
+        super().__init__(
+            view,
+            catalogs,
+            transparent=transparent,
+            refusal=refusal,
+            max_in_flight=max_in_flight,
+        )
         self.state = SessionState.OPERATING  # no handshake (broker/states.py)
         self.protocol_version = LATEST_MODERN_VERSION
         self.attached = False
