@@ -17,6 +17,7 @@ from its servers, which cancel whatever it still had in flight upstream.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +41,9 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings
+from broker.eras.modern import client_era
+from broker.eras.session import ModernSessionProtocol, become_modern
+from broker.eras.versions import Era
 from broker.hello import open_session
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
 from broker.session import (
@@ -189,6 +193,10 @@ class Session:
                 if forwards:
                     await self._send_forwards(forwards, size)
                     forwards.clear()
+                if self._protocol.state is SessionState.CONNECTING and (
+                    client_era(message) is Era.MODERN
+                ):  # a 2026-07-28 client: no handshake (broker/eras/session.py)
+                    self._protocol = become_modern(self._protocol, secrets.token_bytes(32))
                 for action in self._protocol.receive(message):
                     await self._execute(action)
             if forwards:
@@ -306,6 +314,12 @@ class Session:
                 break
             self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
+        if isinstance(self._protocol, ModernSessionProtocol):
+            # Answers to servers' questions the rules gave while reading this.
+            for server, answer in self._protocol.take_upstream_answers():
+                upstream = self._upstreams.get(server)
+                if upstream is not None:
+                    await upstream.send(ClientResponse(self._handle, answer))
         if out:
             try:
                 await self._connection.send(out)

@@ -52,10 +52,20 @@ class TaskList:
     """``tasks/list``: its answer keeps only the session's own tasks, renamed."""
 
 
-Note = Subscribing | CreatesTask | TaskQuery | TaskList
-"""Every kind of note. The next protocol era's multi-step ``input_required``
-exchanges (a request answered by a question, then asked again with the answers)
-get their record here, beside these, when the broker carries them; none yet."""
+@attrs.frozen
+class InputRound:
+    """A legacy client's ``tools/call``, ``prompts/get`` or ``resources/read`` at
+    a modern server: the request as the client sent it, and how many rounds of
+    questions (``input_required`` answers) it has had. Its answer may be
+    another round (broker/eras/bridge.py, ``AskingClients``), which asks the
+    client and sends the request again with this note, one round more."""
+
+    request: Message
+    rounds: int = 0
+
+
+Note = Subscribing | CreatesTask | TaskQuery | TaskList | InputRound
+"""Every kind of note."""
 
 
 @attrs.define(slots=True)
@@ -194,6 +204,19 @@ class RequestMap:
         for upstream_id in gone:
             self._pop(upstream_id)
         return gone
+
+    def rebind(self, upstream_id: int, session: Hashable, client_id: RequestId) -> bool:
+        """A request in flight now answers another request of its session (a
+        modern client's retry takes over the call it asked: broker/eras/bridge.py).
+        False, and nothing changed, if it is gone or the new id is in use."""
+        entry = self._by_upstream.get(upstream_id)
+        key = (session, client_id)
+        if entry is None or entry.session != session or key in self._by_client:
+            return False
+        del self._by_client[(session, entry.client_id)]
+        entry.client_id = client_id
+        self._by_client[key] = upstream_id
+        return True
 
     def note(self, upstream_id: int, note: Note) -> None:
         self._by_upstream[upstream_id].note = note

@@ -51,9 +51,10 @@ actor reads it)::
     (any state) --failed--> ERROR
 
 - CONNECTING: before ``initialize``: only ``initialize`` and ``ping`` are
-  answered. (The 2026-07-28 era has no handshake: a session of that era
-  will be made OPERATING at once, at the start of this table, and never
-  be CONNECTING.)
+  answered. (The 2026-07-28 era has no handshake: a session whose first
+  message is a modern request is handed to a ModernSessionProtocol
+  (broker/eras/session.py), which is OPERATING from the start, at the start
+  of this table, and never CONNECTING.)
 - OPERATING: initialized; requests are routed.
 - CLOSING: the client closed its side; nothing more is read, but the
   answers to its requests still in flight are written as they come (for a

@@ -1,0 +1,452 @@
+"""The bridge between the eras: server questions as requests, or as input_required.
+
+A legacy server asks its client things by sending it requests
+(``sampling/createMessage``, ``elicitation/create``, ``roots/list``) in the
+middle of a call. A modern server instead answers the call with an
+``input_required`` result listing the questions (``inputRequests``, and an
+opaque ``requestState``), and the client asks the call again with the
+answers (``inputResponses``). The broker translates both ways, as two state
+machines that return actions and do no I/O:
+
+**A legacy client at a modern server** (:class:`AskingClients`, one per
+modern server). The client's ``tools/call`` goes up carrying the record
+:class:`~broker.requestmap.InputRound` (its request and the rounds so far).
+An ``input_required`` answer becomes one request to the client per
+question, with ids of the broker's own; once every answer is in, the call
+goes up again with ``inputResponses`` and the server's ``requestState``.
+The client sees one request and one answer; a question it did not declare
+the capability for is never asked: its call is answered -32021. After
+:data:`MAX_ROUNDS` rounds the call is answered with an error.
+
+**A modern client at a legacy server** (:class:`AnsweringServers`; a
+modern session keeps one, naming each call by its first id:
+broker/eras/session.py). When the server asks a question during a modern client's
+call, the call is kept waiting upstream and the client's request is
+answered ``input_required`` with the question and a ``requestState`` of the
+broker's own (broker/eras/tokens.py). The client's retry (a new id, the
+same request, ``inputResponses`` and that ``requestState``) hands the answers
+to the server and takes over the waiting call: the final result goes to
+the retry's id. A question the server asks while the client is away waits
+for the retry, whose answer is then the next ``input_required``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import attrs
+
+from broker import jsonrpc
+from broker.eras.modern import check_input_requests
+from broker.eras.tokens import RequestStates, TooManyStates
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+    SUBSCRIPTION_ID_KEY,
+)
+from broker.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError, Message, RequestId
+from broker.requestmap import InputRound
+from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
+
+MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
+MODERN_META_KEYS = (
+    PROTOCOL_VERSION_KEY,
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LOG_LEVEL_KEY,
+    SUBSCRIPTION_ID_KEY,
+)
+MODERN_RESULT_KEYS = ("resultType", "ttlMs", "cacheScope")
+
+
+# -- actions -----------------------------------------------------------------
+
+
+@attrs.frozen
+class AskClient:
+    """Send this request to the client (session)."""
+
+    session: Hashable
+    message: Message
+
+
+@attrs.frozen
+class AnswerClient:
+    """Answer the client's request (the message carries the client's id)."""
+
+    session: Hashable
+    message: Message
+
+
+@attrs.frozen
+class SendServer:
+    """Send this to the server: a retry to forward (a request, in the client's
+    id, with its :class:`~broker.requestmap.InputRound` note), or an answer to
+    one of the server's own requests."""
+
+    message: Message
+    note: Any = None
+
+
+@attrs.frozen
+class Rebind:
+    """The call in flight upstream now answers the client's request ``client_id``."""
+
+    call: Hashable
+    session: Hashable
+    client_id: RequestId
+
+
+@attrs.frozen
+class CancelCall:
+    """Give up the call in flight upstream (cancel it at the server)."""
+
+    call: Hashable
+
+
+Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall
+
+
+# -- translation of single messages --------------------------------------------
+
+
+def to_legacy_request(request: Message) -> Message:
+    """A modern client's request for a legacy server: the modern ``_meta`` keys
+    (version, capabilities, client info, log level) removed, all else kept."""
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(params, dict) or not isinstance(meta, dict):
+        return request
+    kept = {k: v for k, v in meta.items() if k not in MODERN_META_KEYS}
+    new_params = {k: v for k, v in params.items() if k != "_meta"}
+    if kept:
+        new_params["_meta"] = kept
+    return {**request, "params": new_params}
+
+
+def to_modern_request(
+    request: Message,
+    version: str,
+    capabilities: dict[str, Any],
+    client_info: Any = None,
+    log_level: str | None = None,
+) -> Message:
+    """A legacy client's request for a modern server: what its ``initialize``
+    said (version, capabilities, client info) and its log level, in ``_meta``."""
+    params = request.get("params")
+    params = params if isinstance(params, dict) else {}
+    meta = params.get("_meta")
+    stamped: dict[str, Any] = dict(meta) if isinstance(meta, dict) else {}
+    stamped[PROTOCOL_VERSION_KEY] = version
+    stamped[CLIENT_CAPABILITIES_KEY] = capabilities
+    if client_info is not None:
+        stamped[CLIENT_INFO_KEY] = client_info
+    if log_level is not None:
+        stamped[LOG_LEVEL_KEY] = log_level
+    return {**request, "params": {**params, "_meta": stamped}}
+
+
+def to_legacy_result(result: Any) -> Any:
+    """A modern server's complete result for a legacy client: without the
+    fields the legacy schema lacks (``resultType``, ``ttlMs``, ``cacheScope``)."""
+    if not isinstance(result, dict) or not any(key in result for key in MODERN_RESULT_KEYS):
+        return result
+    return {k: v for k, v in result.items() if k not in MODERN_RESULT_KEYS}
+
+
+def is_input_required(result: Any) -> bool:
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
+
+
+# -- a legacy client at a modern server ---------------------------------------
+
+
+@attrs.define
+class _Exchange:
+    session: Hashable
+    round: InputRound
+    request_state: Any
+    asks: dict[str, str]  # the broker's id of a question to the client -> its input key
+    answers: dict[str, Any]
+
+
+class AskingClients:
+    """The questions a modern server's ``input_required`` results put to legacy clients."""
+
+    def __init__(self, server: str, max_rounds: int = MAX_ROUNDS) -> None:
+        self.server = server
+        self.max_rounds = max_rounds
+        self._next = 1
+        self._by_ask: dict[str, _Exchange] = {}
+        self._by_call: dict[tuple[Hashable, RequestId], _Exchange] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_call)
+
+    def input_required(
+        self,
+        session: Hashable,
+        capabilities: dict[str, Any],
+        note: InputRound,
+        result: dict[str, Any],
+    ) -> list[Action]:
+        """The server answered the call in ``note`` with ``input_required``."""
+        client_id = note.request["id"]
+        rounds = note.rounds + 1
+        if rounds > self.max_rounds:
+            return [self._fail(session, client_id, f"more than {self.max_rounds} rounds")]
+        requests = result.get("inputRequests") or {}
+        try:
+            if not isinstance(requests, dict):
+                raise JsonRpcError(INVALID_PARAMS, "inputRequests is not an object")
+            check_input_requests(capabilities, requests)
+        except JsonRpcError as exc:
+            exc.id = client_id
+            exc.message = f"MCP server {self.server!r} asked: {exc.message}"
+            return [AnswerClient(session, exc.to_response())]
+        round = InputRound(note.request, rounds)
+        exchange = _Exchange(session, round, result.get("requestState"), {}, {})
+        if not requests:  # state only: ask again at once (the actor may pace it)
+            return [self._retry(exchange)]
+        actions: list[Action] = []
+        for key, request in requests.items():
+            ask_id = f"{ID_PREFIX}{self.server}:{self._next}"
+            self._next += 1
+            exchange.asks[ask_id] = key
+            self._by_ask[ask_id] = exchange
+            message = {"jsonrpc": "2.0", "id": ask_id, "method": request["method"]}
+            if "params" in request:
+                message["params"] = request["params"]
+            actions.append(AskClient(session, message))
+        self._by_call[(session, client_id)] = exchange
+        return actions
+
+    def owns(self, ask_id: Any) -> bool:
+        return isinstance(ask_id, str) and ask_id in self._by_ask
+
+    def client_answered(self, session: Hashable, response: Message) -> list[Action] | None:
+        """A client's answer to one of the questions (None: not one of ours)."""
+        ask_id = response.get("id")
+        exchange = self._by_ask.get(ask_id) if isinstance(ask_id, str) else None
+        if exchange is None or exchange.session != session:
+            return None
+        assert isinstance(ask_id, str)
+        del self._by_ask[ask_id]
+        key = exchange.asks.pop(ask_id)
+        if "result" not in response:
+            error = response.get("error")
+            said = error.get("message") if isinstance(error, dict) else error
+            return [
+                *self._drop(exchange),
+                self._fail(session, exchange.round.request["id"], f"the client refused: {said}"),
+            ]
+        exchange.answers[key] = response["result"]
+        if exchange.asks:
+            return []
+        del self._by_call[(session, exchange.round.request["id"])]
+        return [self._retry(exchange)]
+
+    def cancel(self, session: Hashable, client_id: Any) -> list[Action]:
+        """The client cancelled its call: withdraw the questions still open."""
+        exchange = self._by_call.get((session, client_id))
+        return [] if exchange is None else self._drop(exchange)
+
+    def session_gone(self, session: Hashable) -> None:
+        for exchange in [e for e in self._by_call.values() if e.session == session]:
+            self._drop(exchange)
+
+    def _retry(self, exchange: _Exchange) -> SendServer:
+        request = exchange.round.request
+        params = dict(request.get("params") or {})
+        params["inputResponses"] = exchange.answers
+        params.pop("requestState", None)
+        if exchange.request_state is not None:
+            params["requestState"] = exchange.request_state
+        return SendServer({**request, "params": params}, exchange.round)
+
+    def _drop(self, exchange: _Exchange) -> list[Action]:
+        self._by_call.pop((exchange.session, exchange.round.request["id"]), None)
+        withdrawn: list[Action] = []
+        for ask_id in exchange.asks:
+            del self._by_ask[ask_id]
+            note = jsonrpc.notification("notifications/cancelled", {"requestId": ask_id})
+            withdrawn.append(AskClient(exchange.session, note))
+        exchange.asks.clear()
+        return withdrawn
+
+    def _fail(self, session: Hashable, client_id: RequestId, why: str) -> AnswerClient:
+        message = f"MCP server {self.server!r} needed input: {why}"
+        return AnswerClient(session, jsonrpc.error_response(client_id, INTERNAL_ERROR, message))
+
+
+# -- a modern client at a legacy server ---------------------------------------
+
+
+@attrs.define
+class _Question:
+    server_id: RequestId
+    method: str
+    params: Any
+
+
+@attrs.define
+class _Parked:
+    """A modern client's call at a legacy server that asked it something."""
+
+    session: Hashable
+    call: Hashable  # its upstream id, or whatever names it to the caller
+    method: str
+    client_id: RequestId | None  # None: answered input_required, waiting for the retry
+    asking: dict[str, _Question]  # input key -> question, put to the client
+    waiting: list[_Question]  # asked by the server since; put on the retry
+    final: Message | None = None  # the call's answer, come while the client was away
+    token: str | None = None
+    keys: int = 0
+
+
+class AnsweringServers:
+    """A legacy server's questions to modern clients, as ``input_required`` rounds."""
+
+    def __init__(self, server: str, key: bytes, limit: int = 4096) -> None:
+        self.server = server
+        self.states = RequestStates(key, limit)
+        self._calls: dict[Hashable, _Parked] = {}
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def server_asked(
+        self,
+        session: Hashable,
+        capabilities: dict[str, Any],
+        call: tuple[Hashable, RequestId, str],
+        request: Message,
+    ) -> list[Action]:
+        """The server asked ``request`` during the modern client's ``call``
+        (what names it, such as its upstream id; the client's id; its method)."""
+        method, params = request["method"], request.get("params") or {}
+        name, client_id, call_method = call
+        if method not in CAPABILITY_OF:
+            message = f"Method not found: {method}"
+            return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
+        if not supports(capabilities, method, params):
+            message = (
+                f"mcpbroker: the client whose request caused {method} did not declare "
+                f"the {CAPABILITY_OF[method]!r} capability"
+            )
+            return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
+        parked = self._calls.get(name)
+        if parked is None:
+            parked = _Parked(session, name, call_method, client_id, {}, [])
+            self._calls[name] = parked
+        parked.waiting.append(_Question(request["id"], method, params))
+        if parked.client_id is None:
+            return []  # the client is away: it hears this on its retry
+        return self._ask(parked)
+
+    def retry(self, session: Hashable, request: Message) -> list[Action]:
+        """A modern client's request carrying one of the broker's ``requestState``s."""
+        params = request.get("params") or {}
+        token = params.get("requestState")
+        parked = self.states.peek(session, token)
+        if not isinstance(parked, _Parked) or parked.method != request.get("method"):
+            message = (
+                f"requestState belongs to a {parked.method} request"
+                if isinstance(parked, _Parked)
+                else "requestState is unknown, expired, or not this client's"
+            )
+            error = jsonrpc.error_response(request["id"], INVALID_PARAMS, message)
+            return [AnswerClient(session, error)]
+        self.states.redeem(session, token)
+        parked.token = None
+        parked.client_id = request["id"]
+        responses = params.get("inputResponses")
+        responses = responses if isinstance(responses, dict) else {}
+        actions: list[Action] = []
+        for key in list(parked.asking):
+            if key in responses:
+                question = parked.asking.pop(key)
+                actions.append(
+                    SendServer(jsonrpc.result_response(question.server_id, responses[key]))
+                )
+        if parked.final is not None:  # answered while the client was away
+            del self._calls[parked.call]
+            return [*actions, AnswerClient(session, {**parked.final, "id": request["id"]})]
+        actions.append(Rebind(parked.call, session, request["id"]))
+        if parked.asking or parked.waiting:
+            actions.extend(self._ask(parked))
+        return actions
+
+    def call_answered(self, call: Hashable, response: Message) -> bool:
+        """The call itself was answered. True: the client is away, the answer is
+        kept for its retry (do not deliver it now)."""
+        parked = self._calls.get(call)
+        if parked is None:
+            return False
+        if parked.client_id is None:
+            parked.final = response
+            return True
+        del self._calls[call]
+        return False
+
+    def expire(self, token: str) -> list[Action]:
+        """The client did not come back in time: the server's questions get
+        errors and the call is given up."""
+        parked = self.states.discard(token)
+        return self._abandon(parked, "the client did not answer in time") if parked else []
+
+    def session_gone(self, session: Hashable) -> list[Action]:
+        actions: list[Action] = []
+        for parked in [p for p in self._calls.values() if p.session == session]:
+            if parked.token is not None:
+                self.states.discard(parked.token)
+            actions.extend(self._abandon(parked, "the client disconnected"))
+        return actions
+
+    def cancelled(self, call: Hashable) -> list[Action]:
+        """The client cancelled the call (or it timed out): its questions get errors."""
+        parked = self._calls.get(call)
+        if parked is None:
+            return []
+        if parked.token is not None:
+            self.states.discard(parked.token)
+        return self._abandon(parked, "the client cancelled the request", cancel=False)
+
+    def _ask(self, parked: _Parked) -> list[Action]:
+        for question in parked.waiting:
+            parked.keys += 1
+            parked.asking[f"{question.method.split('/')[0]}-{parked.keys}"] = question
+        parked.waiting = []
+        client_id = parked.client_id
+        assert client_id is not None
+        try:
+            parked.token = self.states.mint(parked.session, parked)
+        except TooManyStates as exc:
+            return self._abandon(parked, str(exc))
+        parked.client_id = None
+        requests = {
+            key: {"method": q.method, "params": q.params} for key, q in parked.asking.items()
+        }
+        result = {"resultType": "input_required", "inputRequests": requests}
+        result["requestState"] = parked.token
+        return [AnswerClient(parked.session, jsonrpc.result_response(client_id, result))]
+
+    def _abandon(self, parked: _Parked, why: str, *, cancel: bool = True) -> list[Action]:
+        """End a parked call: the server's open questions get errors; the
+        client, if it waits, an error; the call is cancelled upstream unless
+        the caller already did (``cancel``)."""
+        self._calls.pop(parked.call, None)
+        message = f"mcpbroker: {why}"
+        actions: list[Action] = [
+            SendServer(jsonrpc.error_response(q.server_id, INTERNAL_ERROR, message))
+            for q in [*parked.asking.values(), *parked.waiting]
+        ]
+        if cancel and parked.client_id is not None:
+            error = jsonrpc.error_response(parked.client_id, INTERNAL_ERROR, message)
+            actions.append(AnswerClient(parked.session, error))
+        if cancel:
+            actions.append(CancelCall(parked.call))
+        return actions

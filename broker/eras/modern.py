@@ -1,0 +1,176 @@
+"""The downstream rules for a modern (2026-07-28) client, sans-I/O.
+
+A modern client never sends ``initialize``: its first message is already a
+request, carrying its version and capabilities in ``_meta``
+(:func:`client_era` tells the two eras apart on that first message). Each
+request is checked on its own (:func:`read_meta`): ``_meta`` missing, or
+without a version or capabilities, is -32602; a version the broker does not
+serve in this era is -32022, naming the versions it does. The broker answers
+``server/discover`` itself (:func:`discover_result`), from the same catalog
+and view that ``initialize`` reads for a legacy client, and every result it
+writes to a modern client carries ``resultType`` (and, on lists, reads and
+discover, the caching hints ``ttlMs`` and ``cacheScope``):
+:func:`complete_result`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from broker.catalog import Catalog
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LATEST_MODERN_VERSION,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+    SERVER_INFO_KEY,
+    SUPPORTED_VERSIONS,
+    Era,
+    missing_capability,
+    negotiate_modern,
+)
+from broker.fanout import level_rank
+from broker.jsonrpc import INVALID_PARAMS, JsonRpcError, Message
+from broker.server_requests import CAPABILITY_OF, supports
+from broker.views import initialize_for
+
+# The results the spec makes cacheable (server/utilities/caching): they carry
+# ``ttlMs`` and ``cacheScope`` once complete.
+CACHEABLE_METHODS = frozenset(
+    {
+        "server/discover",
+        "tools/list",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+    }
+)
+# The broker's hints where a server gave none: immediately stale (the broker
+# tells listeners of every change through subscriptions/listen, and a server
+# restart may change any list at any moment), and private (what a view shows
+# is one user's: no shared cache may hand it to another).
+DEFAULT_TTL_MS = 0
+DEFAULT_CACHE_SCOPE = "private"
+# The requests on which a server may answer ``input_required`` (basic/patterns/mrtr).
+INPUT_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
+
+
+@attrs.frozen
+class RequestMeta:
+    """What a modern request says about its client, checked."""
+
+    version: str
+    capabilities: dict[str, Any]
+    client_info: Any = None
+    log_level: str | None = None  # absent: no notifications/message for this request
+
+
+def client_era(message: Any) -> Era:
+    """The era of a client session, from its first message.
+
+    A request (not ``initialize``) whose ``_meta`` names a protocol version
+    opens a modern session; anything else is left to the legacy rules, which
+    answer it as they always did (``initialize`` first)."""
+    if type(message) is not dict or message.get("method") in (None, "initialize"):
+        return Era.LEGACY
+    if "id" not in message:
+        return Era.LEGACY
+    params = message.get("params")
+    meta = params.get("_meta") if type(params) is dict else None
+    if type(meta) is dict and PROTOCOL_VERSION_KEY in meta:
+        return Era.MODERN
+    return Era.LEGACY
+
+
+def read_meta(request: Message) -> RequestMeta:
+    """Check a modern request's ``_meta`` (raises -32602 or -32022, with its id)."""
+    try:
+        return _read_meta(request.get("params"))
+    except JsonRpcError as exc:
+        exc.id = request.get("id")
+        raise
+
+
+def _read_meta(params: Any) -> RequestMeta:
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict):
+        raise JsonRpcError(
+            INVALID_PARAMS,
+            f"Invalid params: a 2026-07-28 request needs params._meta with "
+            f"{PROTOCOL_VERSION_KEY!r} and {CLIENT_CAPABILITIES_KEY!r}",
+        )
+    if PROTOCOL_VERSION_KEY not in meta:
+        raise JsonRpcError(INVALID_PARAMS, f"Invalid params: _meta lacks {PROTOCOL_VERSION_KEY!r}")
+    version = negotiate_modern(meta[PROTOCOL_VERSION_KEY])
+    capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
+    if not isinstance(capabilities, dict):
+        raise JsonRpcError(
+            INVALID_PARAMS,
+            f"Invalid params: _meta needs {CLIENT_CAPABILITIES_KEY!r} (an object)",
+        )
+    level = meta.get(LOG_LEVEL_KEY)
+    if level is not None and level_rank(level) is None:
+        raise JsonRpcError(INVALID_PARAMS, f"Invalid params: unknown log level {level!r}")
+    return RequestMeta(version, capabilities, meta.get(CLIENT_INFO_KEY), level)
+
+
+def discover_result(catalog: Catalog, view: tuple[str, ...], transparent: bool) -> dict[str, Any]:
+    """The broker's answer to ``server/discover`` for a session with this view.
+
+    The same capabilities, identity and instructions a legacy client's
+    ``initialize`` gets (broker/views.py) at the modern version, and every
+    version the broker speaks."""
+    told = initialize_for(catalog, view, transparent, LATEST_MODERN_VERSION)
+    result: dict[str, Any] = {
+        "resultType": "complete",
+        "supportedVersions": list(SUPPORTED_VERSIONS),
+        "capabilities": told["capabilities"],
+        "_meta": {SERVER_INFO_KEY: told["serverInfo"]},
+        "ttlMs": DEFAULT_TTL_MS,
+        "cacheScope": DEFAULT_CACHE_SCOPE,
+    }
+    if told.get("instructions"):
+        result["instructions"] = told["instructions"]
+    return result
+
+
+def complete_result(method: str, result: Any) -> Any:
+    """A result as a modern client must see it: ``resultType`` always, and the
+    caching hints on a complete result of a cacheable method. What the
+    server said itself is kept; a new dict is made only when something is
+    added (the catalog's pages are shared and never changed)."""
+    if not isinstance(result, dict):
+        return result
+    added: dict[str, Any] = {}
+    kind = result.get("resultType", "complete")
+    if "resultType" not in result:
+        added["resultType"] = "complete"
+    if kind == "complete" and method in CACHEABLE_METHODS:
+        if "ttlMs" not in result:
+            added["ttlMs"] = DEFAULT_TTL_MS
+        if "cacheScope" not in result:
+            added["cacheScope"] = DEFAULT_CACHE_SCOPE
+    return {**result, **added} if added else result
+
+
+def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:
+    """Raise -32021 if any input request needs a capability the client did not
+    declare (the broker never asks a client for what it cannot give)."""
+    if not isinstance(input_requests, dict):
+        return
+    missing: dict[str, Any] = {}
+    for request in input_requests.values():
+        method = request.get("method") if isinstance(request, dict) else None
+        params = request.get("params") if isinstance(request, dict) else None
+        if method not in CAPABILITY_OF:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown input request method: {method!r}")
+        if not supports(capabilities, method, params if isinstance(params, dict) else {}):
+            name = CAPABILITY_OF[method]
+            url = method == "elicitation/create" and (params or {}).get("mode") == "url"
+            missing[name] = {"url": {}} if url else {}
+    if missing:
+        raise missing_capability(missing, ", ".join(sorted(missing)))

@@ -1,0 +1,399 @@
+"""A modern (2026-07-28) client's session: the legacy rules, told per request.
+
+A client whose first message is a modern request (broker/eras/modern.py,
+``client_era``) gets a :class:`ModernSessionProtocol` in place of the
+:class:`~broker.session.SessionProtocol` its actor made (:func:`become_modern`),
+the way wsproto hands a finished handshake over to a connection. It has no
+handshake: it is ``OPERATING`` from the start (broker/states.py) and attaches
+to its view's servers on its first request. It reuses the legacy session's
+routing, limits and in-flight table, and changes what the eras differ in:
+
+- every request's ``_meta`` is checked (-32602, -32022) and stripped of the
+  modern keys before it goes to a (legacy) server;
+- ``server/discover`` is answered by the broker; ``initialize`` is -32022
+  (this session is modern); ``ping``, ``logging/setLevel``,
+  ``resources/subscribe`` and the tasks methods, gone in 2026-07-28, are
+  -32601;
+- ``subscriptions/listen`` opens a stream (broker/eras/subscriptions.py):
+  ``list_changed`` reaches the client only on the streams that asked, stamped
+  with their id; ``notifications/message`` only while a request that asked
+  for log messages (``_meta`` logLevel) is in flight, at or above its level;
+- every result carries ``resultType`` (and, on lists and reads, ``ttlMs`` and
+  ``cacheScope``);
+- a server's question (sampling, elicitation, roots) during the client's
+  call becomes an ``input_required`` answer to that call, and the client's
+  retry with ``inputResponses`` hands the answer to the server and takes the
+  call over (broker/eras/bridge.py, ``AnsweringServers``; here the call is
+  named by the client's first id, which the server's answer still carries).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker import jsonrpc
+from broker.eras import bridge
+from broker.eras.modern import INPUT_METHODS, complete_result, discover_result, read_meta
+from broker.eras.subscriptions import (
+    FLAG_OF,
+    UPDATED,
+    Changes,
+    Listeners,
+    RequestLogLevels,
+    offer_of,
+)
+from broker.eras.tokens import is_ours
+from broker.eras.versions import (
+    LATEST_MODERN_VERSION,
+    MODERN_VERSIONS,
+    UNSUPPORTED_PROTOCOL_VERSION,
+)
+from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
+from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
+from broker.server_requests import server_of
+from broker.session import (
+    DEFAULT_MAX_IN_FLIGHT,
+    LIST_METHODS,
+    ROUTED_METHODS,
+    Action,
+    Attach,
+    CatalogSource,
+    Defer,
+    Forward,
+    Reply,
+    RespondUpstream,
+    SessionProtocol,
+    SetLogLevel,
+)
+from broker.states import SessionState, SessionTrigger
+from broker.tasks import TASK_METHODS
+from broker.views import initialize_for
+from broker.wire.envelope import Answer
+from broker.wire.frames import Frame
+
+# Methods of the legacy era that 2026-07-28 removed.
+GONE = frozenset(
+    {"ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list"}
+    | TASK_METHODS
+)
+MODERN_ROUTED = ROUTED_METHODS - GONE
+# The ids of the session's own requests (subscriptions for its streams).
+OWN_PREFIX = "mcpbroker:subscription:"
+# The session's own name for itself in the bridge (a session has one bridge).
+SELF = "session"
+
+
+class ModernSessionProtocol(SessionProtocol):
+    def __init__(
+        self,
+        view: tuple[str, ...],
+        catalogs: CatalogSource,
+        *,
+        key: bytes,
+        transparent: bool = False,
+        refusal: str | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        """``key``: the secret the session's ``requestState`` tokens are made with;
+        the rest as :class:`~broker.session.SessionProtocol`'s."""
+        super().__init__(
+            view,
+            catalogs,
+            transparent=transparent,
+            refusal=refusal,
+            max_in_flight=max_in_flight,
+        )
+        self.state = SessionState.OPERATING  # no handshake (broker/states.py)
+        self.protocol_version = LATEST_MODERN_VERSION
+        self.attached = False
+        self.listeners: Listeners | None = None  # made on the first listen
+        self.log_levels = RequestLogLevels()
+        self.methods: dict[RequestId, str] = {}  # forwarded and unanswered: their method
+        self.calls: dict[RequestId, str] = {}  # their server, for calls a server may ask in
+        self.call_capabilities: dict[RequestId, dict[str, Any]] = {}  # what each call declared
+        self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
+        self.questions = bridge.AnsweringServers("", key)
+        self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
+        self.own_requests = 0
+        # Answers to servers' questions that the writer decided: the actor sends them.
+        self.upstream_answers: list[tuple[str, Message]] = []
+
+    # -- input --------------------------------------------------------------
+
+    def forward_fast(self, message: Any) -> tuple[str, Message] | None:
+        return None  # every request is checked: receive() decides
+
+    def take_forwards(
+        self, frames: list[Frame], start: int, forwards: dict[str, list[Message]]
+    ) -> int:
+        return start
+
+    def _request(self, request: Message, settled: bool) -> list[Action]:
+        method, id = request["method"], request["id"]
+        if self.refusal is not None:
+            raise JsonRpcError(-32602, f"mcpbroker: {self.refusal}")
+        if method == "initialize":
+            raise JsonRpcError(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                "This session speaks 2026-07-28 (it began without initialize)",
+                data={"supported": list(MODERN_VERSIONS), "requested": _requested(request)},
+            )
+        meta = read_meta(request)
+        actions = self._attach(meta.capabilities)
+        self.client_info = meta.client_info
+        if method == "server/discover":
+            catalog = self.catalogs.current
+            if not settled and not catalog.settled(self.view):
+                return [*actions, Defer(request)]
+            result = discover_result(catalog, self.view, self.transparent)
+            return [*actions, Reply(jsonrpc.result_response(id, result))]
+        if method in GONE:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method} (not in 2026-07-28)")
+        if method == "subscriptions/listen":
+            return [*actions, *self._listen(request)]
+        if method in LIST_METHODS:
+            return [*actions, *self._stamped(method, self._list(request, settled))]
+        if method in MODERN_ROUTED:
+            params = request.get("params") or {}
+            if method in INPUT_METHODS and is_ours(params.get("requestState")):
+                return [*actions, *self._retry(request, meta.capabilities)]
+            return [*actions, *self._forward_modern(request, meta.log_level, settled)]
+        raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    def _attach(self, capabilities: dict[str, Any]) -> list[Action]:
+        """On the first request: hear from the view's servers and the catalog.
+        Capabilities are declared per request, so the servers' questions are
+        let through to the session (as everything the broker can carry), which
+        puts each to the client only if the call it came in declared it."""
+        self.client_capabilities = capabilities
+        if self.attached:
+            return []
+        self.attached = True
+        return [Attach(self.view, BROKER_CLIENT_CAPABILITIES)]
+
+    def _listen(self, request: Message) -> list[Action]:
+        if self.listeners is None:
+            told = initialize_for(
+                self.catalogs.current, self.view, self.transparent, LATEST_MODERN_VERSION
+            )
+            offer = offer_of(told["capabilities"])
+            self.listeners = Listeners(offer)
+        acks, changes = self.listeners.listen(request, self._subscribable)
+        return [*(Reply(ack) for ack in acks), *self._subscriptions(changes)]
+
+    def _subscribable(self, uri: str) -> bool:
+        """Whether a server of the view owns ``uri`` and takes subscriptions."""
+        catalog = self.catalogs.current
+        try:
+            server = catalog.route_resource(self.view, uri)
+        except JsonRpcError:
+            return False
+        identity = catalog.entry(server).identity
+        resources = identity.capabilities.get("resources") if identity is not None else None
+        return isinstance(resources, dict) and bool(resources.get("subscribe"))
+
+    def _subscriptions(self, changes: Changes) -> list[Action]:
+        """The URIs the session's streams now want, or no longer do, as the
+        legacy ``resources/subscribe`` and ``unsubscribe`` the servers count
+        (broker/fanout.py); their answers are the broker's own (dropped)."""
+        actions: list[Action] = []
+        for uri in sorted(changes.added):
+            self.subscribed[uri] = server = self.catalogs.current.route_resource(self.view, uri)
+            actions.append(Forward(server, self._own("resources/subscribe", uri)))
+        for uri in sorted(changes.removed):
+            server = self.subscribed.pop(uri)
+            actions.append(Forward(server, self._own("resources/unsubscribe", uri)))
+        return actions
+
+    def _own(self, method: str, uri: str) -> Message:
+        self.own_requests += 1
+        id = f"{OWN_PREFIX}{self.own_requests}"
+        return {"jsonrpc": "2.0", "id": id, "method": method, "params": {"uri": uri}}
+
+    def _stamped(self, method: str, actions: list[Action]) -> list[Action]:
+        for action in actions:
+            if isinstance(action, Reply) and isinstance(action.message, dict):
+                result = action.message.get("result")
+                if result is not None:
+                    action.message = {**action.message, "result": complete_result(method, result)}
+        return actions
+
+    def _forward_modern(self, request: Message, level: str | None, settled: bool) -> list[Action]:
+        """Forward a request, recording what its answer needs: its method (for
+        resultType), its server and capabilities (a call a server may ask in),
+        its log level."""
+        actions = self._forward(bridge.to_legacy_request(request), settled)
+        out: list[Action] = []
+        for action in actions:
+            if isinstance(action, Defer):
+                out.append(Defer(request))  # asked again as the client sent it
+                continue
+            out.append(action)
+            if isinstance(action, Forward):
+                id = request["id"]
+                self.methods[id] = request["method"]
+                if request["method"] in INPUT_METHODS:
+                    self.calls[id] = action.server
+                    self.call_capabilities[id] = self.client_capabilities
+                changed = self.log_levels.open(id, level)
+                if changed is not None:
+                    out.append(SetLogLevel(changed))
+        return out
+
+    def _retry(self, request: Message, capabilities: dict[str, Any]) -> list[Action]:
+        """A retry carrying the broker's ``requestState``: the answers go to the
+        server, and the call waiting there now answers this request."""
+        self._admit(request["id"])
+        self.client_capabilities = capabilities
+        out: list[Action] = []
+        for action in self.questions.retry(SELF, request):
+            if isinstance(action, bridge.SendServer):
+                out.append(RespondUpstream(server_of(action.message["id"]) or "", action.message))
+            elif isinstance(action, bridge.Rebind):
+                first = action.call
+                assert type(first) is int or type(first) is str  # a call is named by its first id
+                self.aliases[first] = action.client_id
+                self.call_capabilities[first] = capabilities
+                self.inflight.add(action.client_id)
+                self.methods[action.client_id] = request["method"]
+            elif isinstance(action, bridge.AnswerClient):
+                out.append(Reply(self._answer_of(action.message, request["method"])))
+        return out
+
+    def _answer_of(self, message: Message, method: str) -> Message:
+        if "result" in message:
+            return {**message, "result": complete_result(method, message["result"])}
+        return message
+
+    def _notification(self, message: Message) -> list[Action]:
+        if message["method"] != "notifications/cancelled":
+            return []  # initialized and roots/list_changed are not in 2026-07-28
+        params = message.get("params") or {}
+        request_id = params.get("requestId")
+        ended = self.listeners.cancel(request_id) if self.listeners is not None else None
+        if ended is not None:  # a stream: the broker's own (its URIs may be let go)
+            return self._subscriptions(ended)
+        first = self._first(request_id)
+        cancel = {**params, "requestId": first}
+        actions = super()._notification({**message, "params": cancel})
+        self.inflight.discard(request_id)
+        for action in self.questions.cancelled(first):
+            if isinstance(action, bridge.SendServer):
+                self.upstream_answers.append(
+                    (server_of(action.message["id"]) or "", action.message)
+                )
+        self._forget(first)
+        return actions
+
+    # -- output -------------------------------------------------------------
+
+    def take_outgoing(
+        self,
+        delivery: list[Message | list[Message] | Answer],
+        out: list[Message | list[Message] | Answer],
+    ) -> None:
+        if self.state in (SessionState.ERROR, SessionState.CLOSED):
+            self._refuse()
+        try:
+            for message in delivery:
+                if type(message) is Answer:
+                    message = message.read()
+                if isinstance(message, dict):
+                    out.extend(self._outgoing_modern(message))
+        except Exception:
+            self.move(SessionTrigger.FAILED)
+            raise
+
+    def take_upstream_answers(self) -> list[tuple[str, Message]]:
+        answers, self.upstream_answers = self.upstream_answers, []
+        return answers
+
+    def _outgoing_modern(self, message: Message) -> list[Message]:
+        if "method" in message:
+            if "id" in message:
+                return self._server_asks(message)
+            return self._notify(message)
+        id = message.get("id")
+        if type(id) is not int and type(id) is not str:
+            return [message]
+        if type(id) is str and id.startswith(OWN_PREFIX):
+            return []  # the answer to a subscribe of the session's streams
+        if id in self.calls and self.questions.call_answered(id, message):
+            return []  # the client is away: kept for its retry
+        current = self.aliases.pop(id, id)
+        self.inflight.discard(id)
+        self.inflight.discard(current)
+        method = self.methods.get(current)
+        self._forget(id)
+        self.methods.pop(current, None)
+        self.log_levels.close(current)
+        if current != id:
+            message = {**message, "id": current}
+        return [self._answer_of(message, method) if method is not None else message]
+
+    def _server_asks(self, request: Message) -> list[Message]:
+        """A server's question: on the one call this session has at that server,
+        an input_required answer to it; else an error back to the server."""
+        server = server_of(request.get("id"))
+        waiting = [first for first, at in self.calls.items() if at == server]
+        if server is None or len(waiting) != 1:
+            error = jsonrpc.error_response(
+                request.get("id"),
+                INTERNAL_ERROR,
+                "mcpbroker: a 2026-07-28 client is asked only during its one call at this server",
+            )
+            self.upstream_answers.append((server or "", error))
+            return []
+        (first,) = waiting
+        current = self.aliases.get(first, first)
+        call = (first, current, self.methods.get(current, "tools/call"))
+        out: list[Message] = []
+        capabilities = self.call_capabilities.get(first, {})
+        for action in self.questions.server_asked(SELF, capabilities, call, request):
+            if isinstance(action, bridge.AnswerClient):
+                if current != first:
+                    self.inflight.discard(current)
+                out.append(self._answer_of(action.message, call[2]))
+            elif isinstance(action, bridge.SendServer):
+                self.upstream_answers.append((server, action.message))
+        return out
+
+    def _notify(self, message: Message) -> list[Message]:
+        method = message["method"]
+        if method == "notifications/message":
+            return [message] if self.log_levels.admits(message) else []
+        if method == "notifications/elicitation/complete":
+            return []  # not in 2026-07-28: the client learns the outcome by retrying
+        if method in FLAG_OF or method == UPDATED:
+            return self.listeners.route(message) if self.listeners is not None else []
+        return [message]
+
+    def _first(self, id: Any) -> Any:
+        """The first id of the call a retry took over (the id itself otherwise)."""
+        return next((first for first, retry in self.aliases.items() if retry == id), id)
+
+    def _forget(self, first: Any) -> None:
+        if type(first) is not int and type(first) is not str:
+            return
+        self.methods.pop(first, None)
+        self.calls.pop(first, None)
+        self.call_capabilities.pop(first, None)
+        self.log_levels.close(first)
+
+
+def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
+    """The modern protocol that takes over a session whose first message was modern."""
+    return ModernSessionProtocol(
+        legacy.view,
+        legacy.catalogs,
+        transparent=legacy.transparent,
+        refusal=legacy.refusal,
+        max_in_flight=legacy.max_in_flight,
+        key=key,
+    )
+
+
+def _requested(request: Message) -> str:
+    params = request.get("params")
+    version = params.get("protocolVersion") if isinstance(params, dict) else None
+    return version if isinstance(version, str) else ""

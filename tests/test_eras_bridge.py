@@ -1,0 +1,391 @@
+"""The bridge between the eras (broker/eras/bridge.py, tokens.py), h11 style."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.eras.bridge import (
+    AnswerClient,
+    AnsweringServers,
+    AskClient,
+    AskingClients,
+    CancelCall,
+    Rebind,
+    SendServer,
+    to_legacy_request,
+    to_legacy_result,
+    to_modern_request,
+)
+from broker.eras.tokens import RequestStates, TooManyStates, is_ours
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+)
+from broker.requestmap import InputRound, RequestMap
+
+KEY = b"k" * 32
+ELICIT = {"method": "elicitation/create", "params": {"mode": "form", "message": "name?"}}
+SAMPLE = {"method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 5}}
+CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "greet"}}
+BOTH = {"elicitation": {}, "sampling": {}}
+
+
+def result(id: Any, value: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "result": value}
+
+
+def error(id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+
+
+# -- single messages across the eras ------------------------------------------
+
+
+def test_a_modern_request_loses_its_modern_meta_for_a_legacy_server() -> None:
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "x",
+            "_meta": {
+                PROTOCOL_VERSION_KEY: "2026-07-28",
+                CLIENT_CAPABILITIES_KEY: {},
+                CLIENT_INFO_KEY: {"name": "c"},
+                LOG_LEVEL_KEY: "debug",
+                "progressToken": "p",
+            },
+        },
+    }
+    assert to_legacy_request(request) == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "x", "_meta": {"progressToken": "p"}},
+    }
+    bare = {**request, "params": {"name": "x", "_meta": {PROTOCOL_VERSION_KEY: "2026-07-28"}}}
+    assert to_legacy_request(bare)["params"] == {"name": "x"}
+
+
+def test_a_legacy_request_gains_what_its_initialize_said_for_a_modern_server() -> None:
+    request = {**CALL, "params": {"name": "greet", "_meta": {"progressToken": 3}}}
+    stamped = to_modern_request(request, "2026-07-28", {"roots": {}}, {"name": "c"}, "info")
+    assert stamped["params"] == {
+        "name": "greet",
+        "_meta": {
+            "progressToken": 3,
+            PROTOCOL_VERSION_KEY: "2026-07-28",
+            CLIENT_CAPABILITIES_KEY: {"roots": {}},
+            CLIENT_INFO_KEY: {"name": "c"},
+            LOG_LEVEL_KEY: "info",
+        },
+    }
+    assert request["params"] == {"name": "greet", "_meta": {"progressToken": 3}}  # untouched
+
+
+def test_a_modern_result_loses_the_fields_legacy_lacks() -> None:
+    said = {"content": [], "resultType": "complete", "ttlMs": 5, "cacheScope": "public"}
+    assert to_legacy_result(said) == {"content": []}
+    plain = {"content": []}
+    assert to_legacy_result(plain) is plain
+
+
+# -- (a) a legacy client at a modern server ------------------------------------
+
+
+def asked(bridge: AskingClients, capabilities: dict[str, Any], answer: dict[str, Any],
+          rounds: int = 0) -> list[Any]:  # fmt: skip
+    return bridge.input_required("s1", capabilities, InputRound(CALL, rounds), answer)
+
+
+def test_input_required_becomes_requests_to_the_client_then_one_retry() -> None:
+    bridge = AskingClients("weather")
+    answer = {
+        "resultType": "input_required",
+        "inputRequests": {"login": ELICIT, "capital": SAMPLE},
+        "requestState": "server-blob",
+    }
+    assert asked(bridge, BOTH, answer) == [
+        AskClient("s1", {"jsonrpc": "2.0", "id": "mcpbroker:weather:1", **ELICIT}),
+        AskClient("s1", {"jsonrpc": "2.0", "id": "mcpbroker:weather:2", **SAMPLE}),
+    ]
+    assert bridge.owns("mcpbroker:weather:1")
+    assert bridge.client_answered("s1", result("mcpbroker:weather:2", {"text": "Paris"})) == []
+    login = {"action": "accept", "content": {"name": "octocat"}}
+    retry = {
+        **CALL,
+        "params": {
+            "name": "greet",
+            "inputResponses": {"capital": {"text": "Paris"}, "login": login},
+            "requestState": "server-blob",
+        },
+    }
+    assert bridge.client_answered("s1", result("mcpbroker:weather:1", login)) == [
+        SendServer(retry, InputRound(CALL, 1))
+    ]
+    assert len(bridge) == 0 and not bridge.owns("mcpbroker:weather:1")
+
+
+def test_a_round_without_questions_is_retried_at_once_without_state_if_none_given() -> None:
+    bridge = AskingClients("weather")
+    earlier = {**CALL, "params": {"name": "greet", "requestState": "old"}}
+    actions = bridge.input_required("s1", {}, InputRound(earlier, 2), {
+        "resultType": "input_required", "inputRequests": {}})  # fmt: skip
+    assert actions == [
+        SendServer({**CALL, "params": {"name": "greet", "inputResponses": {}}},
+                   InputRound(earlier, 3))
+    ]  # fmt: skip
+
+
+def test_a_question_the_client_did_not_declare_is_never_asked() -> None:
+    bridge = AskingClients("weather")
+    answer = {"resultType": "input_required", "inputRequests": {"a": SAMPLE, "b": ELICIT}}
+    (reply,) = asked(bridge, {"elicitation": {}}, answer)
+    assert isinstance(reply, AnswerClient) and reply.session == "s1"
+    assert reply.message["id"] == 7
+    assert reply.message["error"]["code"] == -32021
+    assert reply.message["error"]["data"] == {"requiredCapabilities": {"sampling": {}}}
+    assert len(bridge) == 0
+
+
+def test_the_rounds_are_bounded() -> None:
+    bridge = AskingClients("weather", max_rounds=3)
+    answer = {"resultType": "input_required", "inputRequests": {"a": ELICIT}}
+    (reply,) = asked(bridge, BOTH, answer, rounds=3)
+    assert reply == AnswerClient("s1", error(7, -32603,
+        "MCP server 'weather' needed input: more than 3 rounds"))  # fmt: skip
+
+
+def test_a_client_that_refuses_fails_its_call_and_its_other_questions_are_withdrawn() -> None:
+    bridge = AskingClients("weather")
+    answer = {"resultType": "input_required", "inputRequests": {"a": ELICIT, "b": SAMPLE}}
+    asked(bridge, BOTH, answer)
+    actions = bridge.client_answered("s1", error("mcpbroker:weather:1", -1, "User rejected"))
+    assert actions == [
+        AskClient("s1", {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": "mcpbroker:weather:2"}}),
+        AnswerClient("s1", error(7, -32603,
+            "MCP server 'weather' needed input: the client refused: User rejected")),
+    ]  # fmt: skip
+    assert bridge.client_answered("s1", result("mcpbroker:weather:2", {})) is None
+
+
+def test_a_cancelled_call_withdraws_its_questions() -> None:
+    bridge = AskingClients("weather")
+    asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})
+    assert bridge.cancel("s1", 7) == [
+        AskClient("s1", {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": "mcpbroker:weather:1"}}),
+    ]  # fmt: skip
+    assert bridge.cancel("s1", 7) == []
+    assert bridge.client_answered("s1", result("mcpbroker:weather:1", {})) is None
+
+
+def test_another_sessions_answer_is_not_taken() -> None:
+    bridge = AskingClients("weather")
+    asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})
+    assert bridge.client_answered("s2", result("mcpbroker:weather:1", {"action": "accept"})) is None
+    assert bridge.owns("mcpbroker:weather:1")
+    bridge.session_gone("s1")
+    assert not bridge.owns("mcpbroker:weather:1") and len(bridge) == 0
+
+
+# -- (b) a modern client at a legacy server ---------------------------------------
+
+
+def server_request(id: Any, question: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, **question}
+
+
+def ask(bridge: AnsweringServers, question: dict[str, Any] = ELICIT, *, id: Any = 100,
+        session: str = "s1", client_id: Any = 1) -> list[Any]:  # fmt: skip
+    return bridge.server_asked(session, BOTH, (5, client_id, "tools/call"),
+                               server_request(id, question))  # fmt: skip
+
+
+def retry_of(token: Any, id: Any, responses: dict[str, Any] | None = None,
+             method: str = "tools/call") -> dict[str, Any]:  # fmt: skip
+    params: dict[str, Any] = {"name": "greet", "requestState": token}
+    if responses is not None:
+        params["inputResponses"] = responses
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def test_a_server_question_becomes_input_required_and_the_retry_takes_over_the_call() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (reply,) = ask(bridge)
+    assert isinstance(reply, AnswerClient) and reply.session == "s1"
+    token = reply.message["result"]["requestState"]
+    assert is_ours(token)
+    assert reply.message == result(1, {
+        "resultType": "input_required",
+        "inputRequests": {"elicitation-1": ELICIT},
+        "requestState": token,
+    })  # fmt: skip
+    accepted = {"action": "accept", "content": {"name": "ada"}}
+    assert bridge.retry("s1", retry_of(token, 2, {"elicitation-1": accepted})) == [
+        SendServer(result(100, accepted)),
+        Rebind(5, "s1", 2),
+    ]
+    # The call's answer now goes to the retry, the usual way.
+    assert bridge.call_answered(5, result(5, {"content": []})) is False
+    assert len(bridge) == 0
+    # A token is spent once.
+    (again,) = bridge.retry("s1", retry_of(token, 3, {"elicitation-1": accepted}))
+    assert again.message["error"]["code"] == -32602
+
+
+def test_a_question_asked_while_the_client_is_away_is_put_on_the_retry() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (first,) = ask(bridge, ELICIT, id=100)
+    assert ask(bridge, SAMPLE, id=101) == []  # the client has not come back yet
+    token = first.message["result"]["requestState"]
+    actions = bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "decline"}}))
+    assert actions[:2] == [SendServer(result(100, {"action": "decline"})), Rebind(5, "s1", 2)]
+    (second,) = actions[2:]
+    assert isinstance(second, AnswerClient)
+    assert second.message["id"] == 2
+    assert second.message["result"]["inputRequests"] == {"sampling-2": SAMPLE}
+    assert second.message["result"]["requestState"] != token
+
+
+def test_a_retry_without_an_answer_is_asked_again() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (first,) = ask(bridge)
+    token = first.message["result"]["requestState"]
+    rebind, again = bridge.retry("s1", retry_of(token, 2, {}))
+    assert rebind == Rebind(5, "s1", 2)
+    assert again.message["result"]["inputRequests"] == {"elicitation-1": ELICIT}
+
+
+def test_the_call_answered_while_the_client_is_away_waits_for_the_retry() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (first,) = ask(bridge)
+    token = first.message["result"]["requestState"]
+    final = error(1, -32603, "server gave up waiting")
+    assert bridge.call_answered(5, final) is True  # kept, not delivered
+    assert bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "cancel"}})) == [
+        SendServer(result(100, {"action": "cancel"})),
+        AnswerClient("s1", {**final, "id": 2}),
+    ]
+    assert len(bridge) == 0
+
+
+def test_a_question_the_client_did_not_declare_goes_back_to_the_server() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (refusal,) = bridge.server_asked("s1", {"sampling": {}}, (5, 1, "tools/call"),
+                                     server_request(100, ELICIT))  # fmt: skip
+    assert isinstance(refusal, SendServer)
+    assert refusal.message["id"] == 100 and refusal.message["error"]["code"] == -32601
+    assert "'elicitation'" in refusal.message["error"]["message"]
+    assert len(bridge) == 0
+
+
+@pytest.mark.parametrize("token", ["mcpbroker.forged", "", None, 12, "server-state"])
+def test_an_unknown_request_state_is_refused(token: Any) -> None:
+    bridge = AnsweringServers("files", KEY)
+    ask(bridge)
+    (reply,) = bridge.retry("s1", retry_of(token, 2, {}))
+    assert reply == AnswerClient("s1", error(2, -32602,
+        "requestState is unknown, expired, or not this client's"))  # fmt: skip
+
+
+def test_another_sessions_state_is_refused_and_stays_its_owners() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (first,) = ask(bridge)
+    token = first.message["result"]["requestState"]
+    (stolen,) = bridge.retry("s2", retry_of(token, 2, {"elicitation-1": {"action": "accept"}}))
+    assert stolen.session == "s2" and stolen.message["error"]["code"] == -32602
+    (wrong,) = bridge.retry("s1", retry_of(token, 3, {}, method="prompts/get"))
+    assert wrong.message["error"]["message"] == "requestState belongs to a tools/call request"
+    assert bridge.retry("s1", retry_of(token, 4, {}))[0] == Rebind(5, "s1", 4)
+
+
+def test_a_client_that_never_comes_back_expires() -> None:
+    bridge = AnsweringServers("files", KEY)
+    (first,) = ask(bridge)
+    token = first.message["result"]["requestState"]
+    assert bridge.expire(token) == [
+        SendServer(error(100, -32603, "mcpbroker: the client did not answer in time")),
+        CancelCall(5),
+    ]
+    assert bridge.expire(token) == [] and len(bridge) == 0
+
+
+def test_a_session_that_leaves_ends_its_parked_calls_only() -> None:
+    bridge = AnsweringServers("files", KEY)
+    ask(bridge, session="s1")
+    bridge.server_asked("s2", BOTH, (6, 1, "tools/call"), server_request(200, SAMPLE))
+    assert bridge.session_gone("s1") == [
+        SendServer(error(100, -32603, "mcpbroker: the client disconnected")),
+        CancelCall(5),
+    ]
+    assert len(bridge) == 1 and len(bridge.states) == 1
+
+
+def test_a_cancelled_call_answers_the_servers_questions() -> None:
+    bridge = AnsweringServers("files", KEY)
+    ask(bridge)
+    assert bridge.cancelled(5) == [
+        SendServer(error(100, -32603, "mcpbroker: the client cancelled the request")),
+    ]
+    assert bridge.cancelled(5) == []
+
+
+# -- the tokens ---------------------------------------------------------------------
+
+
+def test_tokens_are_bounded_and_keys_must_be_long() -> None:
+    states = RequestStates(KEY, limit=2)
+    states.mint("s", 1)
+    states.mint("s", 2)
+    with pytest.raises(TooManyStates):
+        states.mint("s", 3)
+    with pytest.raises(ValueError):
+        RequestStates(b"short")
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers()), max_size=30),
+       st.binary(min_size=16, max_size=32))  # fmt: skip
+def test_a_token_round_trips_for_its_session_and_for_no_other(
+    minted: list[tuple[str, int]], key: bytes
+) -> None:
+    states = RequestStates(key)
+    tokens = [(states.mint(session, value), session, value) for session, value in minted]
+    assert len({token for token, _, _ in tokens}) == len(tokens)  # never two alike
+    for token, session, value in tokens:
+        for other in {"a", "b", "c"} - {session}:
+            assert states.peek(other, token) is None
+            assert states.redeem(other, token) is None
+        assert states.redeem(session, token) == value
+        assert states.redeem(session, token) is None
+    assert len(states) == 0
+
+
+def test_tokens_differ_between_keys() -> None:
+    one, two = RequestStates(b"1" * 16), RequestStates(b"2" * 16)
+    assert one.mint("s", 1) != two.mint("s", 1)
+
+
+# -- the id map's part --------------------------------------------------------------
+
+
+def test_a_retry_takes_over_a_call_in_the_id_map() -> None:
+    requests = RequestMap("files")
+    upstream_id = requests.open("s1", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert requests.rebind(upstream_id, "s1", 2)
+    response = result(upstream_id, {"content": []})
+    entry = requests.close(response)
+    assert entry is not None and entry.client_id == 2 and response["id"] == 2
+    # Gone, another session's, or an id in use: nothing changes.
+    assert not requests.rebind(upstream_id, "s1", 3)
+    other = requests.open("s2", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert not requests.rebind(other, "s1", 3)
+    requests.open("s2", {"jsonrpc": "2.0", "id": 9, "method": "tools/call"})
+    assert not requests.rebind(other, "s2", 9)

@@ -1,0 +1,122 @@
+"""Property tests: a modern session takes anything, in and out, and answers it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker import jsonrpc
+from broker.eras.session import become_modern
+from broker.eras.subscriptions import ACKNOWLEDGED
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+    SUBSCRIPTION_ID_KEY,
+)
+from broker.session import Defer, Forward, Reply, SessionProtocol
+from tests.test_fuzz import Catalogs, json_values, levels, messages
+
+MODERN_METHODS = [
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "prompts/get",
+    "resources/read",
+    "completion/complete",
+    "subscriptions/listen",
+    "initialize",
+    "ping",
+    "resources/subscribe",
+]
+meta = st.one_of(
+    json_values,
+    st.fixed_dictionaries(
+        {
+            PROTOCOL_VERSION_KEY: st.one_of(st.just("2026-07-28"), json_values),
+            CLIENT_CAPABILITIES_KEY: st.one_of(
+                st.just({"elicitation": {}, "sampling": {}}), json_values
+            ),
+        },
+        optional={LOG_LEVEL_KEY: st.one_of(levels, json_values), "progressToken": json_values},
+    ),
+)
+modern_params = st.fixed_dictionaries(
+    {"_meta": meta},
+    optional={
+        "name": st.sampled_from(["a__t", "t", "x"]) | json_values,
+        "uri": json_values,
+        "notifications": st.one_of(
+            json_values,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "toolsListChanged": st.booleans(),
+                    "resourceSubscriptions": st.lists(st.text(max_size=6), max_size=2)
+                    | json_values,
+                },
+            ),
+        ),
+        "inputResponses": json_values,
+        "requestState": st.one_of(st.just("mcpbroker.x"), json_values),
+    },
+)
+modern_requests = st.fixed_dictionaries(
+    {
+        "jsonrpc": st.just("2.0"),
+        "id": st.one_of(st.integers(0, 4), st.text(max_size=3)),
+        "method": st.sampled_from(MODERN_METHODS),
+        "params": modern_params,
+    }
+)
+server_messages = st.one_of(
+    messages,
+    st.fixed_dictionaries(
+        {
+            "jsonrpc": st.just("2.0"),
+            "id": st.sampled_from(["mcpbroker:a:1", "mcpbroker:a:2", "mcpbroker:b:1", 7]),
+            "method": st.sampled_from(["elicitation/create", "sampling/createMessage"]),
+        },
+        optional={"params": json_values},
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(modern_requests, messages), max_size=6),
+       st.lists(server_messages, max_size=6), st.booleans())  # fmt: skip
+def test_a_modern_session_answers_anything(
+    received: list[Any], sent: list[Any], transparent: bool
+) -> None:
+    """Nothing raises, and every request is answered or passed on, once."""
+    view = ("a",) if transparent else ("a", "b")
+    session = become_modern(SessionProtocol(view, Catalogs(), transparent=transparent), b"k" * 16)
+    for message in received:
+        actions = session.receive(message, settled=True)
+        assert not any(isinstance(action, Defer) for action in actions)
+        if is_request(message):
+            assert sum(accounts_for(message, action) for action in actions) == 1
+    out: list[Any] = []
+    session.take_outgoing(sent, out)
+    session.take_upstream_answers()
+
+
+def accounts_for(request: dict[str, Any], action: Any) -> bool:
+    """Whether the action answers the request, passes it on, or acknowledges its stream."""
+    if not isinstance(action, Reply | Forward) or not isinstance(action.message, dict):
+        return False
+    message = action.message
+    if message.get("method") == ACKNOWLEDGED:
+        return bool(message["params"]["_meta"][SUBSCRIPTION_ID_KEY] == request["id"])
+    if isinstance(action, Forward):
+        return bool(message.get("id") == request["id"])
+    return ("error" in message and message.get("id") is None) or message.get("id") == request["id"]
+
+
+def is_request(message: Any) -> bool:
+    try:
+        return jsonrpc.classify(message) is jsonrpc.Kind.REQUEST
+    except jsonrpc.JsonRpcError:
+        return False

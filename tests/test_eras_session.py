@@ -1,0 +1,302 @@
+"""A modern client's session, sans-I/O (broker/eras/session.py), h11 style."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.catalog import Catalog
+from broker.eras.session import ModernSessionProtocol, become_modern
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+    SERVER_INFO_KEY,
+    SUBSCRIPTION_ID_KEY,
+    SUPPORTED_VERSIONS,
+)
+from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
+from broker.session import (
+    Attach,
+    CancelUpstream,
+    Defer,
+    Forward,
+    Reply,
+    RespondUpstream,
+    SessionProtocol,
+    SetLogLevel,
+)
+from broker.states import SessionState
+from broker.wire.envelope import split_answer
+from tests.test_session_protocol import FILES, GITHUB, LOADING, Catalogs, server
+
+KEY = b"k" * 32
+ELICIT = {"mode": "form", "message": "Colour?", "requestedSchema": {"type": "object"}}
+
+
+def meta(capabilities: Any = None, **more: Any) -> dict[str, Any]:
+    return {
+        PROTOCOL_VERSION_KEY: "2026-07-28",
+        CLIENT_CAPABILITIES_KEY: {} if capabilities is None else capabilities,
+        **more,
+    }
+
+
+def request(id: Any, method: str, _meta: Any = None, **params: Any) -> dict[str, Any]:
+    params["_meta"] = meta() if _meta is None else _meta
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def session(*entries: Any, view: tuple[str, ...] = ("files", "github"),
+            transparent: bool = False) -> ModernSessionProtocol:  # fmt: skip
+    legacy = SessionProtocol(view, Catalogs(Catalog(entries or (FILES, GITHUB))),
+                             transparent=transparent)  # fmt: skip
+    return become_modern(legacy, KEY)
+
+
+def opened(proto: ModernSessionProtocol) -> ModernSessionProtocol:
+    """A session past its first request (attached)."""
+    proto.receive(request(0, "tools/list"))
+    return proto
+
+
+def written(proto: ModernSessionProtocol, *messages: Any) -> list[Any]:
+    out: list[Any] = []
+    proto.take_outgoing(list(messages), out)
+    return out
+
+
+def test_a_modern_session_has_no_handshake_and_attaches_on_its_first_request() -> None:
+    proto = session()
+    assert proto.state is SessionState.OPERATING
+    assert proto.protocol_version == "2026-07-28"
+    first = proto.receive(request(1, "server/discover"))
+    assert first[0] == Attach(("files", "github"), BROKER_CLIENT_CAPABILITIES)
+    assert isinstance(first[1], Reply)
+    assert [type(a) for a in proto.receive(request(2, "server/discover"))] == [Reply]
+
+
+def test_server_discover_is_answered_by_the_broker() -> None:
+    (reply,) = opened(session()).receive(request(1, "server/discover"))
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    result = reply.message["result"]
+    assert reply.message["id"] == 1
+    assert result["supportedVersions"] == list(SUPPORTED_VERSIONS)
+    assert result["_meta"][SERVER_INFO_KEY]["name"] == "mcpbroker"
+    assert result["resultType"] == "complete"
+
+
+def test_discover_waits_for_the_view_to_settle() -> None:
+    proto = opened(session(FILES, server("github", LOADING)))
+    discover = request(1, "server/discover")
+    assert proto.receive(discover) == [Defer(discover)]
+    assert isinstance(proto.receive(discover, settled=True)[0], Reply)
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (request(1, "tools/list", _meta={"progressToken": 1}), -32602),
+        (request(1, "tools/list", _meta={PROTOCOL_VERSION_KEY: "2026-07-28"}), -32602),
+        (request(1, "tools/list", _meta=meta(**{PROTOCOL_VERSION_KEY: "1999-01-01"})), -32022),
+        (request(1, "tools/call", _meta=meta(**{LOG_LEVEL_KEY: "chatty"}), name="x"), -32602),
+        (request(1, "ping"), -32601),
+        (request(1, "logging/setLevel", level="info"), -32601),
+        (request(1, "resources/subscribe", uri="file:///README.md"), -32601),
+        (request(1, "tasks/get", taskId="x"), -32601),
+        (request(1, "sampling/createMessage"), -32601),
+    ],
+)
+def test_what_the_modern_era_refuses(message: dict[str, Any], code: int) -> None:
+    (reply,) = opened(session()).receive(message)
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    assert reply.message["id"] == 1 and reply.message["error"]["code"] == code
+
+
+def test_initialize_in_a_modern_session_names_the_modern_version() -> None:
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}}}  # fmt: skip
+    (reply,) = opened(session()).receive(init)
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    assert reply.message["error"]["code"] == -32022
+    assert reply.message["error"]["data"] == {"supported": ["2026-07-28"],
+                                              "requested": "2025-06-18"}  # fmt: skip
+
+
+def test_lists_carry_result_type_and_caching_hints() -> None:
+    (reply,) = opened(session()).receive(request(1, "tools/list"))
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    result = reply.message["result"]
+    assert [tool["name"] for tool in result["tools"]] == [
+        "files__read", "files__write", "github__search"]  # fmt: skip
+    assert (result["resultType"], result["ttlMs"], result["cacheScope"]) == (
+        "complete", 0, "private")  # fmt: skip
+
+
+def test_a_call_goes_to_its_server_without_the_modern_meta_and_its_answer_comes_back_modern(
+) -> None:  # fmt: skip
+    proto = opened(session())
+    call = request("c1", "tools/call", _meta=meta(progressToken=5), name="files__read",
+                   arguments={"path": "x"})  # fmt: skip
+    assert proto.receive(call) == [
+        Forward("files", {"jsonrpc": "2.0", "id": "c1", "method": "tools/call",
+                          "params": {"name": "read", "arguments": {"path": "x"},
+                                     "_meta": {"progressToken": 5}}})
+    ]  # fmt: skip
+    assert proto.inflight == {"c1"}
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": 5, "progress": 1}}  # fmt: skip
+    answer = split_answer(b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}')
+    assert answer is not None
+    answer.id = "c1"
+    assert written(proto, progress, answer) == [
+        progress,
+        {"jsonrpc": "2.0", "id": "c1", "result": {"content": [], "resultType": "complete"}},
+    ]
+    assert proto.inflight == set() and proto.methods == {} and proto.calls == {}
+
+
+def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> None:
+    proto = opened(session())
+    log = {"jsonrpc": "2.0", "method": "notifications/message",
+           "params": {"level": "warning", "data": "careful"}}  # fmt: skip
+    assert written(proto, log) == []
+    call = request(1, "tools/call", _meta=meta(**{LOG_LEVEL_KEY: "info"}), name="files__read")
+    assert proto.receive(call)[1:] == [SetLogLevel("info")]
+    debug = {**log, "params": {"level": "debug", "data": "noise"}}
+    assert written(proto, log, debug) == [log]
+    written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    assert written(proto, log) == []
+
+
+def test_list_changed_reaches_only_the_streams_that_asked() -> None:
+    proto = opened(session())
+    changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    assert written(proto, changed) == []  # nobody listens
+    ack, *subscribe = proto.receive(
+        request(
+            "L",
+            "subscriptions/listen",
+            notifications={"toolsListChanged": True, "resourceSubscriptions": ["zz://x"]},
+        )
+    )
+    assert ack == Reply({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                         "params": {"_meta": {SUBSCRIPTION_ID_KEY: "L"},
+                                    "notifications": {"toolsListChanged": True}}})  # fmt: skip
+    assert subscribe == []  # zz://x: no server of the view has it
+    assert written(proto, changed) == [{**changed, "params": {"_meta": {SUBSCRIPTION_ID_KEY: "L"}}}]
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "L"}}
+    assert proto.receive(cancel) == []  # the broker's own stream: nothing upstream
+    assert written(proto, changed) == []
+
+
+# -- a legacy server's question, as input_required --------------------------------
+
+
+def question(id: str = "mcpbroker:files:1", method: str = "elicitation/create") -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": ELICIT}
+
+
+def test_a_servers_question_becomes_input_required_and_the_retry_takes_the_call_over() -> None:
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(proto, question())
+    state = asked["result"]["requestState"]
+    assert asked == {"jsonrpc": "2.0", "id": 1, "result": {
+        "resultType": "input_required",
+        "inputRequests": {"elicitation-1": {"method": "elicitation/create", "params": ELICIT}},
+        "requestState": state,
+    }}  # fmt: skip
+    answer = {"action": "accept", "content": {"colour": "blue"}}
+    retry = request(2, "tools/call", _meta=meta({"elicitation": {}}), name="files__read",
+                    inputResponses={"elicitation-1": answer}, requestState=state)  # fmt: skip
+    assert proto.receive(retry) == [
+        RespondUpstream("files", {"jsonrpc": "2.0", "id": "mcpbroker:files:1", "result": answer})
+    ]
+    assert 2 in proto.inflight
+    # The server's answer to the call (still its first id upstream) goes to the retry.
+    assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == [
+        {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "resultType": "complete"}}
+    ]
+    assert proto.inflight == set() and proto.aliases == {} and proto.calls == {}
+
+
+def test_a_question_the_call_did_not_declare_goes_back_to_the_server() -> None:
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"sampling": {}}), name="files__read"))
+    assert written(proto, question()) == []
+    ((server, error),) = proto.take_upstream_answers()
+    assert server == "files" and error["id"] == "mcpbroker:files:1"
+    assert "'elicitation'" in error["error"]["message"]
+    assert proto.take_upstream_answers() == []
+
+
+def test_a_question_with_two_calls_at_that_server_is_not_guessed() -> None:
+    proto = opened(session())
+    for id in (1, 2):
+        proto.receive(request(id, "tools/call", _meta=meta({"elicitation": {}}),
+                              name="files__read"))  # fmt: skip
+    assert written(proto, question()) == []
+    ((server, error),) = proto.take_upstream_answers()
+    assert server == "files" and error["error"]["code"] == -32603
+
+
+def test_another_sessions_request_state_is_refused() -> None:
+    one, two = opened(session()), opened(session())
+    one.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(one, question())
+    stolen = request(5, "tools/call", name="files__read", inputResponses={},
+                     requestState=asked["result"]["requestState"])  # fmt: skip
+    (reply,) = two.receive(stolen)
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    assert reply.message["error"]["code"] == -32602
+
+
+def test_cancelling_a_retry_cancels_the_call_upstream_by_its_first_id() -> None:
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(proto, question())
+    proto.receive(
+        request(
+            2,
+            "tools/call",
+            name="files__read",
+            _meta=meta({"elicitation": {}}),
+            inputResponses={},
+            requestState=asked["result"]["requestState"],
+        )
+    )
+    # Asked again (no answer given); the client gives up on its retry instead.
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+              "params": {"requestId": 2, "reason": "user"}}  # fmt: skip
+    assert proto.receive(cancel) == [CancelUpstream({"requestId": 1, "reason": "user"})]
+    ((server, error),) = proto.take_upstream_answers()
+    assert server == "files" and error["id"] == "mcpbroker:files:1"
+    assert proto.inflight == set()
+
+
+def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None:
+    proto = opened(session())
+    readme = "file:///README.md"  # files takes subscriptions; github's file:///gh.txt: no
+    ack, subscribe = proto.receive(request(1, "subscriptions/listen", notifications={
+        "resourceSubscriptions": [readme, "file:///gh.txt"]}))  # fmt: skip
+    assert isinstance(ack, Reply) and isinstance(ack.message, dict)
+    assert ack.message["params"]["notifications"] == {"resourceSubscriptions": [readme]}
+    assert subscribe == Forward("files", {
+        "jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "method": "resources/subscribe",
+        "params": {"uri": readme}})  # fmt: skip
+    # A second stream on the same URI needs nothing more upstream.
+    assert [type(a) for a in proto.receive(request(2, "subscriptions/listen", notifications={
+        "resourceSubscriptions": [readme]}))] == [Reply]  # fmt: skip
+    assert written(proto, {"jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "result": {}}) == []
+    updated = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+               "params": {"uri": readme}}  # fmt: skip
+    assert [m["params"]["_meta"][SUBSCRIPTION_ID_KEY] for m in written(proto, updated)] == [1, 2]
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+    assert proto.receive({**cancel, "params": {"requestId": 1}}) == []
+    assert proto.receive({**cancel, "params": {"requestId": 2}}) == [
+        Forward("files", {"jsonrpc": "2.0", "id": "mcpbroker:subscription:2",
+                          "method": "resources/unsubscribe", "params": {"uri": readme}})
+    ]  # fmt: skip
+    assert written(proto, updated) == []
