@@ -16,7 +16,6 @@ from typing import Any
 import httpx2
 import orjson
 import trio
-from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -202,43 +201,58 @@ async def raw_daemon(socket_path: str, **broker: Any) -> AsyncIterator[tuple[Any
 async def test_a_server_request_travels_on_the_stream_of_the_post_that_caused_it(
     socket_path: str,
 ) -> None:
-    async with raw_daemon(socket_path) as (_, url), httpx2.AsyncClient() as http:
-        client = Raw(http, url + "/s")
-        await client.initialize(sampling={})
-        call = client.request("tools/call", {"name": "ask_llm", "arguments": {"prompt": "hi"}})
-        seen: list[dict[str, str]] = []
-        async with http.stream(
-            "POST", client.url, content=orjson.dumps(call), headers=client.headers()
-        ) as stream:
-            assert stream.status_code == 200
-            assert stream.headers["content-type"] == "text/event-stream"
-            buffer = ""
-            async for chunk in stream.aiter_text():
-                buffer += chunk
-                while "\n\n" in buffer:
-                    block, buffer = buffer.split("\n\n", 1)
-                    (event,) = events(block + "\n\n") or [{}]
-                    seen.append(event)
-                    message = orjson.loads(event["data"]) if event.get("data") else None
-                    if message and message.get("method") == "sampling/createMessage":
-                        answer = {
-                            "jsonrpc": "2.0",
-                            "id": message["id"],
-                            "result": {
-                                "role": "assistant",
-                                "model": "m",
-                                "content": {"type": "text", "text": "hello back"},
-                            },
-                        }
-                        posted = await client.post(answer)
-                        assert posted.status_code == 202
-        # a priming event (2025-11-25), the server's request, then the answer; all with ids
-        assert seen[0]["data"] == "" and "id" in seen[0]
-        messages = [orjson.loads(e["data"]) for e in seen[1:]]
-        assert [m.get("method") for m in messages] == ["sampling/createMessage", None]
-        assert messages[-1]["id"] == call["id"]
-        assert messages[-1]["result"]["content"][0]["text"] == "hello back"
-        assert all("id" in e for e in seen)
+    """Even while another request of the same session (at another server) is open."""
+    servers = {"s": sdk_server("s"), "t": sdk_server("t")}
+    with trio.fail_after(60):
+        async with (
+            running_daemon(servers, socket_path, broker={"http": "127.0.0.1:0"}) as d,
+            httpx2.AsyncClient(timeout=30) as http,
+            trio.open_nursery() as nursery,
+        ):
+            assert d.http_url is not None
+            client = Raw(http, d.http_url)
+            await client.initialize(sampling={})
+            slow = client.request("tools/call", {"name": "s__slow", "arguments": {"seconds": 2}})
+            nursery.start_soon(client.post, slow)
+            await sample_on_the_callers_stream(http, client, "t__ask_llm")
+
+
+async def sample_on_the_callers_stream(http: httpx2.AsyncClient, client: Raw, tool: str) -> None:
+    """A server request reaches the client on the stream of its tools/call."""
+    call = client.request("tools/call", {"name": tool, "arguments": {"prompt": "hi"}})
+    seen: list[dict[str, str]] = []
+    async with http.stream(
+        "POST", client.url, content=orjson.dumps(call), headers=client.headers()
+    ) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"] == "text/event-stream"
+        buffer = ""
+        async for chunk in stream.aiter_text():
+            buffer += chunk
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                (event,) = events(block + "\n\n") or [{}]
+                seen.append(event)
+                message = orjson.loads(event["data"]) if event.get("data") else None
+                if message and message.get("method") == "sampling/createMessage":
+                    answer = {
+                        "jsonrpc": "2.0",
+                        "id": message["id"],
+                        "result": {
+                            "role": "assistant",
+                            "model": "m",
+                            "content": {"type": "text", "text": "hello back"},
+                        },
+                    }
+                    posted = await client.post(answer)
+                    assert posted.status_code == 202
+    # a priming event (2025-11-25), the server's request, then the answer; all with ids
+    assert seen[0]["data"] == "" and "id" in seen[0]
+    messages = [orjson.loads(e["data"]) for e in seen[1:]]
+    assert [m.get("method") for m in messages] == ["sampling/createMessage", None]
+    assert messages[-1]["id"] == call["id"]
+    assert messages[-1]["result"]["content"][0]["text"] == "hello back"
+    assert all("id" in e for e in seen)
 
 
 async def test_refusals_and_their_statuses_leave_other_sessions_undisturbed(

@@ -54,6 +54,7 @@ class HttpConnection:
     """One HTTP MCP session, as a :class:`~actors.downstream.connection.Connection`."""
 
     transport = "http"
+    related = True  # messages come with the request they belong to (broker/related.py)
 
     def __init__(self, session_id: str, max_queued_bytes: int) -> None:
         self.id = session_id
@@ -484,5 +485,7 @@ async def serve_http(
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         config = _hypercorn_config(host, port)
-        binds = await nursery.start(partial(hypercorn_serve, cast(Any, listener), config, mode="asgi"))
+        binds = await nursery.start(
+            partial(hypercorn_serve, cast(Any, listener), config, mode="asgi")
+        )
         task_status.started(int(binds[0].rpartition(":")[2]))
