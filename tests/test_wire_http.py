@@ -95,6 +95,11 @@ def test_sse_whenever_the_client_takes_it(accept: str | None, mode: bool) -> Non
     assert http.choose_mode(fields) is mode
 
 
+def test_initialize_is_answered_in_json_when_the_client_takes_it() -> None:
+    assert http.choose_mode({"accept": "application/json, text/event-stream"}, True) is False
+    assert http.choose_mode({"accept": "text/event-stream"}, True) is True
+
+
 def test_neither_json_nor_sse_is_406() -> None:
     refused = http.choose_mode({"accept": "text/html"})
     assert isinstance(refused, http.Refuse) and refused.status == 406

@@ -207,7 +207,7 @@ class HttpListener:
         refused = wire.check_session(target, session is not None, post.initialize)
         if refused is not None:
             return await self._refuse(send, refused, scope)
-        mode = wire.choose_mode(target.fields) if post.requests else False
+        mode = wire.choose_mode(target.fields, post.initialize) if post.requests else False
         if isinstance(mode, wire.Refuse):
             return await self._refuse(send, mode, scope)
         new = session is None
@@ -234,7 +234,7 @@ class HttpListener:
                 priming = session.streams.priming(number)
                 await self._stream(session, number, receive, send, fields, [], priming)
             else:
-                await self._answer(session, number, receive, send, fields)
+                await self._answer(session, number, receive, send, fields, new)
         finally:
             session.busy -= 1
             session.last_active = trio.current_time()
@@ -331,8 +331,10 @@ class HttpListener:
         receive: Receive,
         send: Send,
         fields: list[tuple[bytes, bytes]],
+        new: bool,
     ) -> None:
-        """Answer a POST with one JSON body once its answers are in."""
+        """Answer a POST with one JSON body once its answers are in (a new
+        session's id goes with it only if the session did initialize)."""
         writer = object()
         session.streams.attach(number, writer)
         try:
@@ -352,7 +354,8 @@ class HttpListener:
                     body = events[0].data
                     if len(events) > 1:
                         body = b"[" + b",".join(event.data for event in events) + b"]"
-                    await _respond(send, 200, body, fields)
+                    initialized = not new or session.streams.version is not None
+                    await _respond(send, 200, body, fields if initialized else [])
                 nursery.cancel_scope.cancel()
         finally:
             session.streams.detach(number, writer)

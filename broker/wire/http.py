@@ -10,7 +10,8 @@ One MCP session spans many HTTP requests to one endpoint (``/mcp``, or
   which also carries what belongs to the request (its progress, its log
   messages, the requests a server sends the client because of it) before
   its answer, then ends. :func:`choose_mode` decides which (SSE when the
-  client accepts it: only SSE can carry progress and server requests).
+  client accepts it: only SSE can carry progress and server requests;
+  ``initialize`` in JSON).
 - **GET** opens the session's *standalone* stream (number 0): everything
   that belongs to no open request (``list_changed``, ``resources/updated``,
   requests not tied to one). With ``Last-Event-ID`` it resumes the stream
@@ -155,13 +156,18 @@ def accepts_sse(fields: dict[str, str]) -> bool:
     return bool(_media_types(fields) & {sse.CONTENT_TYPE, "text/*", "*/*"})
 
 
-def choose_mode(fields: dict[str, str]) -> bool | Refuse:
+def choose_mode(fields: dict[str, str], initialize: bool = False) -> bool | Refuse:
     """How to answer a POST that carries requests: True for an SSE stream (the
     client accepts one: it is the only way progress and server requests
-    reach it before the answer), False for one JSON answer, or 406."""
+    reach it before the answer), False for one JSON answer, or 406.
+    ``initialize`` is answered in JSON when the client takes it: nothing can
+    come before its answer, and the session id goes out only with a success."""
+    json = bool(_media_types(fields) & {"application/json", "application/*", "*/*"})
+    if initialize and json:
+        return False
     if accepts_sse(fields):
         return True
-    if _media_types(fields) & {"application/json", "application/*"}:
+    if json:
         return False
     return Refuse(406, "Not Acceptable: accept application/json or text/event-stream")
 
