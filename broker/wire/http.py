@@ -254,16 +254,19 @@ class Event:
         return f"{self.stream}-{self.number}"
 
 
-@attrs.define(slots=True)
 class Stream:
-    number: int
-    sse: bool
-    waiting: set[tuple[type, RequestId]] = attrs.field(factory=set)  # answers still due
-    tokens: list[Any] = attrs.field(factory=list)
-    pending: collections.deque[Event] = attrs.field(factory=collections.deque)
-    writer: object | None = None  # the HTTP response writing it now, if any
-    abandoned: bool = False  # a JSON answer whose client left: nobody can get it
-    kept: int = 0  # its events in the replay buffer
+    """One stream of a session: the GET stream (number 0), or a POST's."""
+
+    # (a plain class: mypyc compiles broker/, and attrs' factories do not mix with it)
+    def __init__(self, number: int, sse: bool) -> None:
+        self.number = number
+        self.sse = sse
+        self.waiting: set[tuple[type, RequestId]] = set()  # answers still due
+        self.tokens: list[Any] = []
+        self.pending: collections.deque[Event] = collections.deque()
+        self.writer: object | None = None  # the HTTP response writing it now, if any
+        self.abandoned = False  # a JSON answer whose client left: nobody can get it
+        self.kept = 0  # its events in the replay buffer
 
     @property
     def done(self) -> bool:
