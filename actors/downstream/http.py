@@ -451,7 +451,8 @@ class _ToStructlog(logging.Handler):
     """Hypercorn's own log lines (warnings and errors) into the daemon's log."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        get_logger().warning("http.server", detail=record.getMessage())
+        error = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
+        get_logger().warning("http.server", detail=record.getMessage(), error=error)
 
 
 def _hypercorn_config(host: str, port: int) -> HypercornConfig:
