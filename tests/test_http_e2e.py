@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx2
 import orjson
 import trio
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from cli.status import render
 from tests.conftest import running_daemon, sdk_server, shim_client, text_of
 from tests.test_server_requests_e2e import elicitor, sampler
 
@@ -79,6 +81,7 @@ async def test_http_and_shim_clients_share_one_server(socket_path: str) -> None:
             assert len(pids) == 1  # one process served the three clients
             assert any("http" in seen for seen in transports)
             assert d.statistics().http == url
+            assert f"HTTP: {url}" in render(attrs.asdict(d.statistics()))
             assert d.upstreams["sdk"].statistics().restarts == 0
 
 
