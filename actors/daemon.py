@@ -23,6 +23,7 @@ import trio
 
 import broker.upstream
 from actors.downstream.connection import Connection
+from actors.downstream.http import HttpConnection, serve_http
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import (
     claim_socket_path,
@@ -72,6 +73,7 @@ class DaemonStatistics:
     websocket: str | None = None  # the WebSocket listener's URL, if there is one
     started_by: str = "hand"  # one of START_MODES
     socket_activated: bool = False  # the socket was handed over by a service manager
+    http: str | None = None  # the Streamable HTTP listener's URL, if there is one
 
 
 class Daemon:
@@ -88,6 +90,8 @@ class Daemon:
         self._started = 0.0
         self.websocket_url: str | None = None
         self._websocket_policy: Policy | None = None
+        self.http_url: str | None = None
+        self._http_policy: Policy | None = None
         self.started_by = "hand"
         self.socket_activated = False
 
@@ -101,6 +105,7 @@ class Daemon:
             websocket=self.websocket_url,
             started_by=self.started_by,
             socket_activated=self.socket_activated,
+            http=self.http_url,
         )
 
     def _control(self, command: str) -> Any:
@@ -115,6 +120,8 @@ class Daemon:
         address = parse_address(settings.websocket) if settings.websocket else None
         # (before anything starts: a one-line error)
         self._websocket_policy = policy_for(address[0], settings) if address else None
+        http_address = parse_address(settings.http) if settings.http else None
+        self._http_policy = policy_for(http_address[0], settings, "HTTP") if http_address else None
         inherited = self._take_process_origin()
         prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
@@ -142,6 +149,8 @@ class Daemon:
                     )
                     shown = f"[{host}]" if ":" in host else host
                     self.websocket_url = f"ws://{shown}:{port}/mcp"
+                if http_address is not None:
+                    await self._start_http(nursery, *http_address)
                 self._log.info(
                     "daemon.listening",
                     socket=self.socket_path,
@@ -149,6 +158,7 @@ class Daemon:
                     pid=os.getpid(),
                     rules=RULES,
                     websocket=self.websocket_url,
+                    http=self.http_url,
                     started_by=self.started_by,
                     socket_activated=self.socket_activated,
                 )
@@ -170,6 +180,9 @@ class Daemon:
         if self._websocket_policy is not None and self.config.broker.websocket:
             host = parse_address(self.config.broker.websocket)[0]
             self._websocket_policy = policy_for(host, settings)
+        if self._http_policy is not None and self.config.broker.http:
+            host = parse_address(self.config.broker.http)[0]
+            self._http_policy = policy_for(host, settings, "HTTP")
         servers = dict(self.config.servers)
         for name, server_change in change.updated.items():
             servers[name] = server_change.new
@@ -186,6 +199,31 @@ class Daemon:
             servers=list(change.updated),
         )
         return change
+
+    async def _start_http(self, nursery: trio.Nursery, host: str, port: int) -> None:
+        settings = self.config.broker
+        port = await nursery.start(
+            serve_http,
+            host,
+            port,
+            self._current_http_policy,
+            self.upstreams,
+            settings.max_message_bytes,
+            settings.max_queued_bytes,
+            self._serve_http,
+        )
+        shown = f"[{host}]" if ":" in host else host
+        self.http_url = f"http://{shown}:{port}/mcp"
+
+    def _current_http_policy(self) -> Policy:
+        assert self._http_policy is not None
+        return self._http_policy
+
+    async def _serve_http(
+        self, connection: HttpConnection, view: tuple[str, ...] | None, transparent: bool
+    ) -> None:
+        view = tuple(self.upstreams) if view is None else view
+        await self._serve_session(connection, view=view, transparent=transparent)
 
     def _current_websocket_policy(self) -> Policy:
         assert self._websocket_policy is not None

@@ -19,6 +19,7 @@ import trio
 
 from broker.config import DEFAULT_MAX_QUEUED_BYTES
 from broker.jsonrpc import Message
+from broker.related import Related
 from broker.wire.envelope import Answer
 
 # Deliveries a session may have waiting to be written before it counts as not
@@ -28,9 +29,11 @@ from broker.wire.envelope import Answer
 # plenty of progress notifications, small enough to bound memory.
 OUTBOX_SIZE = 1024
 
-# What a session writes: a message, a batch response (a JSON array), or a
-# server's answer passed on unparsed (broker/wire/envelope.py).
-Outgoing = Message | list[Message] | Answer
+# What a session writes: a message, a batch response (a JSON array), a
+# server's answer passed on unparsed (broker/wire/envelope.py), or a message
+# with the request it belongs to (broker/related.py; only to sessions that
+# asked: ``SessionHandle.related``).
+Outgoing = Message | list[Message] | Answer | Related
 
 # What a message the broker made itself (an error, a list_changed) is counted
 # as, when nobody measured it: more than most such messages take.
@@ -51,6 +54,12 @@ class SessionHandle:
     internal: bool = False  # the broker's own requests (catalog fetches), not a client
     max_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     queued_bytes: int = 0  # delivered and not yet written (see :meth:`written`)
+    related: bool = False  # give it messages with their cause, as Related (broker/related.py)
+
+    def outgoing(self, message: Message, related: Any) -> Outgoing:
+        """What to deliver of a message that belongs to the client's request
+        ``related`` (None: unknown): wrapped, if this session asked for it."""
+        return message if related is None or not self.related else Related(message, related)
 
     def deliver(self, message: Outgoing, size: int = SMALL_MESSAGE) -> None:
         """Queue a message for the client without waiting; never raises."""

@@ -110,6 +110,9 @@ class Session:
         self._handle = SessionHandle(
             self._outbox_send, trio.CancelScope(), max_bytes=settings.max_queued_bytes
         )
+        # A transport with a stream per request wants to know which request a
+        # server's message belongs to (broker/related.py).
+        self._handle.related = getattr(connection, "related", False)
         self._hello = view is None  # the first message may be a hello
         if view is None:
             self._protocol = self._new_protocol(tuple(upstreams))

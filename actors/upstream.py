@@ -698,8 +698,13 @@ class Upstream:
                 size = len(line)
             for action in actions:
                 if type(action) is Deliver:
-                    deliveries[action.session].append(action.message)
-                    sizes[action.session] += size
+                    session = action.session
+                    deliveries[session].append(
+                        action.message
+                        if action.related is None
+                        else cast(SessionHandle, session).outgoing(action.message, action.related)
+                    )
+                    sizes[session] += size
                 elif type(action) is ListChanged:
                     changed[action.message["method"]] = None
                 else:
@@ -717,7 +722,8 @@ class Upstream:
     def _apply(self, actions: list[Action], size: int = SMALL_MESSAGE) -> None:
         for action in actions:
             if isinstance(action, Deliver):
-                cast(SessionHandle, action.session).deliver(action.message, size)
+                handle = cast(SessionHandle, action.session)
+                handle.deliver(handle.outgoing(action.message, action.related), size)
             elif isinstance(action, ListChanged) and self.events is not None:
                 # The Registry refreshes its cache first, then tells sessions.
                 self._emit(ServerEvent(self.name, list_changed=action.message["method"]))

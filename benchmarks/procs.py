@@ -81,13 +81,14 @@ def daemon(
     servers: dict[str, list[str]],
     prefix: tuple[str, ...] = (),
     module: str = "cli.main",
+    options: tuple[str, ...] = (),
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
     ``prefix`` runs the daemon under another command (a profiler); the pid
     yielded is still the daemon's own, from its status. With
     ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
-    (benchmarks/prototype.py).
+    (benchmarks/prototype.py). ``options`` go on ``serve``'s command line.
     """
     if os.environ.get("MCPBROKER_PATCHES") and module == "cli.main":
         module = "benchmarks.prototype"
@@ -101,7 +102,7 @@ def daemon(
     socket_path = os.path.join(directory, "daemon.sock")
     Path(config_path).write_bytes(orjson.dumps(config))
     command = [*prefix, PYTHON, "-m", module, "serve", "--config", config_path]
-    command += ["--socket", socket_path, "--log-level", "warning"]
+    command += ["--socket", socket_path, "--log-level", "warning", *options]
     with open(os.path.join(directory, "daemon.log"), "ab") as log:
         process = subprocess.Popen(
             command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log

@@ -92,6 +92,9 @@ class BrokerSettings:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     token_file: str | None = None
+    # The Streamable HTTP listener ("HOST:PORT"; None: none), with the same
+    # checks as the WebSocket one (docs/security.md).
+    http: str | None = None
 
 
 @attrs.frozen
@@ -224,6 +227,11 @@ def parse_config(data: Any) -> Config:
             parse_address(broker.websocket)
         except ValueError as exc:
             raise ConfigError(f'"broker.websocket": {exc}') from None
+    if broker.http is not None:
+        try:
+            parse_address(broker.http)
+        except ValueError as exc:
+            raise ConfigError(f'"broker.http": {exc}') from None
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
 
 
@@ -241,6 +249,7 @@ _BROKER_KEYS = {
     "allowedOrigins": "allowed_origins",
     "allowedHosts": "allowed_hosts",
     "tokenFile": "token_file",
+    "http": "http",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -264,9 +273,17 @@ SERVER_KEY_OF = {field: key for key, field in _SERVER_KEYS.items()}
 BROKER_KEY_OF = {field: key for key, field in _BROKER_KEYS.items()}
 
 
-def with_listeners(config: Config, websocket: str | None, token_file: str | None) -> Config:
+def with_listeners(
+    config: Config, websocket: str | None, token_file: str | None, http: str | None = None
+) -> Config:
     """The config with the command line's listener options on top of its own."""
     broker = config.broker
+    if http is not None:
+        try:
+            parse_address(http)
+        except ValueError as exc:
+            raise ConfigError(f"--http: {exc}") from None
+        broker = attrs.evolve(broker, http=http)
     if websocket is not None:
         try:
             parse_address(websocket)

@@ -95,6 +95,8 @@ BROKER_EFFECTS: dict[str, Effect] = {
     "allowed_origins": Effect.LIVE,
     "allowed_hosts": Effect.LIVE,
     "token_file": Effect.LIVE,
+    # The Streamable HTTP listener binds once too (and `serve --http` overrides it).
+    "http": Effect.RESTART_DAEMON,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))

@@ -99,6 +99,15 @@ class RequestMap:
         found = (entry.session for uid, entry in self._by_upstream.items() if uid not in skip)
         return list(dict.fromkeys(found))
 
+    def sole_requests(self, skip: Container[int] = ()) -> dict[Hashable, RequestId]:
+        """For each session with exactly one request in flight (but those in
+        ``skip``), that request's client id (broker/related.py says why)."""
+        found: dict[Hashable, RequestId | None] = {}
+        for uid, entry in self._by_upstream.items():
+            if uid not in skip:
+                found[entry.session] = None if entry.session in found else entry.client_id
+        return {session: id for session, id in found.items() if id is not None}
+
     def count(self, session: Hashable) -> int:
         return sum(1 for entry in self._by_upstream.values() if entry.session == session)
 

@@ -49,6 +49,7 @@ from broker.jsonrpc import (
     id_key,
 )
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
+from broker.related import Related
 from broker.server_requests import server_of
 from broker.states import LifecycleError, SessionState, SessionTrigger, next_session_state
 from broker.views import initialize_for, route
@@ -427,8 +428,8 @@ class SessionProtocol:
     # -- output -------------------------------------------------------------
 
     def outgoing(
-        self, message: Message | list[Message] | Answer
-    ) -> Message | list[Message] | Answer | None:
+        self, message: Message | list[Message] | Answer | Related
+    ) -> Message | list[Message] | Answer | Related | None:
         """What to write for a message bound for the client (None: hold it)."""
         if type(message) is Answer:  # nearly every one: an answer, unparsed
             if self.inflight:
@@ -447,8 +448,8 @@ class SessionProtocol:
 
     def take_outgoing(
         self,
-        delivery: list[Message | list[Message] | Answer],
-        out: list[Message | list[Message] | Answer],
+        delivery: list[Message | list[Message] | Answer | Related],
+        out: list[Message | list[Message] | Answer | Related],
     ) -> None:
         """Add to ``out`` what to write for a delivery of messages bound for the
         client, in order (answers held for a batch are added when it is

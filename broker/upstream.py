@@ -54,6 +54,7 @@ from broker.jsonrpc import (
     JsonRpcError,
     Kind,
     Message,
+    RequestId,
 )
 from broker.lifecycle import (
     HandshakeError,
@@ -98,6 +99,9 @@ class SendUpstream:
 class Deliver:
     session: Hashable
     message: Message
+    # The client's id of the request the message belongs to, when the server
+    # says (progress) or it can be told (broker/related.py); None: unknown.
+    related: RequestId | None = None
 
 
 @attrs.frozen
@@ -662,7 +666,7 @@ class UpstreamProtocol:
             if entry is None:
                 return []
             self.deadlines.touch(sent["progressToken"], now)  # matched: the upstream id
-            return [Deliver(entry.session, message)]
+            return [Deliver(entry.session, message, entry.client_id)]
         params = message.get("params") or {}
         if method == "notifications/cancelled":
             routed = self.server_requests.server_cancelled(params)
@@ -675,7 +679,9 @@ class UpstreamProtocol:
             named = {**params, "logger": f"{self.name}/{logger}" if logger else self.name}
             note = {**message, "params": named}
             level = params.get("level")
-            return [Deliver(s, note) for s in self.sessions if self.fanout.admits(s, level)]
+            admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
+            sole = self.requests.sole_requests(self.turns.held) if admitted else {}
+            return [Deliver(s, note, sole.get(s)) for s in admitted]
         if method == "notifications/tasks/status":
             routed = self.tasks.status(message)
             return [] if routed is None else [Deliver(*routed)]
@@ -700,7 +706,8 @@ class UpstreamProtocol:
         if isinstance(route, Route):
             if method == "roots/list":
                 turns.roots_asked(route.session)
-            return [Deliver(route.session, route.message)]
+            related = self.requests.sole_requests(turns.held).get(route.session)
+            return [Deliver(route.session, route.message, related)]
         actions: list[Action] = [SendUpstream(route.message)]
         if route.reason != "unknown" and "error" in route.message:  # (not roots: none)
             actions.append(Warn("server.request_refused", route.message["error"]["message"]))

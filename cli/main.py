@@ -81,10 +81,17 @@ def _main(argv: list[str]) -> int:
         "(overrides broker.websocket; HOST defaults to 127.0.0.1)",
     )
     serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve Streamable HTTP at http://HOST:PORT/mcp and /mcp/NAME "
+        "(overrides broker.http; HOST defaults to 127.0.0.1)",
+    )
+    serve.add_argument(
         "--token-file",
         metavar="FILE",
         default=None,
-        help="a file holding the bearer token WebSocket clients must send "
+        help="a file holding the bearer token WebSocket and HTTP clients must send "
         "(overrides broker.tokenFile; required off loopback)",
     )
     serve.add_argument("--log-level", choices=LEVELS, default="info")
@@ -159,7 +166,7 @@ def _serve(args: Any) -> int:
         from tools.demo import demo_config
 
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
-        config = with_listeners(config, args.ws, args.token_file)
+        config = with_listeners(config, args.ws, args.token_file, args.http)
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 2

@@ -63,6 +63,7 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "allowed_origins": st.sampled_from([(), ("http://localhost:6274",)]),
     "allowed_hosts": st.sampled_from([(), ("box.lan",)]),
     "token_file": st.sampled_from([None, "/run/token"]),
+    "http": st.sampled_from([None, "8766", "0.0.0.0:8766"]),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 

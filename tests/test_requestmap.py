@@ -187,3 +187,14 @@ def test_drain() -> None:
     assert len(requests) == 0
     assert requests.drain() == []
     requests.open(A, request(1))  # ids are free again
+
+
+def test_sole_requests_name_the_one_request_of_each_session_that_has_one() -> None:
+    """What a server's request or log message belongs to, when it can be told
+    (broker/related.py): a session's only request at the server."""
+    requests = RequestMap()
+    requests.open(A, request("a1"))
+    held = requests.open(B, request("b1"))
+    requests.open(B, request("b2"))
+    assert requests.sole_requests() == {A: "a1"}  # B has two: unknown
+    assert requests.sole_requests(skip={held}) == {A: "a1", B: "b2"}  # one is held, not sent

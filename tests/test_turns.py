@@ -76,6 +76,18 @@ def test_the_one_session_at_the_server_gets_the_request() -> None:
     assert deliver.message["id"] == "mcpbroker:s:1"
 
 
+def test_the_request_it_belongs_to_is_named_when_the_session_has_one_there() -> None:
+    """broker/related.py: a transport with a stream per request needs to know."""
+    proto = protocol("concurrent")
+    first = {"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "t"}}
+    proto.client_request(A, first)
+    [deliver] = ask(proto)
+    assert isinstance(deliver, Deliver) and deliver.related == "x"
+    call(proto, A)  # two requests of A at the server now: which one asks is unknown
+    [deliver] = ask(proto, "roots/list")
+    assert isinstance(deliver, Deliver) and deliver.session == A and deliver.related is None
+
+
 def test_two_sessions_at_the_server_means_no_one_is_picked() -> None:
     proto = protocol("concurrent")
     call(proto, A)

@@ -198,7 +198,8 @@ def test_progress_delivered_with_client_token() -> None:
     expected = jsonrpc.notification(
         "notifications/progress", {"progressToken": "mine", "progress": 3}
     )
-    assert proto.server_message(note) == [Deliver(B, expected)]
+    # (with the client's id of the request it belongs to: broker/related.py)
+    assert proto.server_message(note) == [Deliver(B, expected, 1)]
 
 
 def test_progress_after_response_dropped() -> None:

@@ -15,6 +15,7 @@ import orjson
 
 from broker import jsonrpc
 from broker.jsonrpc import INVALID_REQUEST, JsonRpcError
+from broker.related import Related
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -62,6 +63,8 @@ def encode(message: object) -> bytes:
     try:
         return orjson.dumps(message)
     except TypeError as exc:  # (orjson's errors are TypeErrors)
+        if type(message) is Related:  # (a transport that has no use for its cause)
+            return encode(message.message)
         id = message.get("id") if isinstance(message, dict) else None
         if not jsonrpc.is_valid_id(id):
             id = None

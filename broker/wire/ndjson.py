@@ -14,6 +14,7 @@ from __future__ import annotations
 import orjson
 
 from broker import jsonrpc
+from broker.related import Related
 from broker.wire import frames
 from broker.wire.envelope import Answer, Bytes
 from broker.wire.frames import DEFAULT_MAX_MESSAGE_BYTES, KEPT_ENDS, Frame, Oversize
@@ -27,7 +28,8 @@ def encode(message: object) -> bytes:
 
 
 def write_messages(
-    messages: list[jsonrpc.Message | list[jsonrpc.Message] | Answer], chunks: list[Bytes]
+    messages: list[jsonrpc.Message | list[jsonrpc.Message] | Answer | Related],
+    chunks: list[Bytes],
 ) -> int:
     """Add the lines for ``messages`` to ``chunks`` (to join and write in one
     go); returns the bytes added. An answer passed on unparsed goes in pieces,

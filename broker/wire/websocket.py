@@ -90,7 +90,22 @@ def check_handshake(
 ) -> Accept | Reject:
     """What to answer a client's opening request (see the module's docstring):
     ``host`` is its Host field, ``headers`` its other fields."""
-    fields = _fields(headers)
+    refused = check_access(host, fields_of(headers), policy)
+    if refused is not None:
+        return refused
+    route = route_of(path, servers)
+    if isinstance(route, Reject):
+        return route
+    proposed = tuple(subprotocols)
+    if proposed and SUBPROTOCOL not in proposed:
+        return Reject(400, f"Subprotocol {SUBPROTOCOL!r} is required")
+    return Accept(route[0], route[1], SUBPROTOCOL if proposed else None)
+
+
+def check_access(host: str, fields: dict[str, str], policy: Policy) -> Reject | None:
+    """Host, Origin and token (the module's docstring), for any request by URL
+    (the Streamable HTTP listener's too); None: allowed. ``fields`` by
+    lower-case name, as :func:`fields_of` gives them."""
     host = _host_name(host)
     if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
         return Reject(403, f"Host {host!r} is not allowed (see broker.allowedHosts)")
@@ -101,16 +116,12 @@ def check_handshake(
         return Reject(
             401, "A bearer token is required", (("WWW-Authenticate", 'Bearer realm="mcpbroker"'),)
         )
-    route = _route(path, servers)
-    if isinstance(route, Reject):
-        return route
-    proposed = tuple(subprotocols)
-    if proposed and SUBPROTOCOL not in proposed:
-        return Reject(400, f"Subprotocol {SUBPROTOCOL!r} is required")
-    return Accept(route[0], route[1], SUBPROTOCOL if proposed else None)
+    return None
 
 
-def _route(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
+def route_of(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
+    """The view a path names: ``/mcp`` every server (None), ``/mcp/NAME`` one,
+    transparent; 404 otherwise."""
     path = urlsplit(path).path.rstrip("/")
     if path == PATH:
         return None, False
@@ -124,7 +135,7 @@ def _route(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, b
     return Reject(404, f"Not found: the paths are {PATH} and {PATH}/NAME")
 
 
-def _fields(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+def fields_of(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     """Header fields by lower-case name (the first of each; latin-1, as HTTP)."""
     fields: dict[str, str] = {}
     for name, value in headers:

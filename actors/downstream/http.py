@@ -1,0 +1,495 @@
+"""The Streamable HTTP listener (``mcpbroker serve --http HOST:PORT``) and its sessions.
+
+Hosts that connect by URL reach the daemon at ``http://HOST:PORT/mcp`` (every
+server, aggregated) or ``http://HOST:PORT/mcp/NAME`` (one server, as it is).
+The HTTP server is hypercorn's Trio worker (``hypercorn.trio.serve``) running
+the small ASGI application below; the rules (verbs, statuses, session ids,
+which stream a message goes on, the events kept for replay) are
+broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
+
+One MCP session (``Mcp-Session-Id``) is one broker :class:`~actors.session.Session`
+over an :class:`HttpConnection`, whatever number of HTTP requests it spans:
+POST handlers hand the session their bodies (``receive``), and the session's
+writer hands the connection messages (``send``), which it queues on the
+stream each belongs to, never waiting; the HTTP response writing that stream
+(a POST's SSE stream or JSON answer, or the GET stream) takes them from
+there. A session that no request or stream has used for
+:data:`IDLE_SECONDS` ends, as does one the client DELETEs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from typing import Any, cast
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from actors.errors import TransportClosed
+from actors.logs import get_logger
+from actors.mailbox import Outgoing
+from broker.wire import http as wire
+from broker.wire import sse
+from broker.wire.frames import Frame
+from broker.wire.websocket import Policy
+
+IDLE_SECONDS = 1800.0  # a session nobody has used this long ends
+MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
+INBOX_SIZE = 16  # POST bodies waiting for the session's reader
+KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
+REAP_SECONDS = 30.0  # how often idle sessions are looked for
+SHUTDOWN_SECONDS = 2.0
+
+# What the listener does with a new session: run it until it ends.
+OpenSession = Callable[["HttpConnection", tuple[str, ...] | None, bool], Awaitable[None]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class HttpConnection:
+    """One HTTP MCP session, as a :class:`~actors.downstream.connection.Connection`."""
+
+    transport = "http"
+    related = True  # messages come with the request they belong to (broker/related.py)
+
+    def __init__(self, session_id: str, max_queued_bytes: int) -> None:
+        self.id = session_id
+        self.streams = wire.HttpStreams(max_queued_bytes)
+        self.closed = False
+        self.cancel_scope = trio.CancelScope()  # cancelled: the session ends
+        self.busy = 0  # HTTP requests of this session being answered now
+        self.last_active = trio.current_time()
+        self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](
+            INBOX_SIZE
+        )
+        self._wakers: dict[int, trio.Event] = {}
+        self._told_dropped = False
+        self._log = get_logger(http_session=session_id[:8])
+
+    # -- the Connection protocol ------------------------------------------
+
+    async def receive(self) -> tuple[list[Frame], int]:
+        try:
+            return await self._inbox.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            return [], 0
+
+    async def send(self, messages: list[Outgoing]) -> None:
+        if self.closed:
+            raise TransportClosed("the HTTP session ended")
+        touched: set[int] = set()
+        for message in messages:
+            try:
+                number = self.streams.add(message, wire.encode(message))
+            except wire.Overflow as exc:
+                self._log.warning("http.session_not_reading", detail=str(exc))
+                raise TransportClosed(str(exc)) from None
+            if number is not None:
+                touched.add(number)
+        if self.streams.dropped and not self._told_dropped:
+            self._told_dropped = True
+            self._log.warning(
+                "http.standalone_dropped",
+                detail="the client opens no GET stream and lets its messages pile up; "
+                "the oldest are dropped",
+            )
+        for number in touched:
+            waker = self._wakers.pop(number, None)
+            if waker is not None:
+                waker.set()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self._inbox_send.close()
+        for waker in self._wakers.values():
+            waker.set()
+        self._wakers.clear()
+
+    # -- for the HTTP handlers ----------------------------------------------
+
+    def waker(self, number: int) -> trio.Event:
+        """Set when stream ``number`` has something new (or the session ended).
+        Take it before looking, so that nothing comes unnoticed in between."""
+        if self.closed:
+            done = trio.Event()
+            done.set()
+            return done
+        return self._wakers.setdefault(number, trio.Event())
+
+    def wake(self, number: int) -> None:
+        waker = self._wakers.pop(number, None)
+        if waker is not None:
+            waker.set()
+
+    async def deliver(self, body: bytes) -> bool:
+        """Hand a POST body to the session; False if it has ended."""
+        try:
+            await self._inbox_send.send(([body], len(body)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def end(self, reason: str) -> None:
+        self._log.info("http.session_ending", reason=reason)
+        self.cancel_scope.cancel()
+
+
+class HttpListener:
+    """The ASGI application: every HTTP request of every session."""
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        servers: Iterable[str],
+        max_message_bytes: int,
+        max_queued_bytes: int,
+        open_session: OpenSession,
+        idle_seconds: float = IDLE_SECONDS,
+    ) -> None:
+        self._policy = policy
+        self._names = tuple(servers)
+        self._limit = max_message_bytes
+        self._max_queued_bytes = max_queued_bytes
+        self._open_session = open_session
+        self.idle_seconds = idle_seconds
+        self.sessions: dict[str, HttpConnection] = {}
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the sessions' tasks and end idle sessions, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(min(REAP_SECONDS, self.idle_seconds / 4))
+                self.reap(trio.current_time())
+
+    def reap(self, now: float) -> None:
+        for session in list(self.sessions.values()):
+            if not session.busy and now - session.last_active > self.idle_seconds:
+                session.end(f"idle for more than {self.idle_seconds:g} s")
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = scope["headers"]
+        host = next((v.decode("latin-1") for k, v in headers if k.lower() == b"host"), "")
+        target = wire.check_request(
+            scope["method"], scope["path"], host, headers, self._names, self._policy()
+        )
+        if isinstance(target, wire.Refuse):
+            return await self._refuse(send, target, scope)
+        if target.method == "POST":
+            await self._post(target, scope, receive, send)
+        elif target.method == "GET":
+            await self._get(target, scope, receive, send)
+        else:
+            await self._delete(target, scope, send)
+
+    # -- the verbs ----------------------------------------------------------
+
+    async def _post(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive, target.fields, self._limit)
+        if isinstance(body, wire.Refuse):
+            return await self._refuse(send, body, scope)
+        session = self.sessions.get(target.session_id or "")
+        post = wire.read_post(body, self._limit, session.streams.version if session else None)
+        if isinstance(post, wire.Refuse):
+            return await self._refuse(send, post, scope)
+        refused = wire.check_session(target, session is not None, post.initialize)
+        if refused is not None:
+            return await self._refuse(send, refused, scope)
+        mode = wire.choose_mode(target.fields, post.initialize) if post.requests else False
+        if isinstance(mode, wire.Refuse):
+            return await self._refuse(send, mode, scope)
+        new = session is None
+        if session is None:
+            if len(self.sessions) >= MAX_SESSIONS:
+                busy = wire.Refuse(503, f"Too many HTTP sessions ({MAX_SESSIONS})")
+                return await self._refuse(send, busy, scope)
+            session = self._start_session(target)
+        session.busy += 1
+        try:
+            if not post.requests:
+                session.streams.answered(post)
+                if not await session.deliver(body):
+                    return await self._refuse(send, _ENDED, scope)
+                return await _respond(send, 202)
+            number = session.streams.open(post, mode)
+            if isinstance(number, wire.Refuse):
+                return await self._refuse(send, number, scope)
+            session.streams.answered(post)
+            if not await session.deliver(body):
+                return await self._refuse(send, _ENDED, scope)
+            fields = [(b"mcp-session-id", session.id.encode())]
+            if mode:
+                priming = session.streams.priming(number)
+                await self._stream(session, number, receive, send, fields, [], priming)
+            else:
+                await self._answer(session, number, receive, send, fields, new)
+        finally:
+            session.busy -= 1
+            session.last_active = trio.current_time()
+            if new and session.streams.version is None:
+                session.end("initialize failed")
+
+    async def _get(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
+        session = self.sessions.get(target.session_id or "")
+        refused = wire.check_session(target, session is not None)
+        if refused is None and not wire.accepts_sse(target.fields):
+            refused = wire.Refuse(406, "Not Acceptable: a GET stream is text/event-stream")
+        if refused is not None or session is None:
+            return await self._refuse(send, refused or _ENDED, scope)
+        last = target.fields.get(wire.LAST_EVENT_HEADER)
+        if last is not None:
+            resumed = session.streams.resume(last)
+            if isinstance(resumed, wire.Refuse):
+                return await self._refuse(send, resumed, scope)
+            number, replay = resumed
+            priming = None
+        else:
+            number, replay = wire.STANDALONE, []
+            priming = session.streams.priming(number)
+        session.busy += 1
+        try:
+            await self._stream(session, number, receive, send, [], replay, priming)
+        finally:
+            session.busy -= 1
+            session.last_active = trio.current_time()
+
+    async def _delete(self, target: wire.Target, scope: Any, send: Send) -> None:
+        session = self.sessions.get(target.session_id or "")
+        refused = wire.check_session(target, session is not None)
+        if refused is not None or session is None:
+            return await self._refuse(send, refused or _ENDED, scope)
+        session.end("the client deleted it")
+        await _respond(send, 204)
+
+    # -- answers ------------------------------------------------------------
+
+    async def _stream(
+        self,
+        session: HttpConnection,
+        number: int,
+        receive: Receive,
+        send: Send,
+        fields: list[tuple[bytes, bytes]],
+        replay: list[wire.Event],
+        priming: bytes | None,
+    ) -> None:
+        """Write stream ``number`` as SSE until it is done (a POST's: its
+        answers written), the session ends, the client leaves, or another
+        GET takes the stream over."""
+        writer = object()
+        if session.streams.attach(number, writer) is not None:
+            session.wake(number)  # the response writing it until now stops
+        headers = [
+            (b"content-type", sse.CONTENT_TYPE.encode()),
+            (b"cache-control", b"no-cache"),
+            *fields,
+        ]
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                first = (priming or b"") + b"".join(event.data for event in replay)
+                if first:
+                    await _body(send, first)
+                await self._pump(session, number, writer, send)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                nursery.cancel_scope.cancel()
+        finally:
+            session.streams.detach(number, writer)
+
+    async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> None:
+        streams = session.streams
+        while not session.closed and streams.writer_of(number) is writer:
+            waker = session.waker(number)
+            events = streams.take(number)
+            if events:
+                await _body(send, b"".join(event.data for event in events))
+                continue
+            if streams.done(number):
+                return
+            with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
+                await waker.wait()
+            if idle.cancelled_caught:
+                await _body(send, sse.KEEPALIVE)
+
+    async def _answer(
+        self,
+        session: HttpConnection,
+        number: int,
+        receive: Receive,
+        send: Send,
+        fields: list[tuple[bytes, bytes]],
+        new: bool,
+    ) -> None:
+        """Answer a POST with one JSON body once its answers are in (a new
+        session's id goes with it only if the session did initialize)."""
+        writer = object()
+        session.streams.attach(number, writer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                events: list[wire.Event] = []
+                while not session.closed:
+                    waker = session.waker(number)
+                    stream = session.streams.streams.get(number)
+                    if stream is None or not stream.waiting:
+                        events = session.streams.take(number)
+                        break
+                    await waker.wait()
+                if not events:
+                    await self._refuse(send, _ENDED, None)
+                else:
+                    body = events[0].data
+                    if len(events) > 1:
+                        body = b"[" + b",".join(event.data for event in events) + b"]"
+                    initialized = not new or session.streams.version is not None
+                    await _respond(send, 200, body, fields if initialized else [])
+                nursery.cancel_scope.cancel()
+        finally:
+            session.streams.detach(number, writer)
+
+    async def _refuse(self, send: Send, refuse: wire.Refuse, scope: Any) -> None:
+        if scope is not None:
+            log = self._log.warning if refuse.status in (401, 403) else self._log.info
+            log(
+                "http.refused",
+                status=refuse.status,
+                reason=refuse.reason,
+                method=scope.get("method"),
+                peer=str(scope.get("client")),
+            )
+        extra = [(k.lower().encode(), v.encode()) for k, v in refuse.headers]
+        await _respond(send, refuse.status, refuse.body(), extra)
+
+    # -- sessions -----------------------------------------------------------
+
+    def _start_session(self, target: wire.Target) -> HttpConnection:
+        assert self._nursery is not None
+        session = HttpConnection(secrets.token_urlsafe(32), self._max_queued_bytes)
+        self.sessions[session.id] = session
+        self._nursery.start_soon(self._run_session, session, target.view, target.transparent)
+        return session
+
+    async def _run_session(
+        self, session: HttpConnection, view: tuple[str, ...] | None, transparent: bool
+    ) -> None:
+        try:
+            with session.cancel_scope:
+                await self._open_session(session, view, transparent)
+        finally:
+            self.sessions.pop(session.id, None)
+            await session.aclose()  # (idempotent: the Session closed it already)
+
+
+_ENDED = wire.Refuse(404, "Session not found: it ended (initialize again)")
+
+
+async def _read_body(receive: Receive, fields: dict[str, str], limit: int) -> bytes | wire.Refuse:
+    """A request's body, or 413 as soon as it is known to be over ``limit``."""
+    length = fields.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        return wire.too_large(int(length), limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return wire.Refuse(400, "The client left before its request's body was read")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return wire.too_large(size, limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send, status: int, body: bytes = b"", fields: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), *fields]
+    if body:
+        headers.append((b"content-type", b"application/json"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _body(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once the client has gone (ASGI's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+class _ToStructlog(logging.Handler):
+    """Hypercorn's own log lines (warnings and errors) into the daemon's log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        error = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
+        get_logger().warning("http.server", detail=record.getMessage(), error=error)
+
+
+def _hypercorn_config(host: str, port: int) -> HypercornConfig:
+    config = HypercornConfig()
+    shown = f"[{host}]" if ":" in host else host
+    config.bind = [f"{shown}:{port}"]
+    config.accesslog = None
+    errors = logging.getLogger("mcpbroker.http")
+    errors.setLevel(logging.WARNING)
+    errors.propagate = False
+    if not errors.handlers:
+        errors.addHandler(_ToStructlog())
+    config.errorlog = errors
+    config.include_server_header = False
+    config.graceful_timeout = SHUTDOWN_SECONDS
+    return config
+
+
+async def serve_http(
+    host: str,
+    port: int,
+    policy: Callable[[], Policy],
+    servers: Iterable[str],
+    max_message_bytes: int,
+    max_queued_bytes: int,
+    open_session: OpenSession,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve Streamable HTTP clients on ``host:port`` until cancelled; reports
+    the port bound. ``policy()`` says who may connect, asked at each request
+    (a reload may change it)."""
+    listener = HttpListener(policy, servers, max_message_bytes, max_queued_bytes, open_session)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        config = _hypercorn_config(host, port)
+        binds = await nursery.start(
+            partial(hypercorn_serve, cast(Any, listener), config, mode="asgi")
+        )
+        task_status.started(int(binds[0].rpartition(":")[2]))
