@@ -210,6 +210,8 @@ class Upstream:
             timeouts=self._timeouts_count,
             errors=self._errors + self._timeouts_count,
             uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
+            backlog_bytes=self._backlog_bytes,
+            parked=sum(len(item.messages) for item in self._parked),
             **process_usage(self._link.info.get("pid") if self._link is not None else None),
         )
 

@@ -89,6 +89,12 @@ class BrokerSettings:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     token_file: str | None = None
+    # The metrics listener ("HOST:PORT": Prometheus reads /metrics; None: none),
+    # and the audit log of tool calls (a file; None: none), with each call's
+    # arguments or not (docs/observability.md).
+    metrics: str | None = None
+    audit_log: str | None = None
+    audit_arguments: bool = False
 
 
 @attrs.frozen
@@ -221,6 +227,13 @@ def parse_config(data: Any) -> Config:
             parse_address(broker.websocket)
         except ValueError as exc:
             raise ConfigError(f'"broker.websocket": {exc}') from None
+    if broker.metrics is not None:
+        try:
+            parse_address(broker.metrics)
+        except ValueError as exc:
+            raise ConfigError(f'"broker.metrics": {exc}') from None
+    if broker.audit_log is not None and not broker.audit_log.strip():
+        raise ConfigError('"broker.auditLog" must be a file\'s path')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
 
 
@@ -238,6 +251,9 @@ _BROKER_KEYS = {
     "allowedOrigins": "allowed_origins",
     "allowedHosts": "allowed_hosts",
     "tokenFile": "token_file",
+    "metrics": "metrics",
+    "auditLog": "audit_log",
+    "auditArguments": "audit_arguments",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -271,6 +287,17 @@ def with_listeners(config: Config, websocket: str | None, token_file: str | None
     if token_file is not None:
         broker = attrs.evolve(broker, token_file=token_file)
     return attrs.evolve(config, broker=broker)
+
+
+def with_metrics(config: Config, metrics: str | None) -> Config:
+    """The config with ``serve --metrics HOST:PORT`` on top of its own."""
+    if metrics is None:
+        return config
+    try:
+        parse_address(metrics)
+    except ValueError as exc:
+        raise ConfigError(f"--metrics: {exc}") from None
+    return attrs.evolve(config, broker=attrs.evolve(config.broker, metrics=metrics))
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -93,6 +93,12 @@ BROKER_EFFECTS: dict[str, Effect] = {
     "allowed_origins": Effect.LIVE,
     "allowed_hosts": Effect.LIVE,
     "token_file": Effect.LIVE,
+    # The metrics listener binds once (and `serve --metrics` overrides it).
+    "metrics": Effect.RESTART_DAEMON,
+    # The audit log's file is opened once; whether calls' arguments go in it
+    # is asked at each call.
+    "audit_log": Effect.RESTART_DAEMON,
+    "audit_arguments": Effect.LIVE,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))

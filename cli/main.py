@@ -79,6 +79,13 @@ def _main(argv: list[str]) -> int:
         help="a file holding the bearer token WebSocket clients must send "
         "(overrides broker.tokenFile; required off loopback)",
     )
+    serve.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics "
+        "(overrides broker.metrics; HOST defaults to 127.0.0.1)",
+    )
     serve.add_argument("--log-level", choices=LEVELS, default="info")
     serve.add_argument(
         "--log-format",
@@ -129,7 +136,13 @@ def _serve(args: Any) -> int:
     from actors.downstream.unix import StartError
     from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
-    from broker.config import ConfigError, load_config, parse_config, with_listeners
+    from broker.config import (
+        ConfigError,
+        load_config,
+        parse_config,
+        with_listeners,
+        with_metrics,
+    )
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
     try:
@@ -144,6 +157,7 @@ def _serve(args: Any) -> int:
 
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
         config = with_listeners(config, args.ws, args.token_file)
+        config = with_metrics(config, args.metrics)
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 2

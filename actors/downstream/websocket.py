@@ -78,7 +78,9 @@ def read_token(path: str) -> str:
     return token
 
 
-def policy_for(host: str, settings: BrokerSettings) -> wire.Policy:
+def policy_for(
+    host: str, settings: BrokerSettings, listener: str = "WebSocket listener"
+) -> wire.Policy:
     """Who may connect to a listener on ``host``, by the settings; off
     loopback, a token is required (docs/security.md)."""
     from actors.downstream.unix import StartError
@@ -86,7 +88,7 @@ def policy_for(host: str, settings: BrokerSettings) -> wire.Policy:
     token = read_token(settings.token_file) if settings.token_file else None
     if token is None and not is_loopback(host):
         raise StartError(
-            f"a WebSocket listener on {host}, off loopback, needs a token "
+            f"a {listener} on {host}, off loopback, needs a token "
             "(--token-file or broker.tokenFile)"
         )
     return wire.Policy(

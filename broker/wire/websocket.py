@@ -90,6 +90,23 @@ def check_handshake(
 ) -> Accept | Reject:
     """What to answer a client's opening request (see the module's docstring):
     ``host`` is its Host field, ``headers`` its other fields."""
+    refused = check_caller(host, headers, policy)
+    if refused is not None:
+        return refused
+    route = _route(path, servers)
+    if isinstance(route, Reject):
+        return route
+    proposed = tuple(subprotocols)
+    if proposed and SUBPROTOCOL not in proposed:
+        return Reject(400, f"Subprotocol {SUBPROTOCOL!r} is required")
+    return Accept(route[0], route[1], SUBPROTOCOL if proposed else None)
+
+
+def check_caller(
+    host: str, headers: Sequence[tuple[bytes, bytes]], policy: Policy
+) -> Reject | None:
+    """Whether the policy lets this caller in (Host, Origin, token), for every
+    listener of the daemon's (WebSocket, metrics); None: it does."""
     fields = _fields(headers)
     host = _host_name(host)
     if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
@@ -101,13 +118,7 @@ def check_handshake(
         return Reject(
             401, "A bearer token is required", (("WWW-Authenticate", 'Bearer realm="mcpbroker"'),)
         )
-    route = _route(path, servers)
-    if isinstance(route, Reject):
-        return route
-    proposed = tuple(subprotocols)
-    if proposed and SUBPROTOCOL not in proposed:
-        return Reject(400, f"Subprotocol {SUBPROTOCOL!r} is required")
-    return Accept(route[0], route[1], SUBPROTOCOL if proposed else None)
+    return None
 
 
 def _route(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
