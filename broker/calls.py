@@ -160,12 +160,16 @@ class CallTracker:
         self.pending: dict[RequestId, Pending] = {}
         self.records: list[AuditRecord] = []  # for the actor to write, then clear
 
-    def start(self, id: RequestId, method: str) -> None:
+    def start(self, id: RequestId, request: Any) -> None:
         """A request was read (answered by the broker, unless :meth:`routed`).
         A second request with an id in flight is refused by the session and
         not counted: its answer carries no id."""
-        if id not in self.pending:
-            self.pending[id] = Pending("", method if method in METHODS else OTHER, self.now)
+        if id in self.pending:
+            return
+        method = request["method"]
+        pending = self.pending[id] = Pending("", method if method in METHODS else OTHER, self.now)
+        if self.audit and method == "tools/call":
+            self._note_tool(pending, request)  # (a call refused here is audited too)
 
     def routed(self, id: RequestId, server: str, request: Any) -> None:
         """A request goes to ``server`` (``request``: as that server gets it)."""
@@ -178,12 +182,17 @@ class CallTracker:
         else:
             pending.server = server
         if self.audit and pending.method == "tools/call":
-            params = request.get("params")
-            if type(params) is dict:
-                name = params.get("name")
-                pending.tool = name if type(name) is str else None
-                if self.arguments:
-                    pending.arguments = params.get("arguments")
+            self._note_tool(pending, request)
+
+    def _note_tool(self, pending: Pending, request: Any) -> None:
+        """Keep what the audit log says of a call: its tool (and arguments)."""
+        params = request.get("params")
+        if type(params) is not dict:
+            params = {}
+        name = params.get("name")
+        pending.tool = name if type(name) is str else ""
+        if self.arguments:
+            pending.arguments = params.get("arguments")
 
     def answered(self, id: Any, answer: Any) -> None:
         """The session writes an answer (a dict or an unparsed :class:`Answer`)."""

@@ -295,7 +295,7 @@ class SessionProtocol:
         if kind is Kind.REQUEST:
             id = message["id"]
             if self.calls is not None and (type(id) is int or len(id) <= MAX_ID_LENGTH):
-                self.calls.start(id, message["method"])
+                self.calls.start(id, message)
             try:
                 return self._request(message, settled)
             except AnonymousError:
