@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 import attrs
+import structlog
 import trio
 
 import broker.upstream
@@ -276,13 +277,15 @@ class Daemon:
             **options,
         )
         self._sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            # The session's state dies with it; nothing else shares it.
-            self._log.exception("session.crashed")
-        finally:
-            self._sessions.discard(session)
+        # Whatever is logged in this session's tasks says which session it was.
+        with structlog.contextvars.bound_contextvars(session=session.handle.id):
+            try:
+                await session.run()
+            except Exception:
+                # The session's state dies with it; nothing else shares it.
+                self._log.exception("session.crashed")
+            finally:
+                self._sessions.discard(session)
 
 
 def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:

@@ -303,6 +303,15 @@ class Session:
 
     async def _attach(self, action: AttachServers) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
+        info = self._protocol.client_info if isinstance(self._protocol.client_info, dict) else {}
+        self._log.info(
+            "session.initialized",
+            client=info.get("name"),
+            client_version=info.get("version"),
+            protocol_version=self._protocol.protocol_version,
+            view=list(action.view),
+            transport=self._connection.transport,
+        )
         self._attached = [self._upstreams[name] for name in action.view]
         for upstream in self._attached:
             await upstream.send(Attach(self._handle, action.capabilities))

@@ -378,7 +378,12 @@ class Upstream:
             except JsonRpcError as exc:
                 session.deliver(exc.to_response())
             except Exception:  # a bug of the broker's: answer this request, go on
-                self._log.exception("server.request_failed", method=request.get("method"))
+                self._log.exception(
+                    "server.request_failed",
+                    session=session.id,
+                    request=request.get("id"),
+                    method=request.get("method"),
+                )
                 session.deliver(
                     jsonrpc.error_response(
                         request.get("id"),
@@ -607,10 +612,15 @@ class Upstream:
                 self._timeouts_changed = trio.Event()
                 continue
             actions = self._protocol.expire(trio.current_time())
-            answered = sum(isinstance(action, Deliver) for action in actions)
-            if answered:
-                self._timeouts_count += answered
-                self._log.warning("server.requests_timed_out", count=answered)
+            for action in actions:
+                if isinstance(action, Deliver):
+                    self._timeouts_count += 1
+                    self._log.warning(
+                        "server.request_timed_out",
+                        session=cast(SessionHandle, action.session).id,
+                        request=action.message.get("id"),
+                        timeout=self._timeouts.timeout,
+                    )
             self._apply(actions)
             if self._protocol.released:
                 self._send_nowait(self._protocol.take_released())

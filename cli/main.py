@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from cli import service
 
         return service.main(argv[1:])
+    if argv[:1] == ["logs"]:
+        from cli import logs
+
+        return logs.main(argv[1:])
     return _main(argv)
 
 
@@ -104,6 +108,9 @@ def _main(argv: list[str]) -> int:
     commands.add_parser("bench", help="load-test a server (see 'mcpbroker bench --help')")
     commands.add_parser(
         "service", help="run the daemon as a systemd or launchd service (install, uninstall)"
+    )
+    commands.add_parser(
+        "logs", help="print the daemon's log, filtered (see 'mcpbroker logs --help')"
     )
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
