@@ -62,6 +62,9 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "allowed_origins": st.sampled_from([(), ("http://localhost:6274",)]),
     "allowed_hosts": st.sampled_from([(), ("box.lan",)]),
     "token_file": st.sampled_from([None, "/run/token"]),
+    "metrics": st.sampled_from([None, "9464"]),
+    "audit_log": st.sampled_from([None, "/var/log/audit.jsonl"]),
+    "audit_arguments": st.booleans(),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 
