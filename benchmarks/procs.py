@@ -81,13 +81,15 @@ def daemon(
     servers: dict[str, list[str]],
     prefix: tuple[str, ...] = (),
     module: str = "cli.main",
+    broker: dict[str, Any] | None = None,
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
     ``prefix`` runs the daemon under another command (a profiler); the pid
     yielded is still the daemon's own, from its status. With
     ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
-    (benchmarks/prototype.py).
+    (benchmarks/prototype.py). ``broker``: the config's broker section
+    (``count --broker '{"metrics": "0"}'`` measures what metrics cost).
     """
     if os.environ.get("MCPBROKER_PATCHES") and module == "cli.main":
         module = "benchmarks.prototype"
@@ -95,7 +97,8 @@ def daemon(
         "mcpServers": {
             name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
             for name, argv in servers.items()
-        }
+        },
+        "broker": broker or {},
     }
     config_path = os.path.join(directory, "config.json")
     socket_path = os.path.join(directory, "daemon.sock")

@@ -97,30 +97,57 @@ class Histogram:
         self.sum += value
 
 
+class Counts:
+    """What the requests of one method to one server came to."""
+
+    __slots__ = ("cancelled", "durations", "errors", "failed", "method", "ok", "server")
+
+    def __init__(self, server: str, method: str, durations: Histogram) -> None:
+        self.server = server
+        self.method = method
+        self.ok = 0  # answered with a result
+        self.failed = 0  # answered with a JSON-RPC error
+        self.cancelled = 0  # cancelled by the client, or its session ended first
+        self.errors: dict[int, int] = {}  # error code -> answers with it
+        self.durations = durations  # the server's (shared by its methods)
+
+
 class CallStats:
-    """The daemon's counts of answered requests, shared by every session's
-    tracker (one thread: plain dicts, no locks), read at each scrape."""
+    """The daemon's counts of ended requests, shared by every session's
+    tracker (one thread: plain counters, no locks), read at each scrape."""
 
     def __init__(self) -> None:
-        # (server, method, outcome) -> requests that ended so (OK, ERROR, CANCELLED)
-        self.requests: dict[tuple[str, str, str], int] = {}
-        # (server, method, code) -> requests answered with that JSON-RPC error
-        self.errors: dict[tuple[str, str, int], int] = {}
-        # server -> the time its answered requests took
-        self.durations: dict[str, Histogram] = {}
+        self.counts: dict[tuple[str, str], Counts] = {}  # (server, method) ->
+        self.durations: dict[str, Histogram] = {}  # server -> its answered requests' times
 
-    def ended(self, server: str, method: str, outcome: str, duration: float) -> None:
-        key = (server, method, outcome)
-        self.requests[key] = self.requests.get(key, 0) + 1
-        if outcome != CANCELLED:
-            histogram = self.durations.get(server)
-            if histogram is None:
-                histogram = self.durations[server] = Histogram()
-            histogram.observe(duration)
+    def of(self, server: str, method: str) -> Counts:
+        """The counts of ``method`` (a label: METHODS or OTHER) to ``server``."""
+        counts = self.counts.get((server, method))
+        if counts is None:
+            durations = self.durations.get(server)
+            if durations is None:
+                durations = self.durations[server] = Histogram()
+            counts = self.counts[(server, method)] = Counts(server, method, durations)
+        return counts
 
-    def failed(self, server: str, method: str, code: int) -> None:
-        key = (server, method, code)
-        self.errors[key] = self.errors.get(key, 0) + 1
+    @property
+    def requests(self) -> dict[tuple[str, str, str], int]:
+        """(server, method, outcome) -> requests that ended so (OK, ERROR, CANCELLED)."""
+        out = {}
+        for (server, method), c in self.counts.items():
+            for outcome, n in ((OK, c.ok), (ERROR, c.failed), (CANCELLED, c.cancelled)):
+                if n:
+                    out[(server, method, outcome)] = n
+        return out
+
+    @property
+    def errors(self) -> dict[tuple[str, str, int], int]:
+        """(server, method, code) -> requests answered with that JSON-RPC error."""
+        return {
+            (server, method, code): n
+            for (server, method), c in self.counts.items()
+            for code, n in c.errors.items()
+        }
 
 
 @attrs.frozen
@@ -136,17 +163,10 @@ class AuditRecord:
     arguments: Any = None  # only with broker.auditArguments
 
 
-class Pending:
-    """A request of the session not yet answered."""
-
-    __slots__ = ("arguments", "method", "server", "started", "tool")
-
-    def __init__(self, server: str, method: str, started: float) -> None:
-        self.server = server
-        self.method = method
-        self.started = started
-        self.tool: str | None = None  # tools/call, with the audit log on
-        self.arguments: Any = None
+# A request of the session not yet answered: its counts, when it was read,
+# and (tools/call, with the audit log on) its tool and arguments. A tuple:
+# one is made per request.
+Pending = tuple[Counts, float, str | None, Any]
 
 
 class CallTracker:
@@ -167,32 +187,30 @@ class CallTracker:
         if id in self.pending:
             return
         method = request["method"]
-        pending = self.pending[id] = Pending("", method if method in METHODS else OTHER, self.now)
-        if self.audit and method == "tools/call":
-            self._note_tool(pending, request)  # (a call refused here is audited too)
+        counts = self.stats.of("", method if method in METHODS else OTHER)
+        audited = self.audit and method == "tools/call"
+        tool, arguments = self._tool(request) if audited else (None, None)
+        self.pending[id] = (counts, self.now, tool, arguments)  # (a refused call is audited)
 
     def routed(self, id: RequestId, server: str, request: Any) -> None:
         """A request goes to ``server`` (``request``: as that server gets it)."""
+        method = request["method"]
+        label = method if method in METHODS else OTHER
+        counts = self.stats.counts.get((server, label)) or self.stats.of(server, label)
+        audited = self.audit and method == "tools/call"
+        tool, arguments = self._tool(request) if audited else (None, None)
         pending = self.pending.get(id)
-        if pending is None:
-            method = request["method"]
-            pending = self.pending[id] = Pending(
-                server, method if method in METHODS else OTHER, self.now
-            )
-        else:
-            pending.server = server
-        if self.audit and pending.method == "tools/call":
-            self._note_tool(pending, request)
+        self.pending[id] = (counts, self.now if pending is None else pending[1], tool, arguments)
 
-    def _note_tool(self, pending: Pending, request: Any) -> None:
-        """Keep what the audit log says of a call: its tool (and arguments)."""
+    def _tool(self, request: Any) -> tuple[str | None, Any]:
+        """What the audit log says of a call: its tool (and arguments)."""
         params = request.get("params")
         if type(params) is not dict:
             params = {}
         name = params.get("name")
-        pending.tool = name if type(name) is str else ""
-        if self.arguments:
-            pending.arguments = params.get("arguments")
+        return (name if type(name) is str else ""), (
+            params.get("arguments") if self.arguments else None
+        )
 
     def answered(self, id: Any, answer: Any) -> None:
         """The session writes an answer (a dict or an unparsed :class:`Answer`)."""
@@ -201,15 +219,25 @@ class CallTracker:
         pending = self.pending.pop(id, None)
         if pending is None:
             return
-        code = error_code(answer)
-        outcome = OK if code is None else ERROR
-        duration = self.now - pending.started
-        self.stats.ended(pending.server, pending.method, outcome, duration)
-        if code is not None:
-            self.stats.failed(pending.server, pending.method, code)
-        if pending.tool is not None:
-            audited = TIMEOUT if code == REQUEST_TIMEOUT else outcome
-            self._record(pending, audited, duration, code)
+        counts, started, tool, arguments = pending
+        duration = self.now - started
+        durations = counts.durations  # (Histogram.observe, inlined: once per request)
+        durations.counts[bisect_left(DURATION_BUCKETS, duration)] += 1
+        durations.sum += duration
+        if type(answer) is Answer and answer.tail[1:9] != ERROR_KEY:
+            code = None if answer.head[:9] != ERROR_FIRST else error_code(answer)
+        else:
+            code = error_code(answer)
+        if code is None:
+            counts.ok += 1
+        else:
+            counts.failed += 1
+            counts.errors[code] = counts.errors.get(code, 0) + 1
+        if tool is not None:
+            outcome = OK if code is None else TIMEOUT if code == REQUEST_TIMEOUT else ERROR
+            self.records.append(
+                AuditRecord(counts.server, tool, duration, outcome, code, arguments)
+            )
 
     def cancelled(self, id: Any) -> None:
         """The client cancelled a request (or left with it in flight)."""
@@ -218,28 +246,31 @@ class CallTracker:
         pending = self.pending.pop(id, None)
         if pending is None:
             return
-        self.stats.ended(pending.server, pending.method, CANCELLED, 0.0)
-        if pending.tool is not None:
-            self._record(pending, CANCELLED, self.now - pending.started, None)
+        counts, started, tool, arguments = pending
+        counts.cancelled += 1
+        if tool is not None:
+            duration = self.now - started
+            self.records.append(
+                AuditRecord(counts.server, tool, duration, CANCELLED, None, arguments)
+            )
 
     def closed(self) -> None:
         """The session ended: what it still had in flight is cancelled."""
         for id in list(self.pending):
             self.cancelled(id)
 
-    def _record(self, pending: Pending, outcome: str, duration: float, code: int | None) -> None:
-        assert pending.tool is not None
-        self.records.append(
-            AuditRecord(pending.server, pending.tool, duration, outcome, code, pending.arguments)
-        )
+
+# How an unparsed answer that is an error starts after its id (the usual
+# shape), or starts (the TypeScript SDK's): broker/wire/envelope.py.
+ERROR_KEY = b'"error":'
+ERROR_FIRST = b'{"error":'
 
 
 def error_code(answer: Any) -> int | None:
     """The JSON-RPC error code of an answer (None: a result). An unparsed
     answer (broker/wire/envelope.py) is read only if it is an error."""
     if type(answer) is Answer:
-        head, tail = answer.head, answer.tail
-        if tail[1:9] != b'"error":' and head[:9] != b'{"error":':
+        if answer.tail[1:9] != ERROR_KEY and answer.head[:9] != ERROR_FIRST:
             return None
         answer = answer.read()
     if type(answer) is not dict:
