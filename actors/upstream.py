@@ -642,7 +642,12 @@ class Upstream:
         self._errors += len(failed)
         self._ready_since = None
         self._set_status()
-        self._log.error("server.down", reason=reason, failed_requests=len(failed))
+        self._log.error(
+            "server.down",
+            reason=reason,
+            failed_requests=len(failed),
+            sessions=sorted({cast(SessionHandle, d.session).id for d in failed}),
+        )
         for delivery in failed:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
         self._unpark()  # what waited for it to start is answered: it is down

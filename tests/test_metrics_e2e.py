@@ -23,8 +23,10 @@ DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
-    request = urllib.request.Request(url, headers=headers or {})
+def get(
+    url: str, headers: dict[str, str] | None = None, method: str = "GET"
+) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, answer.read().decode(), lower(answer.headers)
@@ -174,6 +176,20 @@ async def test_the_metrics_listener_refuses_other_hosts_origins_paths_and_method
             assert code == 403 and "Origin" in text
             assert (await status("/other"))[0] == 404
             assert (await status("/metrics", Host="localhost"))[0] == 200
+            code, text, headers = await trio.to_thread.run_sync(get, url, {}, "POST")
+            assert code == 405 and headers["allow"] == "GET, HEAD"
+            code, text, headers = await trio.to_thread.run_sync(get, url, {}, "HEAD")
+            assert code == 200 and text == "" and int(headers["content-length"]) > 0
+            # Not HTTP at all: a 400, and the listener goes on.
+            port = int(url.rsplit(":", 1)[1].split("/")[0])
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(b"NOT HTTP\r\n\r\n")
+                answer = b""
+                while chunk := await stream.receive_some(4096):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 400 ")
+            assert (await status("/metrics"))[0] == 200
 
 
 async def test_a_token_guards_the_metrics_when_one_is_configured(
