@@ -210,8 +210,7 @@ class Session:
                     await self._execute(action)
             if forwards:
                 await self._send_forwards(forwards, size)
-            if calls is not None and calls.records:  # (cancelled calls)
-                self._write_audit()
+            self._write_audit()  # (calls the client cancelled)
 
     async def _send_forwards(self, forwards: dict[str, list[Message]], size: int) -> None:
         for server, messages in forwards.items():
@@ -241,6 +240,7 @@ class Session:
                 audit=self._audit is not None,
                 arguments=self._settings.audit_arguments,
             )
+            protocol.calls.now = trio.current_time()  # (a hello's read goes on with it)
         return protocol
 
     def _write_audit(self) -> None:

@@ -65,8 +65,10 @@ async def test_a_scrape_counts_what_the_clients_did(socket_path: str) -> None:
             shim_client(socket_path) as client,
         ):
             assert daemon.metrics_url is not None
-            for n in range(3):
+            for n in range(2):
                 await client.call_tool("alpha__echo", {"text": str(n)})
+            async with shim_client(socket_path, "alpha") as alone:  # (its hello opens it)
+                await alone.call_tool("echo", {"text": "2"})
             with pytest.raises(MCPError) as unknown:
                 await client.call_tool("alpha__nope", {})
             assert unknown.value.error.code == -32602
@@ -120,7 +122,7 @@ async def test_a_scrape_counts_what_the_clients_did(socket_path: str) -> None:
             below_half = value(
                 samples, "mcpbroker_request_duration_seconds_bucket", server="alpha", le="0.5"
             )
-            assert below_half == 3  # the echoes
+            assert below_half == 3  # the echoes (timed from the read, a hello's too)
             assert value(samples, "mcpbroker_server_timeouts_total", server="alpha") == 1
             assert value(samples, "mcpbroker_server_up", server="alpha") == 1
             assert value(samples, "mcpbroker_server_state", server="alpha", state="ready") == 1
@@ -207,3 +209,30 @@ async def test_a_token_guards_the_metrics_when_one_is_configured(
             auth = {"Authorization": "Bearer s3cret"}
             code, text, _ = await trio.to_thread.run_sync(get, url, auth)
             assert code == 200 and "mcpbroker_uptime_seconds" in text
+
+
+async def test_requests_read_with_a_hello_are_timed_from_that_read(socket_path: str) -> None:
+    lines = [
+        {"mcpbroker": {"servers": ["alpha"]}},
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "echo", "arguments": {"text": "x"}}},
+    ]  # fmt: skip
+    with trio.fail_after(30):
+        broker = {"metrics": "127.0.0.1:0"}
+        async with (
+            running_daemon({"alpha": sdk_server("alpha")}, socket_path, broker=broker) as daemon,
+            await trio.open_unix_socket(socket_path) as stream,
+        ):
+            assert daemon.metrics_url is not None
+            await stream.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+            received = b""
+            while b'"id":2' not in received.replace(b" ", b""):
+                received += await stream.receive_some(65536)
+            samples = await scrape(daemon.metrics_url)
+    fast = value(samples, "mcpbroker_request_duration_seconds_bucket", server="alpha", le="0.5")
+    assert fast == 1
+    assert value(samples, "mcpbroker_request_duration_seconds_count", server="") == 1  # initialize
