@@ -23,7 +23,7 @@ routing, such as an unknown tool).
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -33,7 +33,7 @@ from broker.wire.envelope import Answer
 # Upper bounds (seconds) of the latency histogram's buckets, as Prometheus's
 # ``le``; a last bucket (+Inf) takes the rest. From a cached answer in a few
 # milliseconds to the default request timeout (300 s).
-DURATION_BUCKETS: tuple[float, ...] = (
+DURATION_BUCKETS: Final[tuple[float, ...]] = (
     0.001,
     0.0025,
     0.005,
@@ -54,7 +54,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )
 
 # Methods counted by name (what MCP clients send); anything else is "other".
-METHODS = frozenset(
+METHODS: Final = frozenset(
     {
         "initialize",
         "ping",
@@ -224,8 +224,8 @@ class CallTracker:
         durations = counts.durations  # (Histogram.observe, inlined: once per request)
         durations.counts[bisect_left(DURATION_BUCKETS, duration)] += 1
         durations.sum += duration
-        if type(answer) is Answer and answer.tail[1:9] != ERROR_KEY:
-            code = None if answer.head[:9] != ERROR_FIRST else error_code(answer)
+        if type(answer) is Answer:
+            code = error_code(answer) if is_error(answer) else None
         else:
             code = error_code(answer)
         if code is None:
@@ -260,17 +260,26 @@ class CallTracker:
             self.cancelled(id)
 
 
-# How an unparsed answer that is an error starts after its id (the usual
-# shape), or starts (the TypeScript SDK's): broker/wire/envelope.py.
-ERROR_KEY = b'"error":'
-ERROR_FIRST = b'{"error":'
+def is_error(answer: Answer) -> bool:
+    """Whether an unparsed answer is an error, by one byte. ``split_answer``
+    (broker/wire/envelope.py) takes only two shapes: ``{"jsonrpc":"2.0","id":N``
+    then ``,"result":`` or ``,"error":`` (the tail), or ``{"result":`` or
+    ``{"error":`` first (the head); the third byte of the key's side tells."""
+    head = answer.head[2]
+    if head == _J:  # {"jsonrpc":...: the key follows the id
+        return answer.tail[2] == _E
+    return head == _E
+
+
+_J: Final = ord("j")
+_E: Final = ord("e")
 
 
 def error_code(answer: Any) -> int | None:
     """The JSON-RPC error code of an answer (None: a result). An unparsed
     answer (broker/wire/envelope.py) is read only if it is an error."""
     if type(answer) is Answer:
-        if answer.tail[1:9] != ERROR_KEY and answer.head[:9] != ERROR_FIRST:
+        if not is_error(answer):
             return None
         answer = answer.read()
     if type(answer) is not dict:
