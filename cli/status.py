@@ -67,6 +67,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
         f"started {started_by(status)}",
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
+        *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),
         f"{len(servers)} servers, {len(sessions)} sessions, "
         f"{sum(s['in_flight'] for s in servers)} requests in flight, "
         f"{sum(s['requests'] for s in servers)} sent, "

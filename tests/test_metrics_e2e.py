@@ -11,12 +11,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import attrs
 import psutil
 import pytest
 import trio
 from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.status import render
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client
 
 DASHBOARD = REPO / "docs" / "grafana-dashboard.json"
@@ -166,6 +168,7 @@ async def test_the_metrics_listener_refuses_other_hosts_origins_paths_and_method
             url = daemon.metrics_url
             assert url is not None
             base = url.removesuffix("/metrics")
+            assert f"Metrics: {url}" in render(attrs.asdict(daemon.statistics()))
 
             async def status(path: str, **headers: str) -> tuple[int, str]:
                 code, text, _ = await trio.to_thread.run_sync(get, base + path, headers)
