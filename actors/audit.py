@@ -32,6 +32,7 @@ class AuditLog:
         """Write the records of one session's calls (``client``: its clientInfo)."""
         now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         info = client if isinstance(client, dict) else {}
+        lines = []
         for record in records:
             line: dict[str, Any] = {
                 "time": now,
@@ -47,5 +48,8 @@ class AuditLog:
                 line["code"] = record.code
             if record.arguments is not None:  # (kept only with broker.auditArguments)
                 line["arguments"] = record.arguments
-            self._file.write(orjson.dumps(line, default=repr).decode() + "\n")
+            lines.append(orjson.dumps(line, default=repr).decode())
+        # One write of the batch's lines (RotatingLog: one record each, so a
+        # rotation never splits a line; a file may pass its size by a batch).
+        self._file.write("\n".join(lines) + "\n")
         self._file.flush()
