@@ -18,6 +18,9 @@ import trio
 from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.daemon import Daemon
+from actors.downstream.unix import StartError
+from broker.config import ConfigError, parse_config, with_metrics
 from cli.status import render
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client
 
@@ -239,3 +242,25 @@ async def test_requests_read_with_a_hello_are_timed_from_that_read(socket_path: 
     fast = value(samples, "mcpbroker_request_duration_seconds_bucket", server="alpha", le="0.5")
     assert fast == 1
     assert value(samples, "mcpbroker_request_duration_seconds_count", server="") == 1  # initialize
+
+
+def test_bad_metrics_and_audit_settings_are_refused_with_their_key() -> None:
+    with pytest.raises(ConfigError, match=r'"broker.metrics": expected HOST:PORT'):
+        parse_config({"broker": {"metrics": "nope"}})
+    with pytest.raises(ConfigError, match=r"auditArguments"):
+        parse_config({"broker": {"auditArguments": "yes"}})
+    with pytest.raises(ConfigError, match="--metrics"):
+        with_metrics(parse_config({}), "host:port")
+
+
+async def test_the_daemon_will_not_start_what_it_cannot_serve_safely(
+    socket_path: str, tmp_path: Path
+) -> None:
+    refusals = [
+        ({"metrics": "0.0.0.0:0"}, "metrics listener on 0.0.0.0, off loopback, needs a token"),
+        ({"auditLog": str(tmp_path / "missing" / "a.jsonl")}, "cannot write the audit log"),
+    ]
+    for broker, message in refusals:
+        daemon = Daemon(parse_config({"mcpServers": {}, "broker": broker}), socket_path)
+        with trio.fail_after(10), pytest.raises(StartError, match=message):
+            await daemon.run()
