@@ -30,7 +30,9 @@ class Catalogs:
         self.current = Catalog([entry])
 
 
-def session(audit: bool = False, arguments: bool = False) -> tuple[SessionProtocol, CallStats]:
+def session(
+    audit: bool = False, arguments: bool = False, version: str = "2025-06-18"
+) -> tuple[SessionProtocol, CallStats]:
     protocol = SessionProtocol(("files",), Catalogs())
     stats = CallStats()
     protocol.calls = CallTracker(stats, audit=audit, arguments=arguments)
@@ -40,7 +42,7 @@ def session(audit: bool = False, arguments: bool = False) -> tuple[SessionProtoc
             "id": 0,
             "method": "initialize",
             "params": {
-                "protocolVersion": "2025-06-18",
+                "protocolVersion": version,
                 "capabilities": {},
                 "clientInfo": {"name": "t", "version": "1"},
             },
@@ -174,3 +176,14 @@ def test_error_code_reads_only_error_answers() -> None:
     assert error_code(split_answer(b'{"jsonrpc":"2.0","id":1,"error":{"code":-5}}')) == -5
     assert error_code({"jsonrpc": "2.0", "id": 1, "error": {"code": "x"}}) == 0
     assert error_code({"jsonrpc": "2.0", "id": 1, "result": {}}) is None
+
+
+def test_a_batch_of_the_broker_s_own_answers_is_counted_and_forgotten() -> None:
+    protocol, stats = session(version="2025-03-26")
+    ping = {"jsonrpc": "2.0", "method": "ping"}
+    replies = protocol.receive([{**ping, "id": 1}, {**ping, "id": 2}, call(3, "files__nope")])
+    [batch] = write(protocol, *(reply.message for reply in replies))  # type: ignore[union-attr]
+    assert len(batch) == 3
+    assert stats.requests[("", "ping", OK)] == 2
+    assert stats.errors == {("", "tools/call", jsonrpc.INVALID_PARAMS): 1}
+    assert protocol.calls is not None and protocol.calls.pending == {}
