@@ -431,9 +431,14 @@ class Upstream:
             try:
                 jsonrpc.encode(message)
             except TypeError as exc:
-                self._log.error("server.unencodable_message", error=str(exc))
                 id = message.get("id")
                 entry = self._protocol.requests.forget(id) if isinstance(id, int) else None
+                self._log.error(
+                    "server.unencodable_message",
+                    error=str(exc),
+                    session=None if entry is None else cast(SessionHandle, entry.session).id,
+                    request=None if entry is None else entry.client_id,
+                )
                 if entry is not None and isinstance(id, int):
                     self._protocol.deadlines.discard(id)
                     cast(SessionHandle, entry.session).deliver(
