@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 from mcp.shared.exceptions import MCPError
 
+from actors.daemon import Daemon
+from broker.config import parse_config
 from cli.logs import Filter, follow, last_lines, render
 from tests.conftest import MCPBROKER, REPO, sdk_server, shim_client
 
@@ -165,3 +168,30 @@ async def test_a_daemon_logs_the_server_session_and_request_of_each_line(
         "session.closed",
     ]
     assert all(f"session={session}" in row for row in rows)
+
+
+class BrokenConnection:
+    """A client connection whose transport fails with a bug (not a closed peer)."""
+
+    transport = "unix"
+
+    async def receive(self) -> Any:
+        raise RuntimeError("a bug in a transport")
+
+    async def send(self, messages: Any) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_crashed_session_is_logged_with_its_id(socket_path: str) -> None:
+    daemon = Daemon(parse_config({"mcpServers": {}}), socket_path)
+    with structlog.testing.capture_logs(
+        processors=[structlog.contextvars.merge_contextvars]
+    ) as captured:
+        await daemon._serve_session(BrokenConnection())  # type: ignore[arg-type]
+    [opened] = [e for e in captured if e["event"] == "session.opened"]
+    [crashed] = [e for e in captured if e["event"] == "session.crashed"]
+    assert crashed["session"] == opened["session"]
+    assert structlog.contextvars.get_contextvars() == {}  # (bound for the session only)
