@@ -36,7 +36,6 @@ from actors.downstream.unix import (
 )
 from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
 from actors.logs import get_logger
-from actors.metrics import open_registry, render
 from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
 from actors.registry import Registry
 from actors.server_actor import ServerActor, UpstreamStatistics
@@ -214,6 +213,9 @@ class Daemon:
         return change
 
     async def _serve_metrics(self, nursery: trio.Nursery, host: str, port: int) -> None:
+        # (imported here: prometheus_client takes 15 ms a daemon without metrics need not pay)
+        from actors.metrics import open_registry, render
+
         assert self.calls is not None
         registry = open_registry(self.statistics, self.calls)
         port = await nursery.start(

@@ -12,6 +12,7 @@ the text format. docs/observability.md lists every metric.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from typing import Any
@@ -51,7 +52,7 @@ class BrokerCollector:
         info.add_metric(
             [],
             {
-                "version": version("mcpbroker"),
+                "version": _version(),
                 "rules": daemon.rules,
                 "started_by": daemon.started_by,
             },
@@ -215,6 +216,11 @@ class BrokerCollector:
             buckets.append(("+Inf", total + histogram.counts[-1]))
             durations.add_metric([server], buckets, histogram.sum)
         yield from (requests, errors, durations)
+
+
+@functools.cache
+def _version() -> str:
+    return version("mcpbroker")
 
 
 def _float(value: float) -> str:
