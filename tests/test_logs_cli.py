@@ -87,6 +87,14 @@ def test_logs_filters_by_server_session_and_level_and_reads_rotated_files(
         "      boom",
     ]
     assert json.loads(logs("--file", str(log), "--json", "-n", "1")[0])["request"] == 7
+    missing = subprocess.run(
+        [MCPBROKER, "logs", "--file", str(tmp_path / "none.log")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert missing.returncode == 1 and "no log at" in missing.stderr
 
 
 def test_last_lines_and_follow_miss_nothing_across_a_rotation(tmp_path: Path) -> None:
