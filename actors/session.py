@@ -155,6 +155,7 @@ class Session:
                 await self._connection.aclose()
             self._protocol.move(SessionTrigger.ENDED)
             if self._protocol.calls is not None:
+                self._protocol.calls.now = trio.current_time()
                 self._protocol.calls.closed()  # what it still had in flight: cancelled
                 self._write_audit()
             self._log.info("session.closed", reason=self._handle.close_reason or "client left")

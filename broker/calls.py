@@ -78,6 +78,11 @@ METHODS: Final = frozenset(
 )
 OTHER = "other"
 
+# Error codes counted apart per server and method, at most; the others (and a
+# code that is not an integer) are counted as OTHER_CODE.
+MAX_ERROR_CODES: Final = 32
+OTHER_CODE: Final = 0
+
 OK = "ok"
 ERROR = "error"
 CANCELLED = "cancelled"
@@ -232,7 +237,10 @@ class CallTracker:
             counts.ok += 1
         else:
             counts.failed += 1
-            counts.errors[code] = counts.errors.get(code, 0) + 1
+            errors = counts.errors
+            if code not in errors and len(errors) >= MAX_ERROR_CODES:
+                code = OTHER_CODE  # (a server that makes codes up cannot grow the labels)
+            errors[code] = errors.get(code, 0) + 1
         if tool is not None:
             outcome = OK if code is None else TIMEOUT if code == REQUEST_TIMEOUT else ERROR
             self.records.append(
@@ -288,4 +296,4 @@ def error_code(answer: Any) -> int | None:
     if type(error) is not dict:
         return None
     code = error.get("code")
-    return code if type(code) is int else 0
+    return code if type(code) is int else OTHER_CODE

@@ -187,3 +187,13 @@ def test_a_batch_of_the_broker_s_own_answers_is_counted_and_forgotten() -> None:
     assert stats.requests[("", "ping", OK)] == 2
     assert stats.errors == {("", "tools/call", jsonrpc.INVALID_PARAMS): 1}
     assert protocol.calls is not None and protocol.calls.pending == {}
+
+
+def test_error_codes_counted_apart_are_bounded() -> None:
+    protocol, stats = session()
+    for n in range(1, 41):
+        protocol.receive(call(n))
+        write(protocol, jsonrpc.error_response(n, -n, "made up"))
+    codes = {code for (_, _, code) in stats.errors}
+    assert len(codes) == 33 and 0 in codes  # 32 apart, the rest under 0
+    assert stats.errors[("files", "tools/call", 0)] == 8
