@@ -19,13 +19,17 @@ from functools import partial
 from typing import Any
 
 import attrs
+import structlog
 import trio
 
 import broker.upstream
+from actors.audit import AuditLog
 from actors.downstream.connection import Connection
 from actors.downstream.http import HttpConnection, serve_http
+from actors.downstream.metrics import serve_metrics
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import (
+    StartError,
     claim_socket_path,
     hold_socket_lock,
     serve_unix,
@@ -33,12 +37,13 @@ from actors.downstream.unix import (
 )
 from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
 from actors.logs import get_logger
-from actors.paths import STARTED_BY_ENV, prepare_socket_dir
+from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
 from actors.registry import Registry
 from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream
+from broker.calls import CallStats
 from broker.config import BrokerSettings, Config, ServerConfig, parse_address
 from broker.configdiff import ConfigDiff, Effect, diff
 from broker.wire.websocket import Policy
@@ -74,6 +79,7 @@ class DaemonStatistics:
     started_by: str = "hand"  # one of START_MODES
     socket_activated: bool = False  # the socket was handed over by a service manager
     http: str | None = None  # the Streamable HTTP listener's URL, if there is one
+    metrics: str | None = None  # the metrics listener's URL, if there is one
 
 
 class Daemon:
@@ -94,6 +100,13 @@ class Daemon:
         self._http_policy: Policy | None = None
         self.started_by = "hand"
         self.socket_activated = False
+        # Metrics and the audit log (docs/observability.md): what each request
+        # came to is counted only if one of them is on.
+        self.metrics_url: str | None = None
+        self._metrics_policy: Policy | None = None
+        self.audit: AuditLog | None = None
+        observed = config.broker.metrics is not None or config.broker.audit_log is not None
+        self.calls: CallStats | None = CallStats() if observed else None
 
     def statistics(self) -> DaemonStatistics:
         return DaemonStatistics(
@@ -106,6 +119,7 @@ class Daemon:
             started_by=self.started_by,
             socket_activated=self.socket_activated,
             http=self.http_url,
+            metrics=self.metrics_url,
         )
 
     def _control(self, command: str) -> Any:
@@ -122,6 +136,10 @@ class Daemon:
         self._websocket_policy = policy_for(address[0], settings) if address else None
         http_address = parse_address(settings.http) if settings.http else None
         self._http_policy = policy_for(http_address[0], settings, "HTTP") if http_address else None
+        metrics = parse_address(settings.metrics) if settings.metrics else None
+        if metrics is not None:
+            self._metrics_policy = policy_for(metrics[0], settings, "metrics")
+        self.audit = self._open_audit_log()
         inherited = self._take_process_origin()
         prepare_socket_dir(self.socket_path)
         with hold_socket_lock(self.socket_path):
@@ -151,6 +169,8 @@ class Daemon:
                     self.websocket_url = f"ws://{shown}:{port}/mcp"
                 if http_address is not None:
                     await self._start_http(nursery, *http_address)
+                if metrics is not None:
+                    await self._serve_metrics(nursery, *metrics)
                 self._log.info(
                     "daemon.listening",
                     socket=self.socket_path,
@@ -159,6 +179,8 @@ class Daemon:
                     rules=RULES,
                     websocket=self.websocket_url,
                     http=self.http_url,
+                    metrics=self.metrics_url,
+                    audit_log=self.audit.path if self.audit else None,
                     started_by=self.started_by,
                     socket_activated=self.socket_activated,
                 )
@@ -183,6 +205,9 @@ class Daemon:
         if self._http_policy is not None and self.config.broker.http:
             host = parse_address(self.config.broker.http)[0]
             self._http_policy = policy_for(host, settings, "HTTP")
+        if self._metrics_policy is not None and self.config.broker.metrics:
+            host = parse_address(self.config.broker.metrics)[0]
+            self._metrics_policy = policy_for(host, settings, "metrics")
         servers = dict(self.config.servers)
         for name, server_change in change.updated.items():
             servers[name] = server_change.new
@@ -225,6 +250,31 @@ class Daemon:
         view = tuple(self.upstreams) if view is None else view
         await self._serve_session(connection, view=view, transparent=transparent)
 
+    async def _serve_metrics(self, nursery: trio.Nursery, host: str, port: int) -> None:
+        # (imported here: prometheus_client takes 15 ms a daemon without metrics need not pay)
+        from actors.metrics import open_registry, render
+
+        assert self.calls is not None
+        registry = open_registry(self.statistics, self.calls)
+        port = await nursery.start(
+            serve_metrics, host, port, self._current_metrics_policy, partial(render, registry)
+        )
+        shown = f"[{host}]" if ":" in host else host
+        self.metrics_url = f"http://{shown}:{port}/metrics"
+
+    def _current_metrics_policy(self) -> Policy:
+        assert self._metrics_policy is not None
+        return self._metrics_policy
+
+    def _open_audit_log(self) -> AuditLog | None:
+        path = self.config.broker.audit_log
+        if path is None:
+            return None
+        try:
+            return AuditLog(os.path.expanduser(path))
+        except (UnsafePath, OSError) as exc:
+            raise StartError(f"cannot write the audit log {path}: {exc}") from None
+
     def _current_websocket_policy(self) -> Policy:
         assert self._websocket_policy is not None
         return self._websocket_policy
@@ -257,15 +307,25 @@ class Daemon:
 
     async def _serve_session(self, connection: Connection, **options: Any) -> None:
         """Run one client's session, over any transport, until it ends."""
-        session = Session(connection, self.upstreams, self.registry, self.config.broker, **options)
+        session = Session(
+            connection,
+            self.upstreams,
+            self.registry,
+            self.config.broker,
+            calls=self.calls,
+            audit=self.audit,
+            **options,
+        )
         self._sessions.add(session)
-        try:
-            await session.run()
-        except Exception:
-            # The session's state dies with it; nothing else shares it.
-            self._log.exception("session.crashed")
-        finally:
-            self._sessions.discard(session)
+        # Whatever is logged in this session's tasks says which session it was.
+        with structlog.contextvars.bound_contextvars(session=session.handle.id):
+            try:
+                await session.run()
+            except Exception:
+                # The session's state dies with it; nothing else shares it.
+                self._log.exception("session.crashed")
+            finally:
+                self._sessions.discard(session)
 
 
 def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:

@@ -113,6 +113,8 @@ class UpstreamStatistics:
     uptime: float | None = None  # seconds since the current connection became ready
     cpu: float | None = None  # seconds of CPU its process(es) used (user + system)
     rss: int | None = None  # bytes of memory its process(es) hold
+    backlog_bytes: int = 0  # written to the server and not taken by it yet
+    parked: int = 0  # requests waiting for it to finish starting
 
 
 class ServerActor(Protocol):

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.audit import AuditLog
 from actors.downstream.connection import Connection
 from actors.errors import TransportClosed
 from actors.logs import get_logger
@@ -40,6 +41,7 @@ from actors.server_actor import (
     ServerActor,
 )
 from broker import jsonrpc
+from broker.calls import CallStats, CallTracker
 from broker.config import BrokerSettings
 from broker.eras.modern import client_era
 from broker.eras.session import ModernSessionProtocol, become_modern
@@ -95,15 +97,22 @@ class Session:
         *,
         view: tuple[str, ...] | None = None,
         transparent: bool = False,
+        calls: CallStats | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         """``view`` (with ``transparent``) is the servers the transport already
         chose (a WebSocket path names them); without one, the client may choose
-        with a hello first line (broker/hello.py), or sees every server."""
+        with a hello first line (broker/hello.py), or sees every server.
+        ``calls`` counts what each request came to (for metrics), ``audit``
+        writes each tool call (broker/calls.py); without either, nothing is
+        tracked."""
         self._connection = connection
         self._upstreams = upstreams
         self._registry = registry
         self._settings = settings
         self._control = control
+        self._calls = calls
+        self._audit = audit
         self.is_control = False  # a control connection (``mcpbroker status``), not MCP
         self._started = trio.current_time()
         self._outbox_send, self._outbox = open_outbox()
@@ -127,6 +136,8 @@ class Session:
         self._settings = settings
         self._handle.max_bytes = settings.max_queued_bytes
         self._protocol.max_in_flight = settings.max_in_flight
+        if self._protocol.calls is not None:
+            self._protocol.calls.arguments = settings.audit_arguments
 
     @property
     def handle(self) -> SessionHandle:
@@ -150,6 +161,10 @@ class Session:
                 await self._detach()
                 await self._connection.aclose()
             self._protocol.move(SessionTrigger.ENDED)
+            if self._protocol.calls is not None:
+                self._protocol.calls.now = trio.current_time()
+                self._protocol.calls.closed()  # what it still had in flight: cancelled
+                self._write_audit()
             self._log.info("session.closed", reason=self._handle.close_reason or "client left")
 
     # -- reading ------------------------------------------------------------
@@ -162,6 +177,9 @@ class Session:
                 return
             if not frames:
                 return
+            calls = self._protocol.calls
+            if calls is not None:
+                calls.now = trio.current_time()
             # Requests to forward, gathered per server while these frames are
             # read and sent as one inbox item each: one channel hop per server
             # and read, not per request (each counted as the read's ``size``).
@@ -204,6 +222,7 @@ class Session:
                     await self._execute(action)
             if forwards:
                 await self._send_forwards(forwards, size)
+            self._write_audit()  # (calls the client cancelled)
 
     async def _send_forwards(self, forwards: dict[str, list[Message]], size: int) -> None:
         for server, messages in forwards.items():
@@ -224,9 +243,26 @@ class Session:
         self._protocol = self._new_protocol(view, transparent=transparent, refusal=refusal)
 
     def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
-        return SessionProtocol(
+        protocol = SessionProtocol(
             view, self._registry, max_in_flight=self._settings.max_in_flight, **options
         )
+        if self._calls is not None or self._audit is not None:
+            protocol.calls = CallTracker(
+                self._calls or CallStats(),
+                audit=self._audit is not None,
+                arguments=self._settings.audit_arguments,
+            )
+            protocol.calls.now = trio.current_time()  # (a hello's read goes on with it)
+        return protocol
+
+    def _write_audit(self) -> None:
+        """Write the tool calls that ended to the audit log (if there is one)."""
+        calls = self._protocol.calls
+        if calls is None or not calls.records:
+            return
+        records, calls.records = calls.records, []
+        if self._audit is not None:
+            self._audit.write(records, self._handle.id, self._protocol.client_info)
 
     async def _run_command(self, command: str) -> None:
         """Answer a control command with one line of JSON; the connection then closes."""
@@ -279,6 +315,15 @@ class Session:
 
     async def _attach(self, action: AttachServers) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
+        info = self._protocol.client_info if isinstance(self._protocol.client_info, dict) else {}
+        self._log.info(
+            "session.initialized",
+            client=info.get("name"),
+            client_version=info.get("version"),
+            protocol_version=self._protocol.protocol_version,
+            view=list(action.view),
+            transport=self._connection.transport,
+        )
         self._attached = [self._upstreams[name] for name in action.view]
         for upstream in self._attached:
             await upstream.send(Attach(self._handle, action.capabilities))
@@ -308,6 +353,9 @@ class Session:
     async def _write_out(self, delivery: Delivery) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
         out: list[Outgoing] = []
+        calls = self._protocol.calls
+        if calls is not None:
+            calls.now = trio.current_time()
         self._protocol.take_outgoing(delivery[0], out)
         counted = delivery[1]
         while counted < WRITE_BATCH_BYTES:
@@ -330,6 +378,8 @@ class Session:
                 self._handle.disconnect("client closed the connection")
                 return False
         self._handle.written(counted)
+        if calls is not None and calls.records:
+            self._write_audit()
         if self._protocol.state is SessionState.CLOSING and not self._protocol.inflight:
             self._drained.set()
         return True

@@ -126,6 +126,8 @@ class ServerGroup:
             share=self.share,
             cpu=_total(p.cpu for p in parts),
             rss=_total(p.rss for p in parts),
+            backlog_bytes=sum(p.backlog_bytes for p in parts),
+            parked=sum(p.parked for p in parts),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -210,6 +210,8 @@ class Upstream:
             timeouts=self._timeouts_count,
             errors=self._errors + self._timeouts_count,
             uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
+            backlog_bytes=self._backlog_bytes,
+            parked=sum(len(item.messages) for item in self._parked),
             **process_usage(self._link.info.get("pid") if self._link is not None else None),
         )
 
@@ -376,7 +378,12 @@ class Upstream:
             except JsonRpcError as exc:
                 session.deliver(exc.to_response())
             except Exception:  # a bug of the broker's: answer this request, go on
-                self._log.exception("server.request_failed", method=request.get("method"))
+                self._log.exception(
+                    "server.request_failed",
+                    session=session.id,
+                    request=request.get("id"),
+                    method=request.get("method"),
+                )
                 session.deliver(
                     jsonrpc.error_response(
                         request.get("id"),
@@ -424,9 +431,14 @@ class Upstream:
             try:
                 jsonrpc.encode(message)
             except TypeError as exc:
-                self._log.error("server.unencodable_message", error=str(exc))
                 id = message.get("id")
                 entry = self._protocol.requests.forget(id) if isinstance(id, int) else None
+                self._log.error(
+                    "server.unencodable_message",
+                    error=str(exc),
+                    session=None if entry is None else cast(SessionHandle, entry.session).id,
+                    request=None if entry is None else entry.client_id,
+                )
                 if entry is not None and isinstance(id, int):
                     self._protocol.deadlines.discard(id)
                     cast(SessionHandle, entry.session).deliver(
@@ -605,10 +617,15 @@ class Upstream:
                 self._timeouts_changed = trio.Event()
                 continue
             actions = self._protocol.expire(trio.current_time())
-            answered = sum(isinstance(action, Deliver) for action in actions)
-            if answered:
-                self._timeouts_count += answered
-                self._log.warning("server.requests_timed_out", count=answered)
+            for action in actions:
+                if isinstance(action, Deliver):
+                    self._timeouts_count += 1
+                    self._log.warning(
+                        "server.request_timed_out",
+                        session=cast(SessionHandle, action.session).id,
+                        request=action.message.get("id"),
+                        timeout=self._timeouts.timeout,
+                    )
             self._apply(actions)
             if self._protocol.released:
                 self._send_nowait(self._protocol.take_released())
@@ -630,7 +647,12 @@ class Upstream:
         self._errors += len(failed)
         self._ready_since = None
         self._set_status()
-        self._log.error("server.down", reason=reason, failed_requests=len(failed))
+        self._log.error(
+            "server.down",
+            reason=reason,
+            failed_requests=len(failed),
+            sessions=sorted({cast(SessionHandle, d.session).id for d in failed}),
+        )
         for delivery in failed:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
         self._unpark()  # what waited for it to start is answered: it is down

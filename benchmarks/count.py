@@ -63,7 +63,9 @@ def traced_daemon(argv: list[str]) -> int:
 
 
 def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
-    with workdir() as directory, daemon(directory, {"echo": ECHO_SERVER}, prefix, module) as dm:
+    broker = json.loads(args.broker) if args.broker else None
+    servers = {"echo": ECHO_SERVER}
+    with workdir() as directory, daemon(directory, servers, prefix, module, broker) as dm:
         target = socket_target(dm.socket, "echo", args.clients)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
@@ -125,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
+    parser.add_argument(
+        "--broker",
+        metavar="JSON",
+        help='the config\'s broker section, e.g. \'{"metrics": "0"}\' (what metrics cost)',
+    )
     args = parser.parse_args(argv)
     if args.tree:
         os.chdir(args.tree)

@@ -82,13 +82,16 @@ def daemon(
     prefix: tuple[str, ...] = (),
     module: str = "cli.main",
     options: tuple[str, ...] = (),
+    broker: dict[str, Any] | None = None,
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
     ``prefix`` runs the daemon under another command (a profiler); the pid
     yielded is still the daemon's own, from its status. With
     ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
-    (benchmarks/prototype.py). ``options`` go on ``serve``'s command line.
+    (benchmarks/prototype.py). ``options`` go on ``serve``'s command line;
+    ``broker`` is the config's broker section (``count --broker '{"metrics":
+    "0"}'`` measures what metrics cost).
     """
     if os.environ.get("MCPBROKER_PATCHES") and module == "cli.main":
         module = "benchmarks.prototype"
@@ -96,7 +99,8 @@ def daemon(
         "mcpServers": {
             name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
             for name, argv in servers.items()
-        }
+        },
+        "broker": broker or {},
     }
     config_path = os.path.join(directory, "config.json")
     socket_path = os.path.join(directory, "daemon.sock")

@@ -95,6 +95,12 @@ class BrokerSettings:
     # The Streamable HTTP listener ("HOST:PORT"; None: none), with the same
     # checks as the WebSocket one (docs/security.md).
     http: str | None = None
+    # The metrics listener ("HOST:PORT": Prometheus reads /metrics; None: none),
+    # and the audit log of tool calls (a file; None: none), with each call's
+    # arguments or not (docs/observability.md).
+    metrics: str | None = None
+    audit_log: str | None = None
+    audit_arguments: bool = False
 
 
 @attrs.frozen
@@ -232,6 +238,13 @@ def parse_config(data: Any) -> Config:
             parse_address(broker.http)
         except ValueError as exc:
             raise ConfigError(f'"broker.http": {exc}') from None
+    if broker.metrics is not None:
+        try:
+            parse_address(broker.metrics)
+        except ValueError as exc:
+            raise ConfigError(f'"broker.metrics": {exc}') from None
+    if broker.audit_log is not None and not broker.audit_log.strip():
+        raise ConfigError('"broker.auditLog" must be a file\'s path')
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
 
 
@@ -250,6 +263,9 @@ _BROKER_KEYS = {
     "allowedHosts": "allowed_hosts",
     "tokenFile": "token_file",
     "http": "http",
+    "metrics": "metrics",
+    "auditLog": "audit_log",
+    "auditArguments": "audit_arguments",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -293,6 +309,17 @@ def with_listeners(
     if token_file is not None:
         broker = attrs.evolve(broker, token_file=token_file)
     return attrs.evolve(config, broker=broker)
+
+
+def with_metrics(config: Config, metrics: str | None) -> Config:
+    """The config with ``serve --metrics HOST:PORT`` on top of its own."""
+    if metrics is None:
+        return config
+    try:
+        parse_address(metrics)
+    except ValueError as exc:
+        raise ConfigError(f"--metrics: {exc}") from None
+    return attrs.evolve(config, broker=attrs.evolve(config.broker, metrics=metrics))
 
 
 def parse_address(text: str) -> tuple[str, int]:

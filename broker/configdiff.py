@@ -97,6 +97,12 @@ BROKER_EFFECTS: dict[str, Effect] = {
     "token_file": Effect.LIVE,
     # The Streamable HTTP listener binds once too (and `serve --http` overrides it).
     "http": Effect.RESTART_DAEMON,
+    # The metrics listener binds once (and `serve --metrics` overrides it).
+    "metrics": Effect.RESTART_DAEMON,
+    # The audit log's file is opened once; whether calls' arguments go in it
+    # is asked at each call.
+    "audit_log": Effect.RESTART_DAEMON,
+    "audit_arguments": Effect.LIVE,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))

@@ -35,6 +35,7 @@ from typing import Any, NoReturn, Protocol
 import attrs
 
 from broker import jsonrpc
+from broker.calls import CallTracker
 from broker.catalog import KIND_BY_METHOD, Catalog
 from broker.fanout import level_rank
 from broker.jsonrpc import (
@@ -188,6 +189,9 @@ class SessionProtocol:
         self.client_capabilities: dict[str, Any] = {}
         self.client_info: Any = None
         self.batches = BatchCollector()
+        # What each request came to, counted (broker/calls.py): set by the actor
+        # when the daemon keeps metrics or an audit log.
+        self.calls: CallTracker | None = None
 
     # -- the lifecycle ------------------------------------------------------
 
@@ -253,6 +257,8 @@ class SessionProtocol:
         except JsonRpcError:
             return None  # unknown (or not yet known) name: receive() answers or defers
         self.inflight.add(id)
+        if self.calls is not None:
+            self.calls.routed(id, server, rewritten)
         return server, rewritten
 
     def take_forwards(
@@ -288,6 +294,9 @@ class SessionProtocol:
     def _receive_one(self, message: Any, settled: bool) -> list[Action]:
         kind = jsonrpc.classify(message)
         if kind is Kind.REQUEST:
+            id = message["id"]
+            if self.calls is not None and (type(id) is int or len(id) <= MAX_ID_LENGTH):
+                self.calls.start(id, message)
             try:
                 return self._request(message, settled)
             except AnonymousError:
@@ -361,6 +370,8 @@ class SessionProtocol:
                 raise
             return [Defer(request)]  # it may be in a catalog still loading
         self.inflight.add(request["id"])
+        if self.calls is not None:
+            self.calls.routed(request["id"], server, rewritten)
         return [Forward(server, rewritten)]
 
     def _admit(self, id: RequestId) -> None:
@@ -391,6 +402,8 @@ class SessionProtocol:
             if not jsonrpc.is_valid_id(request_id):
                 return []
             self.inflight.discard(request_id)
+            if self.calls is not None:
+                self.calls.cancelled(request_id)
             actions: list[Action] = [CancelUpstream(params)]
             finished = self.batches.forget(request_id)
             if finished:
@@ -434,6 +447,8 @@ class SessionProtocol:
         if type(message) is Answer:  # nearly every one: an answer, unparsed
             if self.inflight:
                 self.inflight.discard(message.id)
+            if self.calls is not None:
+                self.calls.answered(message.id, message)
             if not self.batches.pending:
                 return message
             message = message.read()  # (batches are rare: look inside this one)
@@ -442,6 +457,8 @@ class SessionProtocol:
                 id = message.get("id")
                 if type(id) is int or type(id) is str:
                     self.inflight.discard(id)
+            if self.calls is not None:
+                self.calls.answered(message.get("id"), message)
             if self.batches.pending:
                 return self.batches.collect(message)
         return message

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from cli import install
 
         return install.main(argv[0], argv[1:])
+    if argv[:1] == ["logs"]:
+        from cli import logs
+
+        return logs.main(argv[1:])
     return _main(argv)
 
 
@@ -94,6 +98,13 @@ def _main(argv: list[str]) -> int:
         help="a file holding the bearer token WebSocket and HTTP clients must send "
         "(overrides broker.tokenFile; required off loopback)",
     )
+    serve.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics "
+        "(overrides broker.metrics; HOST defaults to 127.0.0.1)",
+    )
     serve.add_argument("--log-level", choices=LEVELS, default="info")
     serve.add_argument(
         "--log-format",
@@ -121,6 +132,9 @@ def _main(argv: list[str]) -> int:
     )
     commands.add_parser("uninstall", help="put an MCP host's config back as it was")
     commands.add_parser("import", help="add the servers of a host's config file to mcpbroker's")
+    commands.add_parser(
+        "logs", help="print the daemon's log, filtered (see 'mcpbroker logs --help')"
+    )
     status = commands.add_parser("status", help="show a running daemon's servers and sessions")
     status.add_argument("--socket", metavar="PATH", default=None)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -152,7 +166,13 @@ def _serve(args: Any) -> int:
     from actors.downstream.unix import StartError
     from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
-    from broker.config import ConfigError, load_config, parse_config, with_listeners
+    from broker.config import (
+        ConfigError,
+        load_config,
+        parse_config,
+        with_listeners,
+        with_metrics,
+    )
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
     try:
@@ -167,6 +187,7 @@ def _serve(args: Any) -> int:
 
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
         config = with_listeners(config, args.ws, args.token_file, args.http)
+        config = with_metrics(config, args.metrics)
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 2

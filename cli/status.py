@@ -68,6 +68,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         f"started {started_by(status)}",
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         *([f"HTTP: {status['http']}"] if status.get("http") else []),
+        *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),
         f"{len(servers)} servers, {len(sessions)} sessions, "
         f"{sum(s['in_flight'] for s in servers)} requests in flight, "
         f"{sum(s['requests'] for s in servers)} sent, "

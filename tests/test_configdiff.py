@@ -64,6 +64,9 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "allowed_hosts": st.sampled_from([(), ("box.lan",)]),
     "token_file": st.sampled_from([None, "/run/token"]),
     "http": st.sampled_from([None, "8766", "0.0.0.0:8766"]),
+    "metrics": st.sampled_from([None, "9464"]),
+    "audit_log": st.sampled_from([None, "/var/log/audit.jsonl"]),
+    "audit_arguments": st.booleans(),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 
