@@ -154,7 +154,7 @@ def test_a_call_goes_to_its_server_without_the_modern_meta_and_its_answer_comes_
         progress,
         {"jsonrpc": "2.0", "id": "c1", "result": {"content": [], "resultType": "complete"}},
     ]
-    assert proto.inflight == set() and proto.methods == {} and proto.calls == {}
+    assert proto.inflight == set() and proto.methods == {} and proto.call_servers == {}
 
 
 def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> None:
@@ -219,7 +219,7 @@ def test_a_servers_question_becomes_input_required_and_the_retry_takes_the_call_
     assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == [
         {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "resultType": "complete"}}
     ]
-    assert proto.inflight == set() and proto.aliases == {} and proto.calls == {}
+    assert proto.inflight == set() and proto.aliases == {} and proto.call_servers == {}
 
 
 def test_a_question_the_call_did_not_declare_goes_back_to_the_server() -> None:

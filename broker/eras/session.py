@@ -50,6 +50,7 @@ from broker.eras.versions import (
 )
 from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
+from broker.related import Related
 from broker.server_requests import server_of
 from broker.session import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -109,7 +110,7 @@ class ModernSessionProtocol(SessionProtocol):
         self.listeners: Listeners | None = None  # made on the first listen
         self.log_levels = RequestLogLevels()
         self.methods: dict[RequestId, str] = {}  # forwarded and unanswered: their method
-        self.calls: dict[RequestId, str] = {}  # their server, for calls a server may ask in
+        self.call_servers: dict[RequestId, str] = {}  # their server, for calls a server may ask in
         self.call_capabilities: dict[RequestId, dict[str, Any]] = {}  # what each call declared
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
         self.questions = bridge.AnsweringServers("", key)
@@ -233,7 +234,7 @@ class ModernSessionProtocol(SessionProtocol):
                 id = request["id"]
                 self.methods[id] = request["method"]
                 if request["method"] in INPUT_METHODS:
-                    self.calls[id] = action.server
+                    self.call_servers[id] = action.server
                     self.call_capabilities[id] = self.client_capabilities
                 changed = self.log_levels.open(id, level)
                 if changed is not None:
@@ -289,13 +290,15 @@ class ModernSessionProtocol(SessionProtocol):
 
     def take_outgoing(
         self,
-        delivery: list[Message | list[Message] | Answer],
-        out: list[Message | list[Message] | Answer],
+        delivery: list[Message | list[Message] | Answer | Related],
+        out: list[Message | list[Message] | Answer | Related],
     ) -> None:
         if self.state in (SessionState.ERROR, SessionState.CLOSED):
             self._refuse()
         try:
             for message in delivery:
+                if type(message) is Related:  # (a stream per request: not in this era yet)
+                    message = message.message
                 if type(message) is Answer:
                     message = message.read()
                 if isinstance(message, dict):
@@ -318,7 +321,7 @@ class ModernSessionProtocol(SessionProtocol):
             return [message]
         if type(id) is str and id.startswith(OWN_PREFIX):
             return []  # the answer to a subscribe of the session's streams
-        if id in self.calls and self.questions.call_answered(id, message):
+        if id in self.call_servers and self.questions.call_answered(id, message):
             return []  # the client is away: kept for its retry
         current = self.aliases.pop(id, id)
         self.inflight.discard(id)
@@ -329,13 +332,15 @@ class ModernSessionProtocol(SessionProtocol):
         self.log_levels.close(current)
         if current != id:
             message = {**message, "id": current}
+        if self.calls is not None:
+            self.calls.answered(current, message)
         return [self._answer_of(message, method) if method is not None else message]
 
     def _server_asks(self, request: Message) -> list[Message]:
         """A server's question: on the one call this session has at that server,
         an input_required answer to it; else an error back to the server."""
         server = server_of(request.get("id"))
-        waiting = [first for first, at in self.calls.items() if at == server]
+        waiting = [first for first, at in self.call_servers.items() if at == server]
         if server is None or len(waiting) != 1:
             error = jsonrpc.error_response(
                 request.get("id"),
@@ -376,14 +381,14 @@ class ModernSessionProtocol(SessionProtocol):
         if type(first) is not int and type(first) is not str:
             return
         self.methods.pop(first, None)
-        self.calls.pop(first, None)
+        self.call_servers.pop(first, None)
         self.call_capabilities.pop(first, None)
         self.log_levels.close(first)
 
 
 def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
     """The modern protocol that takes over a session whose first message was modern."""
-    return ModernSessionProtocol(
+    modern = ModernSessionProtocol(
         legacy.view,
         legacy.catalogs,
         transparent=legacy.transparent,
@@ -391,6 +396,8 @@ def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
         max_in_flight=legacy.max_in_flight,
         key=key,
     )
+    modern.calls = legacy.calls  # (metrics and the audit log count its requests too)
+    return modern
 
 
 def _requested(request: Message) -> str:
