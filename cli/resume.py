@@ -188,11 +188,10 @@ class HostState:
         """Note a complete line from the host; False if it must not be sent on
         (the answer to a request of a daemon that is gone)."""
         method, id = scan(line)
-        if method is None:
-            if id is not None and self.stale:
-                if id in self.stale:
-                    self.stale.discard(id)
-                    return False
+        if method is None:  # an answer to the daemon, or nothing to track
+            if id is not None and self.stale and id in self.stale:
+                self.stale.discard(id)
+                return False
             if id is not None:
                 self.daemon_pending.pop(id, None)
             return True
@@ -204,7 +203,7 @@ class HostState:
         if method in _REMEMBERED:
             self._remember(method, line)
         elif method == b"notifications/cancelled" and self.pending:
-            self.pending.pop(_cancelled_id(line), None)  # (no answer will come)
+            self.pending.pop(_cancelled_id(line) or b"", None)  # (no answer will come)
         return True
 
     def down(self, line: bytes) -> bool:

@@ -1,0 +1,305 @@
+"""The shim's relay that outlives the daemon (``mcpbroker connect`` by default).
+
+It copies whole lines both ways, showing each to :class:`cli.resume.HostState`
+(byte searches, no JSON parsing), so that when the daemon goes away it knows
+which of the host's requests were in flight and what the host had set up.
+Then (:meth:`ResumingRelay._gap`): an error for each request in flight,
+a new connection (to a daemon someone else restarted, or to one it starts,
+with backoff, bounded), the host's ``initialize`` replayed and its answer
+dropped, then ``notifications/initialized``, the log level and the resource
+subscriptions; then the relay goes on, on the same stdin and stdout, and the
+host need not notice. docs/hosts.md ("When the daemon restarts") says what
+the host sees.
+
+Why lines and not ``splice`` (cli/shim.py's relay with ``--no-resume``): a
+request the daemon had not yet read when it died is lost with it, and only
+what passed through this process says which ids those were, and which answers
+came back (docs/hosts.md records the measurements and the choice).
+"""
+
+from __future__ import annotations
+
+import _socket
+import contextlib
+import os
+import select
+import sys
+import time
+
+from cli.resume import HostState, scan
+from cli.shim import (
+    CHUNK,
+    LONG_LINE,
+    RECONNECT_TIMEOUT,
+    RESUME_TIMEOUT,
+    RETRY_MAX,
+    RETRY_MIN,
+    STDIN,
+    STDOUT,
+    WAIT_BEFORE_START,
+    DaemonUnavailable,
+    _connect,
+    _start_daemon,
+)
+
+BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
+
+
+def _say(text: str) -> None:
+    print(f"mcpbroker connect: {text}", file=sys.stderr, flush=True)
+
+
+class _Lines:
+    """Cuts one direction's bytes into whole lines for ``note`` (True: send it on).
+
+    A line longer than :data:`LONG_LINE` is sent on in pieces, unseen."""
+
+    def __init__(self, note: object) -> None:
+        self.note = note
+        self.partial = bytearray()
+        self.long = False  # inside a line too long to hold: pass it through
+
+    def feed(self, data: bytes) -> bytes:
+        end = data.rfind(b"\n")
+        if end == -1:
+            if self.long:
+                return data
+            self.partial += data
+            if len(self.partial) > LONG_LINE:
+                self.long = True
+                out = bytes(self.partial)
+                self.partial.clear()
+                return out
+            return b""
+        if self.long:
+            head, data = data[: data.find(b"\n") + 1], data[data.find(b"\n") + 1 :]
+            self.long = False
+            return head + self.feed(data)
+        if self.partial:
+            chunk = bytes(self.partial) + data[: end + 1]
+            self.partial[:] = data[end + 1 :]
+        else:
+            chunk = data[: end + 1] if end + 1 < len(data) else data
+            self.partial += data[end + 1 :]
+        note = self.note
+        lines = chunk.split(b"\n")
+        lines.pop()  # (after the last newline)
+        if len(lines) == 1:
+            return chunk if note(chunk) else b""  # type: ignore[operator]
+        kept = [line + b"\n" for line in lines if note(line + b"\n")]  # type: ignore[operator]
+        return b"".join(kept)
+
+    def reset(self) -> None:
+        """The connection this direction went to (or came from) is gone: a
+        line half-written to it, or half-read from it, is dropped."""
+        self.partial.clear()
+        self.long = False
+
+
+class ResumingRelay:
+    """The shim's relay: poll, whole lines both ways, a new daemon at each gap."""
+
+    def __init__(
+        self,
+        sock: _socket.socket,
+        state: HostState,
+        socket_path: str,
+        config: str | None,
+        hello: bytes,
+    ) -> None:
+        self.state = state
+        self.socket_path, self.config, self.hello = socket_path, config, hello
+        self.up = _Lines(state.up)
+        self.down = _Lines(state.down)
+        self.to_daemon = bytearray()
+        self.to_host = bytearray()
+        self.stdin_open = True
+        self._attach(sock)
+
+    def _attach(self, sock: _socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.sock_fd = sock.fileno()
+
+    def run(self) -> int:
+        was_blocking = os.get_blocking(STDOUT)
+        os.set_blocking(STDOUT, False)
+        try:
+            while True:
+                code = self._relay()
+                if code is not None:
+                    return code
+                try:
+                    self._gap()
+                except DaemonUnavailable as exc:
+                    _say(str(exc))
+                    self._flush_to_host()
+                    return 1
+        finally:
+            os.set_blocking(STDOUT, was_blocking)
+
+    # -- the relay ------------------------------------------------------------
+
+    def _relay(self) -> int | None:
+        """Relay until the end (an exit code) or a gap (None)."""
+        poller = select.poll()
+        while True:
+            self._register(poller)
+            for fd, events in poller.poll():
+                if fd == STDIN:
+                    self._read_stdin()
+                elif fd == STDOUT:
+                    if not self._write_stdout():
+                        return 0  # the host stopped reading: it is going away
+                else:
+                    if events & select.POLLOUT and not self._write_socket():
+                        return None if self.stdin_open else self._finish()
+                    if events & ~select.POLLOUT and not self._read_socket():
+                        return None if self.stdin_open else self._finish()
+
+    def _register(self, poller: select.poll) -> None:
+        stdin = select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0
+        stdout = select.POLLOUT if self.to_host else 0
+        sock = (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0) | (
+            select.POLLOUT if self.to_daemon else 0
+        )
+        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
+            if events:
+                poller.register(fd, events)
+            else:
+                with contextlib.suppress(KeyError):
+                    poller.unregister(fd)
+
+    def _read_stdin(self) -> None:
+        data = os.read(STDIN, CHUNK)
+        if not data:
+            self.stdin_open = False
+            self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
+            self.up.reset()
+        else:
+            self.to_daemon += self.up.feed(data)
+        self._write_socket()
+
+    def _write_socket(self) -> bool:
+        """Send what the daemon can take now; False if it is gone."""
+        if self.to_daemon:
+            try:
+                del self.to_daemon[: self.sock.send(self.to_daemon)]
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+        if not self.stdin_open and not self.to_daemon:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(_socket.SHUT_WR)
+        return True
+
+    def _read_socket(self) -> bool:
+        """Take what the daemon sent; False once it has closed."""
+        try:
+            data = self.sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        self.to_host += self.down.feed(data)
+        return self._write_stdout()
+
+    def _write_stdout(self) -> bool:
+        """Write what the host can take now; False if it closed its end."""
+        try:
+            del self.to_host[: os.write(STDOUT, self.to_host)]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except BrokenPipeError:
+            return False
+        return True
+
+    def _flush_to_host(self) -> None:
+        os.set_blocking(STDOUT, True)
+        with contextlib.suppress(BrokenPipeError):
+            while self.to_host:
+                del self.to_host[: os.write(STDOUT, self.to_host)]
+        os.set_blocking(STDOUT, False)
+
+    def _finish(self) -> int:
+        """The daemon closed after the host did: hand the host the rest, then leave."""
+        self._flush_to_host()
+        return 0
+
+    # -- the gap --------------------------------------------------------------
+
+    def _gap(self) -> None:
+        """The daemon is gone: answer what was in flight, then reconnect and
+        replay; raises DaemonUnavailable if no daemon comes back in time."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.down.reset()  # (an answer cut short never reaches the host)
+        self.to_daemon.clear()  # (its requests are in flight: they get errors)
+        self.to_host += self.state.gap_errors()
+        self._flush_to_host()
+        _say("the daemon went away; reconnecting")
+        deadline = time.monotonic() + RECONNECT_TIMEOUT
+        delay, started = RETRY_MIN, time.monotonic()
+        reported: str | None = None
+        while True:
+            sock = _connect(self.socket_path)
+            if sock is None and time.monotonic() - started >= WAIT_BEFORE_START:
+                try:
+                    sock = _start_daemon(self.socket_path, self.config)
+                except DaemonUnavailable as exc:
+                    if str(exc) != reported:
+                        _say(f"{exc}; waiting for a daemon")
+                        reported = str(exc)
+            if sock is not None:
+                try:
+                    self._resume(sock)
+                except (OSError, TimeoutError) as exc:
+                    _say(f"the new daemon did not take the session back ({exc}); retrying")
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    self.to_host += self.state.gap_errors()
+                else:
+                    _say("reconnected")
+                    return
+            if time.monotonic() >= deadline:
+                raise DaemonUnavailable(
+                    f"no daemon came back on {self.socket_path} within {RECONNECT_TIMEOUT:g} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _resume(self, sock: _socket.socket) -> None:
+        """Say hello again and replay the host's session on ``sock``."""
+        sock.settimeout(RESUME_TIMEOUT)
+        first, rest = self.state.replay()
+        sock.sendall(self.hello + (first or b""))
+        carry = b""
+        if first is not None:
+            _method, want = scan(first)
+            carry = _read_answer(sock, want)  # (what came after it, for the host)
+            self.state.replayed.discard(want or b"")
+        if rest:
+            sock.sendall(rest)
+        self._attach(sock)
+        if carry:
+            self.to_host += self.down.feed(carry)
+
+
+def _read_answer(sock: _socket.socket, id: bytes | None) -> bytes:
+    """Read up to the answer with ``id``; return what followed it."""
+    buffer = b""
+    while True:
+        data = sock.recv(CHUNK)
+        if not data:
+            raise OSError("closed before answering initialize")
+        buffer += data
+        while b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            method, got = scan(line + b"\n")
+            if method is None and got == id:
+                if b'"error"' in line and b'"result"' not in line:
+                    _say(f"the new daemon refused the session: {line.decode(errors='replace')}")
+                return buffer
