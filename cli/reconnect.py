@@ -120,6 +120,7 @@ class ResumingRelay:
         sock.setblocking(False)
         self.sock = sock
         self.sock_fd = sock.fileno()
+        self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
 
     def run(self) -> int:
         was_blocking = os.get_blocking(STDOUT)
@@ -158,17 +159,20 @@ class ResumingRelay:
                         return None if self.stdin_open else self._finish()
 
     def _register(self, poller: select.poll) -> None:
+        """Tell poll what to wait for, touching only what changed since last time."""
         stdin = select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0
         stdout = select.POLLOUT if self.to_host else 0
         sock = (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0) | (
             select.POLLOUT if self.to_daemon else 0
         )
         for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
+            if self._events[fd] == events:
+                continue
             if events:
-                poller.register(fd, events)
+                poller.register(fd, events)  # (or modify: poll objects take either)
             else:
-                with contextlib.suppress(KeyError):
-                    poller.unregister(fd)
+                poller.unregister(fd)
+            self._events[fd] = events
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)

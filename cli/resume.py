@@ -40,8 +40,12 @@ def scan(line: bytes) -> tuple[bytes | None, bytes | None]:
 
     The id is the JSON value's bytes (``7`` or ``"abc"``), escapes resolved
     to a canonical form when it has any, so that the host's id and the
-    daemon's copy of it compare equal.
+    daemon's copy of it compare equal. The compact shapes the SDKs write
+    are recognised by their first and last bytes (:func:`_scan_compact`).
     """
+    found = _scan_compact(line)
+    if found is not None:
+        return found
     found_method, method = _key(line, _METHOD)
     found_id, id = _key(line, _ID)
     if found_method and found_id:
@@ -49,6 +53,62 @@ def scan(line: bytes) -> tuple[bytes | None, bytes | None]:
             method = method[1:-1]
         return method, id
     return _scan_slowly(line)
+
+
+# The shapes the SDKs write, compact: the Python SDK, orjson and the daemon put
+# "jsonrpc" first and "id" second; the TypeScript SDK puts "method" (or
+# "result", "error") first and "id" last.
+_FIRST = b'{"jsonrpc":"2.0","id":'
+_FIRST_NOTIFICATION = b'{"jsonrpc":"2.0","method":"'
+_LAST = b',"jsonrpc":"2.0","id":'
+_ANSWER_NEXT = (b',"result":', b',"error":')
+_ANSWER_FIRST = (b'{"result":', b'{"error":')
+
+
+def _scan_compact(line: bytes) -> tuple[bytes | None, bytes | None] | None:
+    """:func:`scan` for the SDKs' compact shapes, or None for any other."""
+    if line.startswith(_FIRST):
+        id, end = _id_at(line, len(_FIRST))
+        if id is None:
+            return None
+        if line.startswith(b',"method":"', end):
+            return _method_at(line, end + 11, id)
+        return (None, id) if line.startswith(_ANSWER_NEXT, end) else None
+    if line.startswith(_FIRST_NOTIFICATION):
+        if line.find(_ID) != -1:
+            return None
+        return _method_at(line, len(_FIRST_NOTIFICATION), None)
+    last = line.rfind(_LAST)
+    if last == -1:
+        return None
+    id, end = _id_at(line, last + len(_LAST))
+    if id is None or line.find(b"}", end) != end or line[end + 1 :].strip(_WS):
+        return None  # (unless only the closing brace follows, that id is nested)
+    if line.startswith(b'{"method":"'):
+        return _method_at(line, 11, id)
+    return (None, id) if line.startswith(_ANSWER_FIRST) else None
+
+
+def _id_at(line: bytes, i: int) -> tuple[bytes | None, int]:
+    """A compact id at ``i`` (an integer, or a string without escapes), and its end."""
+    if line[i : i + 1] == b'"':
+        end = line.find(b'"', i + 1)
+        if end == -1 or line.find(b"\\", i, end) != -1:
+            return None, i
+        return line[i : end + 1], end + 1
+    comma, brace = line.find(b",", i), line.find(b"}", i)
+    end = comma if comma != -1 and (brace == -1 or comma < brace) else brace
+    value = line[i:end]
+    if end == -1 or not value.lstrip(b"-").isdigit():
+        return None, i
+    return value, end
+
+
+def _method_at(line: bytes, i: int, id: bytes | None) -> tuple[bytes | None, bytes | None] | None:
+    end = line.find(b'"', i)
+    if end == -1 or line.find(b"\\", i, end) != -1:
+        return None
+    return line[i:end], id
 
 
 def _key(line: bytes, key: bytes) -> tuple[bool, bytes | None]:
