@@ -283,8 +283,9 @@ class ResumingRelay:
         carry = b""
         if first is not None:
             _method, want = scan(first)
-            carry = _read_answer(sock, want)  # (what came after it, for the host)
+            answer, carry = _read_answer(sock, want)  # (and what came after it)
             self.state.replayed.discard(want or b"")
+            self.to_host += list_changed(answer)
         if rest:
             sock.sendall(rest)
         self._attach(sock)
@@ -292,8 +293,8 @@ class ResumingRelay:
             self.to_host += self.down.feed(carry)
 
 
-def _read_answer(sock: _socket.socket, id: bytes | None) -> bytes:
-    """Read up to the answer with ``id``; return what followed it."""
+def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
+    """Read up to the answer with ``id``: that answer, and what followed it."""
     buffer = b""
     while True:
         data = sock.recv(CHUNK)
@@ -306,4 +307,24 @@ def _read_answer(sock: _socket.socket, id: bytes | None) -> bytes:
             if method is None and got == id:
                 if b'"error"' in line and b'"result"' not in line:
                     _say(f"the new daemon refused the session: {line.decode(errors='replace')}")
-                return buffer
+                return line, buffer
+
+
+def list_changed(answer: bytes) -> bytes:
+    """The ``list_changed`` notifications a host should act on after a
+    reconnect, from the new daemon's answer to the replayed ``initialize``:
+    one per list whose capability says it can change (an upgrade may have
+    brought other tools; a host that refetches an unchanged list loses nothing)."""
+    import json
+
+    try:
+        capabilities = json.loads(answer)["result"]["capabilities"]
+    except (ValueError, KeyError, TypeError):
+        return b""
+    notices = []
+    for kind in ("tools", "resources", "prompts"):
+        declared = capabilities.get(kind)
+        if isinstance(declared, dict) and declared.get("listChanged") is True:
+            method = f"notifications/{kind}/list_changed"
+            notices.append(b'{"jsonrpc":"2.0","method":"%s"}\n' % method.encode())
+    return b"".join(notices)

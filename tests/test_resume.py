@@ -130,3 +130,18 @@ def test_answers_to_a_dead_daemon_s_requests_are_dropped() -> None:
 
 def test_no_replay_before_the_host_initialized() -> None:
     assert HostState().replay() == (None, b"")
+
+
+def test_after_a_reconnect_the_host_hears_of_the_lists_that_can_change() -> None:
+    from cli.reconnect import list_changed
+
+    answer = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": "mcpbroker-resume-1",
+            "result": {"capabilities": {"tools": {"listChanged": True}, "prompts": {}}},
+        }
+    ).encode()
+    notices = [json.loads(line) for line in list_changed(answer).splitlines()]
+    assert notices == [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}]
+    assert list_changed(b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"no"}}') == b""
