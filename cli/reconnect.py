@@ -25,6 +25,7 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 
 from cli.resume import HostState, scan
 from cli.shim import (
@@ -54,7 +55,7 @@ class _Lines:
 
     A line longer than :data:`LONG_LINE` is sent on in pieces, unseen."""
 
-    def __init__(self, note: object) -> None:
+    def __init__(self, note: Callable[[bytes], bool]) -> None:
         self.note = note
         self.partial = bytearray()
         self.long = False  # inside a line too long to hold: pass it through
@@ -75,6 +76,8 @@ class _Lines:
             head, data = data[: data.find(b"\n") + 1], data[data.find(b"\n") + 1 :]
             self.long = False
             return head + self.feed(data)
+        if not self.partial and end == len(data) - 1 and data.find(b"\n") == end:
+            return data if self.note(data) else b""  # (the usual: one line)
         if self.partial:
             chunk = bytes(self.partial) + data[: end + 1]
             self.partial[:] = data[end + 1 :]
@@ -85,8 +88,8 @@ class _Lines:
         lines = chunk.split(b"\n")
         lines.pop()  # (after the last newline)
         if len(lines) == 1:
-            return chunk if note(chunk) else b""  # type: ignore[operator]
-        kept = [line + b"\n" for line in lines if note(line + b"\n")]  # type: ignore[operator]
+            return chunk if note(chunk) else b""
+        kept = [line + b"\n" for line in lines if note(line + b"\n")]
         return b"".join(kept)
 
     def reset(self) -> None:

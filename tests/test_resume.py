@@ -145,3 +145,25 @@ def test_after_a_reconnect_the_host_hears_of_the_lists_that_can_change() -> None
     notices = [json.loads(line) for line in list_changed(answer).splitlines()]
     assert notices == [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}]
     assert list_changed(b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"no"}}') == b""
+
+
+@given(
+    lines=st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=6),
+    cuts=st.lists(st.integers(1, 7), min_size=1, max_size=40),
+)
+def test_lines_come_out_whole_however_the_bytes_are_cut(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    from cli.reconnect import _Lines
+
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or not line.startswith(b"drop"))
+    data = b"".join(line + b"\n" for line in [*lines, b"drop me"])
+    out, i = b"", 0
+    for n in cuts * (len(data) // len(cuts) + 1):
+        if i >= len(data):
+            break
+        out += framer.feed(data[i : i + n])
+        i += n
+    assert seen == [line + b"\n" for line in [*lines, b"drop me"]]
+    assert out == b"".join(line + b"\n" for line in lines)
