@@ -88,6 +88,13 @@ async def set_up(session: ClientSession, host: Host) -> int:
     return int(text_of(await session.call_tool("pid", {})))
 
 
+async def call_in_flight(session: ClientSession, caught: list[MCPError]) -> None:
+    """A call that is still running when the daemon goes: it must get an error."""
+    with pytest.raises(MCPError) as info:
+        await session.call_tool("slow", {"seconds": 20})
+    caught.append(info.value)
+
+
 async def check_state_survived(session: ClientSession, host: Host, old_pid: int) -> None:
     assert int(text_of(await session.call_tool("pid", {}))) != old_pid  # a new server
     host.logs.clear()
@@ -106,14 +113,8 @@ async def test_sigkill_the_daemon_under_a_host_session(socket_path: str, config_
             old_pid = await set_up(session, host)
             daemon = daemon_pid(socket_path)
             caught: list[MCPError] = []
-
-            async def in_flight() -> None:
-                with pytest.raises(MCPError) as info:
-                    await session.call_tool("slow", {"seconds": 20})
-                caught.append(info.value)
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(in_flight)
+                nursery.start_soon(call_in_flight, session, caught)
                 await trio.sleep(0.5)  # (the call reaches the server)
                 os.kill(daemon, signal.SIGKILL)
             # The call in flight got its error (the nursery waited for it), at once:
@@ -130,6 +131,7 @@ async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
     socket_path: str, config_file: str
 ) -> None:
     host = Host()
+    caught: list[MCPError] = []
     serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
@@ -141,8 +143,12 @@ async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
             # (no --config: this shim cannot start a daemon, it waits for one)
             async with host_session(socket_path, host, None) as session:
                 old_pid = await set_up(session, host)
-                first.send_signal(signal.SIGTERM)
-                await first.wait()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call_in_flight, session, caught)
+                    await trio.sleep(0.5)  # (the call reaches the server)
+                    first.send_signal(signal.SIGTERM)
+                    await first.wait()
+                assert caught and "daemon went away" in str(caught[0])
                 await trio.sleep(0.5)  # a shim that only waits: the host sees nothing yet
                 second = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
                 with trio.fail_after(10):

@@ -167,3 +167,15 @@ def test_lines_come_out_whole_however_the_bytes_are_cut(
         i += n
     assert seen == [line + b"\n" for line in [*lines, b"drop me"]]
     assert out == b"".join(line + b"\n" for line in lines)
+
+
+def test_a_line_too_long_to_hold_passes_through_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.reconnect
+    from cli.reconnect import _Lines
+
+    monkeypatch.setattr(cli.reconnect, "LONG_LINE", 10)
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or True)
+    out = b"".join(framer.feed(piece) for piece in (b"x" * 8, b"y" * 8, b"z" * 8, b"!\nok\n"))
+    assert out == b"x" * 8 + b"y" * 8 + b"z" * 8 + b"!\nok\n"
+    assert seen == [b"ok\n"]  # (the long one went by unseen)
