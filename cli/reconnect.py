@@ -99,6 +99,10 @@ class _Lines:
         self.long = False
 
 
+class _HostGone(Exception):
+    """The host closed its end of stdout: the shim has nothing left to do."""
+
+
 class ResumingRelay:
     """The shim's relay: poll, whole lines both ways, a new daemon at each gap."""
 
@@ -146,6 +150,12 @@ class ResumingRelay:
 
     def _relay(self) -> int | None:
         """Relay until the end (an exit code) or a gap (None)."""
+        try:
+            return self._relay_until_gap()
+        except _HostGone:
+            return 0  # the host stopped reading: it is going away
+
+    def _relay_until_gap(self) -> int | None:
         poller = select.poll()
         while True:
             self._register(poller)
@@ -212,7 +222,9 @@ class ResumingRelay:
         if not data:
             return False
         self.to_host += self.down.feed(data)
-        return self._write_stdout()
+        if not self._write_stdout():
+            raise _HostGone
+        return True
 
     def _write_stdout(self) -> bool:
         """Write what the host can take now; False if it closed its end."""
