@@ -44,6 +44,8 @@ from cli.shim import (
 )
 
 BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
+STABLE = 10.0  # a session restored this long ago counts as restored for good
+MAX_QUICK_GAPS = 5
 
 
 def _say(text: str) -> None:
@@ -121,6 +123,8 @@ class ResumingRelay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
+        self._reconnected = -STABLE  # when the last gap ended
+        self._quick_gaps = 0  # gaps in a row, each soon after the one before
         self._attach(sock)
 
     def _attach(self, sock: _socket.socket) -> None:
@@ -260,6 +264,18 @@ class ResumingRelay:
         self.to_host += self.state.gap_errors()
         self._flush_to_host()
         _say("the daemon went away; reconnecting")
+        # A daemon that closes the session again soon after each reconnect (a
+        # session it cannot serve) is not reconnected to in a tight loop.
+        if time.monotonic() - self._reconnected < STABLE:
+            self._quick_gaps += 1
+            if self._quick_gaps > MAX_QUICK_GAPS:
+                raise DaemonUnavailable(
+                    f"the daemon closed this session {self._quick_gaps} times in a row "
+                    "right after it was restored; giving up"
+                )
+            time.sleep(min(RETRY_MIN * 2**self._quick_gaps, RETRY_MAX))
+        else:
+            self._quick_gaps = 0
         deadline = time.monotonic() + RECONNECT_TIMEOUT
         delay, started = RETRY_MIN, time.monotonic()
         reported: str | None = None
@@ -282,6 +298,7 @@ class ResumingRelay:
                     self.to_host += self.state.gap_errors()
                 else:
                     _say("reconnected")
+                    self._reconnected = time.monotonic()
                     return
             if time.monotonic() >= deadline:
                 raise DaemonUnavailable(
@@ -294,7 +311,8 @@ class ResumingRelay:
         """Say hello again and replay the host's session on ``sock``."""
         sock.settimeout(RESUME_TIMEOUT)
         first, rest = self.state.replay()
-        sock.sendall(self.hello + (first or b""))
+        if self.hello or first:
+            sock.sendall(self.hello + (first or b""))
         carry = b""
         if first is not None:
             _method, want = scan(first)

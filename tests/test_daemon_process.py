@@ -399,3 +399,30 @@ async def test_a_server_that_floods_without_reading_is_stopped_not_fed_forever()
             nursery.cancel_scope.cancel()
     assert "stopped reading its input" in str(upstream.statistics().last_error)
     assert upstream._backlog_bytes <= 2 * mib + READ_CHUNK + CONTROL_SLACK + 4096
+
+
+async def test_a_daemon_that_keeps_closing_the_session_is_given_up_on(socket_path: str) -> None:
+    listener = await _fake_daemon(socket_path)
+    accepted = 0
+
+    async def close_each() -> None:
+        nonlocal accepted
+        while True:
+            conn, _ = await listener.accept()
+            accepted += 1
+            conn.close()  # (at once: before the shim's hello, if any)
+
+    with trio.fail_after(30):
+        shim, _ = await _open_shim(socket_path, "pipes")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(close_each)
+            assert await shim.wait() == 1
+            nursery.cancel_scope.cancel()
+        stderr = b""
+        while chunk := await shim.stderr.receive_some():
+            stderr += chunk
+    assert b"giving up" in stderr, stderr
+    # (the first connection, then a reconnect per gap, backing off; a
+    # connection that fails while being restored is retried on the same clock)
+    assert 7 <= accepted <= 20, stderr  # the first connection, then six reconnects, backing off
+    listener.close()
