@@ -61,8 +61,15 @@ class _Lines:
         self.note = note
         self.partial = bytearray()
         self.long = False  # inside a line too long to hold: pass it through
+        self.skipping = False  # inside a line to drop (skip_rest)
 
     def feed(self, data: bytes) -> bytes:
+        if self.skipping:
+            first = data.find(b"\n")
+            if first == -1:
+                return b""
+            self.skipping = False
+            data = data[first + 1 :]
         end = data.rfind(b"\n")
         if end == -1:
             if self.long:
@@ -94,11 +101,16 @@ class _Lines:
         kept = [line + b"\n" for line in lines if note(line + b"\n")]
         return b"".join(kept)
 
+    def skip_rest(self) -> None:
+        """If a long line is passing through, drop the rest of it."""
+        if self.long:
+            self.long, self.skipping = False, True
+
     def reset(self) -> None:
         """The connection this direction went to (or came from) is gone: a
         line half-written to it, or half-read from it, is dropped."""
         self.partial.clear()
-        self.long = False
+        self.long = self.skipping = False
 
 
 class _HostGone(Exception):
@@ -170,8 +182,8 @@ class ResumingRelay:
                     if not self._write_stdout():
                         return 0  # the host stopped reading: it is going away
                 else:
-                    if events & select.POLLOUT and not self._write_socket():
-                        return None if self.stdin_open else self._finish()
+                    if events & select.POLLOUT:
+                        self._write_socket()
                     if events & ~select.POLLOUT and not self._read_socket():
                         return None if self.stdin_open else self._finish()
 
@@ -201,19 +213,21 @@ class ResumingRelay:
             self.to_daemon += self.up.feed(data)
         self._write_socket()
 
-    def _write_socket(self) -> bool:
-        """Send what the daemon can take now; False if it is gone."""
+    def _write_socket(self) -> None:
+        """Send what the daemon can take now."""
         if self.to_daemon:
             try:
                 del self.to_daemon[: self.sock.send(self.to_daemon)]
             except (BlockingIOError, InterruptedError):
-                return True
+                return
             except OSError:
-                return False
+                # The daemon is gone: what it wrote before may still be there
+                # to read, and reading says when it ends (then the gap). What
+                # was not sent is in flight: it gets its error then.
+                self.to_daemon.clear()
         if not self.stdin_open and not self.to_daemon:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(_socket.SHUT_WR)
-        return True
 
     def _read_socket(self) -> bool:
         """Take what the daemon sent; False once it has closed."""
@@ -259,7 +273,10 @@ class ResumingRelay:
         replay; raises DaemonUnavailable if no daemon comes back in time."""
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.down.long:
+            self.to_host += b"\n"  # (ends the piece of a long answer the host has)
         self.down.reset()  # (an answer cut short never reaches the host)
+        self.up.skip_rest()  # (the rest of a long line half sent is no use to a new daemon)
         self.to_daemon.clear()  # (its requests are in flight: they get errors)
         self.to_host += self.state.gap_errors()
         self._flush_to_host()

@@ -179,3 +179,17 @@ def test_a_line_too_long_to_hold_passes_through_in_pieces(monkeypatch: pytest.Mo
     out = b"".join(framer.feed(piece) for piece in (b"x" * 8, b"y" * 8, b"z" * 8, b"!\nok\n"))
     assert out == b"x" * 8 + b"y" * 8 + b"z" * 8 + b"!\nok\n"
     assert seen == [b"ok\n"]  # (the long one went by unseen)
+
+
+def test_the_rest_of_a_long_line_half_sent_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.reconnect
+    from cli.reconnect import _Lines
+
+    monkeypatch.setattr(cli.reconnect, "LONG_LINE", 10)
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or True)
+    assert framer.feed(b"x" * 12) == b"x" * 12  # (passing through)
+    framer.skip_rest()  # the connection it went to is gone
+    assert framer.feed(b"yyy") == b""
+    assert framer.feed(b"yy\nnext\n") == b"next\n"
+    assert seen == [b"next\n"]
