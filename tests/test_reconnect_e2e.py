@@ -149,11 +149,24 @@ async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
                     first.send_signal(signal.SIGTERM)
                     await first.wait()
                 assert caught and "daemon went away" in str(caught[0])
-                await trio.sleep(0.5)  # a shim that only waits: the host sees nothing yet
-                second = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
-                with trio.fail_after(10):
-                    result = await session.call_tool("pid", {})
-                assert not result.is_error
+                results: list[Any] = []
+
+                async def call_during_the_gap() -> None:
+                    results.append(await session.call_tool("pid", {}))
+
+                async with trio.open_nursery() as nursery:
+                    # A call made while no daemon runs waits in the shim's
+                    # stdin; the new daemon serves it.
+                    nursery.start_soon(call_during_the_gap)
+                    await trio.sleep(0.5)
+                    assert not results
+                    second = await trio.lowlevel.open_process(
+                        serve, env=env, stderr=subprocess.DEVNULL
+                    )
+                    with trio.fail_after(10):
+                        while not results:
+                            await trio.sleep(0.05)
+                assert not results[0].is_error
                 assert daemon_pid(socket_path) == second.pid
                 await check_state_survived(session, host, old_pid)
     finally:
