@@ -209,8 +209,19 @@ class ResumingRelay:
             self.stdin_open = False
             self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
             self.up.reset()
-        else:
+        elif self.to_daemon:
             self.to_daemon += self.up.feed(data)
+        else:  # the usual case: send it now, keep only what is left
+            out = self.up.feed(data)
+            try:
+                sent = self.sock.send(out) if out else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                sent = len(out)  # (the daemon is gone: as in _write_socket)
+            if sent < len(out):
+                self.to_daemon += memoryview(out)[sent:]
+            return
         self._write_socket()
 
     def _write_socket(self) -> None:
@@ -239,9 +250,20 @@ class ResumingRelay:
             data = b""
         if not data:
             return False
-        self.to_host += self.down.feed(data)
-        if not self._write_stdout():
-            raise _HostGone
+        out = self.down.feed(data)
+        if self.to_host:
+            self.to_host += out
+            if not self._write_stdout():
+                raise _HostGone
+            return True
+        try:  # the usual case: write it now, keep only what is left
+            written = os.write(STDOUT, out) if out else 0
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except BrokenPipeError:
+            raise _HostGone from None
+        if written < len(out):
+            self.to_host += memoryview(out)[written:]
         return True
 
     def _write_stdout(self) -> bool:
