@@ -42,7 +42,9 @@ def shim_command(socket_path: str, server: str) -> list[str]:
     """What a host runs: the installed ``mcpbroker`` script, else the module.
 
     ``MCPBROKER_BENCH_SHIM=prototype`` (or ``prototype-S``: without ``site``)
-    runs benchmarks/prototype_shim.py instead, to measure that proposal.
+    runs benchmarks/prototype_shim.py instead, to measure that proposal;
+    ``no-resume`` runs the shim with ``--no-resume`` (the splice relay, which
+    does not outlive the daemon), to compare it with the default.
     """
     variant = os.environ.get("MCPBROKER_BENCH_SHIM", "")
     if variant.startswith("prototype"):
@@ -51,7 +53,8 @@ def shim_command(socket_path: str, server: str) -> list[str]:
         return [PYTHON, *flags, prototype, socket_path, server]
     script = Path(PYTHON).parent / "mcpbroker"
     start = [str(script)] if script.exists() else [PYTHON, "-m", "cli.main"]
-    return [*start, "connect", "--socket", socket_path, "--server", server]
+    extra = ["--no-resume"] if variant == "no-resume" else []
+    return [*start, "connect", "--socket", socket_path, "--server", server, *extra]
 
 
 @attrs.frozen

@@ -43,6 +43,9 @@ Relay MCP between stdin/stdout and the mcpbroker daemon, starting the daemon
   --config FILE   config for a daemon this command starts (default: $MCPBROKER_CONFIG
                   or ~/.config/mcpbroker/config.json)
   --server NAME   see only this server (repeatable)
+  --no-resume     exit when the daemon goes away (the host must then be restarted),
+                  relaying with splice; by default the shim reconnects and restores
+                  the host's session (docs/hosts.md, "When the daemon restarts")
   -h, --help      show this help
 """
 CHUNK = 256 * 1024
@@ -51,6 +54,16 @@ STDIN, STDOUT = 0, 1
 DAEMON_START_TIMEOUT = 15.0
 POLL_INTERVAL = 0.01
 LOST_RACE_GRACE = 2.0
+# Reconnecting after the daemon went away: wait this long for a daemon someone
+# else restarts (a service manager, an upgrade by hand) before starting one,
+# retry with backoff up to RETRY_MAX between attempts, give up after
+# RECONNECT_TIMEOUT; a new daemon has RESUME_TIMEOUT to answer the replayed
+# initialize (it waits for the session's servers to come up).
+WAIT_BEFORE_START = 0.3
+RETRY_MIN, RETRY_MAX = 0.05, 1.0
+RECONNECT_TIMEOUT = 60.0
+RESUME_TIMEOUT = 30.0
+LONG_LINE = 16 * 1024 * 1024  # past this a line is sent on in pieces, untracked
 
 
 class UsageError(Exception):
@@ -67,6 +80,8 @@ def parse_args(argv: list[str]) -> tuple[str, str | None, list[str]]:
     for arg in args:
         if arg in ("-h", "--help"):
             raise ShowHelp
+        if arg == "--no-resume":
+            continue  # (read by main)
         if not arg.startswith("-"):
             servers.append(arg)  # a server's name, as --server NAME
             continue
@@ -102,9 +117,15 @@ def main(argv: list[str]) -> int:
     except DaemonUnavailable as exc:
         print(f"mcpbroker connect: {exc}", file=sys.stderr)
         return 1
-    if servers:
-        sock.sendall(hello_line(servers))
-    return relay(sock)
+    hello = hello_line(servers) if servers else b""
+    if hello:
+        sock.sendall(hello)
+    if "--no-resume" in argv:
+        return relay(sock)
+    from cli.reconnect import ResumingRelay
+    from cli.resume import HostState
+
+    return ResumingRelay(sock, HostState(), socket_path, config, hello).run()
 
 
 def hello_line(servers: list[str]) -> bytes:

@@ -283,9 +283,9 @@ async def _fake_daemon(socket_path: str) -> trio.socket.SocketType:
     return listener
 
 
-async def _open_shim(socket_path: str, stdio: str) -> tuple[trio.Process, Any]:
+async def _open_shim(socket_path: str, stdio: str, *options: str) -> tuple[trio.Process, Any]:
     """A shim on ``socket_path`` (no hello), with pipes or a socket pair as its stdio."""
-    command = [MCPBROKER, "connect", "--socket", socket_path]
+    command = [MCPBROKER, "connect", "--socket", socket_path, *options]
     if stdio == "pipes":
         shim = await trio.lowlevel.open_process(
             command, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -309,7 +309,8 @@ async def test_the_shim_hands_over_the_last_words_when_the_daemon_leaves(
 ) -> None:
     listener = await _fake_daemon(socket_path)
     with trio.fail_after(20):
-        shim, ends = await _open_shim(socket_path, stdio)
+        # (by default the shim would reconnect: tests/test_reconnect_e2e.py)
+        shim, ends = await _open_shim(socket_path, stdio, "--no-resume")
         conn, _ = await listener.accept()
         await conn.send(b'{"last":"words"}\n')
         conn.close()
@@ -321,10 +322,40 @@ async def test_the_shim_hands_over_the_last_words_when_the_daemon_leaves(
 
 
 @pytest.mark.parametrize("stdio", ["pipes", "socket"])
-async def test_the_shim_leaves_when_the_host_stops_reading(socket_path: str, stdio: str) -> None:
+async def test_by_default_the_shim_hands_over_the_last_words_and_comes_back(
+    socket_path: str, stdio: str
+) -> None:
     listener = await _fake_daemon(socket_path)
     with trio.fail_after(20):
         shim, ends = await _open_shim(socket_path, stdio)
+        conn, _ = await listener.accept()
+        await ends.stdin.send_all(b'{"jsonrpc":"2.0","id":7,"method":"tools/call"}\n')
+        assert await conn.recv(100) == b'{"jsonrpc":"2.0","id":7,"method":"tools/call"}\n'
+        await conn.send(b'{"last":"words"}\n')
+        conn.close()
+        answer = b""
+        while answer.count(b"\n") < 2:
+            answer += await ends.stdout.receive_some()
+        first, error = answer.splitlines()
+        assert first == b'{"last":"words"}'  # then the request in flight gets its error:
+        assert json.loads(error)["id"] == 7 and json.loads(error)["error"]["code"] == -32000
+        again, _ = await listener.accept()  # the shim came back (the host never initialized)
+        await ends.stdin.send_all(b'{"jsonrpc":"2.0","id":8,"method":"ping"}\n')
+        assert await again.recv(100) == b'{"jsonrpc":"2.0","id":8,"method":"ping"}\n'
+        shim.kill()
+        await shim.wait()
+        again.close()
+    listener.close()
+
+
+@pytest.mark.parametrize("resume", [True, False])
+@pytest.mark.parametrize("stdio", ["pipes", "socket"])
+async def test_the_shim_leaves_when_the_host_stops_reading(
+    socket_path: str, stdio: str, resume: bool
+) -> None:
+    listener = await _fake_daemon(socket_path)
+    with trio.fail_after(20):
+        shim, ends = await _open_shim(socket_path, stdio, *([] if resume else ["--no-resume"]))
         conn, _ = await listener.accept()
         if stdio == "pipes":
             await shim.stdout.aclose()
@@ -368,3 +399,30 @@ async def test_a_server_that_floods_without_reading_is_stopped_not_fed_forever()
             nursery.cancel_scope.cancel()
     assert "stopped reading its input" in str(upstream.statistics().last_error)
     assert upstream._backlog_bytes <= 2 * mib + READ_CHUNK + CONTROL_SLACK + 4096
+
+
+async def test_a_daemon_that_keeps_closing_the_session_is_given_up_on(socket_path: str) -> None:
+    listener = await _fake_daemon(socket_path)
+    accepted = 0
+
+    async def close_each() -> None:
+        nonlocal accepted
+        while True:
+            conn, _ = await listener.accept()
+            accepted += 1
+            conn.close()  # (at once: before the shim's hello, if any)
+
+    with trio.fail_after(30):
+        shim, _ = await _open_shim(socket_path, "pipes")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(close_each)
+            assert await shim.wait() == 1
+            nursery.cancel_scope.cancel()
+        stderr = b""
+        while chunk := await shim.stderr.receive_some():
+            stderr += chunk
+    assert b"giving up" in stderr, stderr
+    # (the first connection, then a reconnect per gap, backing off; a
+    # connection that fails while being restored is retried on the same clock)
+    assert 7 <= accepted <= 20, stderr  # the first connection, then six reconnects, backing off
+    listener.close()

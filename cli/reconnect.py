@@ -1,0 +1,402 @@
+"""The shim's relay that outlives the daemon (``mcpbroker connect`` by default).
+
+It copies whole lines both ways, showing each to :class:`cli.resume.HostState`
+(byte searches, no JSON parsing), so that when the daemon goes away it knows
+which of the host's requests were in flight and what the host had set up.
+Then (:meth:`ResumingRelay._gap`): an error for each request in flight,
+a new connection (to a daemon someone else restarted, or to one it starts,
+with backoff, bounded), the host's ``initialize`` replayed and its answer
+dropped, then ``notifications/initialized``, the log level and the resource
+subscriptions; then the relay goes on, on the same stdin and stdout, and the
+host need not notice. docs/hosts.md ("When the daemon restarts") says what
+the host sees.
+
+Why lines and not ``splice`` (cli/shim.py's relay with ``--no-resume``): a
+request the daemon had not yet read when it died is lost with it, and only
+what passed through this process says which ids those were, and which answers
+came back (docs/hosts.md records the measurements and the choice).
+"""
+
+from __future__ import annotations
+
+import _socket
+import contextlib
+import os
+import select
+import sys
+import time
+from collections.abc import Callable
+
+from cli.resume import HostState, scan
+from cli.shim import (
+    CHUNK,
+    LONG_LINE,
+    RECONNECT_TIMEOUT,
+    RESUME_TIMEOUT,
+    RETRY_MAX,
+    RETRY_MIN,
+    STDIN,
+    STDOUT,
+    WAIT_BEFORE_START,
+    DaemonUnavailable,
+    _connect,
+    _start_daemon,
+)
+
+BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
+STABLE = 10.0  # a session restored this long ago counts as restored for good
+MAX_QUICK_GAPS = 5
+
+
+def _say(text: str) -> None:
+    print(f"mcpbroker connect: {text}", file=sys.stderr, flush=True)
+
+
+class _Lines:
+    """Cuts one direction's bytes into whole lines for ``note`` (True: send it on).
+
+    A line longer than :data:`LONG_LINE` is sent on in pieces, unseen."""
+
+    def __init__(self, note: Callable[[bytes], bool]) -> None:
+        self.note = note
+        self.partial = bytearray()
+        self.long = False  # inside a line too long to hold: pass it through
+        self.skipping = False  # inside a line to drop (skip_rest)
+
+    def feed(self, data: bytes) -> bytes:
+        if self.skipping:
+            first = data.find(b"\n")
+            if first == -1:
+                return b""
+            self.skipping = False
+            data = data[first + 1 :]
+        end = data.rfind(b"\n")
+        if end == -1:
+            if self.long:
+                return data
+            self.partial += data
+            if len(self.partial) > LONG_LINE:
+                self.long = True
+                out = bytes(self.partial)
+                self.partial.clear()
+                return out
+            return b""
+        if self.long:
+            head, data = data[: data.find(b"\n") + 1], data[data.find(b"\n") + 1 :]
+            self.long = False
+            return head + self.feed(data)
+        if not self.partial and end == len(data) - 1 and data.find(b"\n") == end:
+            return data if self.note(data) else b""  # (the usual: one line)
+        if self.partial:
+            chunk = bytes(self.partial) + data[: end + 1]
+            self.partial[:] = data[end + 1 :]
+        else:
+            chunk = data[: end + 1] if end + 1 < len(data) else data
+            self.partial += data[end + 1 :]
+        note = self.note
+        lines = chunk.split(b"\n")
+        lines.pop()  # (after the last newline)
+        if len(lines) == 1:
+            return chunk if note(chunk) else b""
+        kept = [line + b"\n" for line in lines if note(line + b"\n")]
+        return b"".join(kept)
+
+    def skip_rest(self) -> None:
+        """If a long line is passing through, drop the rest of it."""
+        if self.long:
+            self.long, self.skipping = False, True
+
+    def reset(self) -> None:
+        """The connection this direction went to (or came from) is gone: a
+        line half-written to it, or half-read from it, is dropped."""
+        self.partial.clear()
+        self.long = self.skipping = False
+
+
+class _HostGone(Exception):
+    """The host closed its end of stdout: the shim has nothing left to do."""
+
+
+class ResumingRelay:
+    """The shim's relay: poll, whole lines both ways, a new daemon at each gap."""
+
+    def __init__(
+        self,
+        sock: _socket.socket,
+        state: HostState,
+        socket_path: str,
+        config: str | None,
+        hello: bytes,
+    ) -> None:
+        self.state = state
+        self.socket_path, self.config, self.hello = socket_path, config, hello
+        self.up = _Lines(state.up)
+        self.down = _Lines(state.down)
+        self.to_daemon = bytearray()
+        self.to_host = bytearray()
+        self.stdin_open = True
+        self._reconnected = -STABLE  # when the last gap ended
+        self._quick_gaps = 0  # gaps in a row, each soon after the one before
+        self._attach(sock)
+
+    def _attach(self, sock: _socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.sock_fd = sock.fileno()
+        self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
+
+    def run(self) -> int:
+        was_blocking = os.get_blocking(STDOUT)
+        os.set_blocking(STDOUT, False)
+        try:
+            while True:
+                code = self._relay()
+                if code is not None:
+                    return code
+                try:
+                    self._gap()
+                except DaemonUnavailable as exc:
+                    _say(str(exc))
+                    self._flush_to_host()
+                    return 1
+        finally:
+            os.set_blocking(STDOUT, was_blocking)
+
+    # -- the relay ------------------------------------------------------------
+
+    def _relay(self) -> int | None:
+        """Relay until the end (an exit code) or a gap (None)."""
+        try:
+            return self._relay_until_gap()
+        except _HostGone:
+            return 0  # the host stopped reading: it is going away
+
+    def _relay_until_gap(self) -> int | None:
+        poller = select.poll()
+        while True:
+            self._register(poller)
+            for fd, events in poller.poll():
+                if fd == STDIN:
+                    self._read_stdin()
+                elif fd == STDOUT:
+                    if not self._write_stdout():
+                        return 0  # the host stopped reading: it is going away
+                else:
+                    if events & select.POLLOUT:
+                        self._write_socket()
+                    if events & ~select.POLLOUT and not self._read_socket():
+                        return None if self.stdin_open else self._finish()
+
+    def _register(self, poller: select.poll) -> None:
+        """Tell poll what to wait for, touching only what changed since last time."""
+        stdin = select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0
+        stdout = select.POLLOUT if self.to_host else 0
+        sock = (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0) | (
+            select.POLLOUT if self.to_daemon else 0
+        )
+        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
+            if self._events[fd] == events:
+                continue
+            if events:
+                poller.register(fd, events)  # (or modify: poll objects take either)
+            else:
+                poller.unregister(fd)
+            self._events[fd] = events
+
+    def _read_stdin(self) -> None:
+        data = os.read(STDIN, CHUNK)
+        if not data:
+            self.stdin_open = False
+            self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
+            self.up.reset()
+        elif self.to_daemon:
+            self.to_daemon += self.up.feed(data)
+        else:  # the usual case: send it now, keep only what is left
+            out = self.up.feed(data)
+            try:
+                sent = self.sock.send(out) if out else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                sent = len(out)  # (the daemon is gone: as in _write_socket)
+            if sent < len(out):
+                self.to_daemon += memoryview(out)[sent:]
+            return
+        self._write_socket()
+
+    def _write_socket(self) -> None:
+        """Send what the daemon can take now."""
+        if self.to_daemon:
+            try:
+                del self.to_daemon[: self.sock.send(self.to_daemon)]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                # The daemon is gone: what it wrote before may still be there
+                # to read, and reading says when it ends (then the gap). What
+                # was not sent is in flight: it gets its error then.
+                self.to_daemon.clear()
+        if not self.stdin_open and not self.to_daemon:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(_socket.SHUT_WR)
+
+    def _read_socket(self) -> bool:
+        """Take what the daemon sent; False once it has closed."""
+        try:
+            data = self.sock.recv(CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        out = self.down.feed(data)
+        if self.to_host:
+            self.to_host += out
+            if not self._write_stdout():
+                raise _HostGone
+            return True
+        try:  # the usual case: write it now, keep only what is left
+            written = os.write(STDOUT, out) if out else 0
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except BrokenPipeError:
+            raise _HostGone from None
+        if written < len(out):
+            self.to_host += memoryview(out)[written:]
+        return True
+
+    def _write_stdout(self) -> bool:
+        """Write what the host can take now; False if it closed its end."""
+        try:
+            del self.to_host[: os.write(STDOUT, self.to_host)]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except BrokenPipeError:
+            return False
+        return True
+
+    def _flush_to_host(self) -> None:
+        os.set_blocking(STDOUT, True)
+        with contextlib.suppress(BrokenPipeError):
+            while self.to_host:
+                del self.to_host[: os.write(STDOUT, self.to_host)]
+        os.set_blocking(STDOUT, False)
+
+    def _finish(self) -> int:
+        """The daemon closed after the host did: hand the host the rest, then leave."""
+        self._flush_to_host()
+        return 0
+
+    # -- the gap --------------------------------------------------------------
+
+    def _gap(self) -> None:
+        """The daemon is gone: answer what was in flight, then reconnect and
+        replay; raises DaemonUnavailable if no daemon comes back in time."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self.down.long:
+            self.to_host += b"\n"  # (ends the piece of a long answer the host has)
+        self.down.reset()  # (an answer cut short never reaches the host)
+        self.up.skip_rest()  # (the rest of a long line half sent is no use to a new daemon)
+        self.to_daemon.clear()  # (its requests are in flight: they get errors)
+        self.to_host += self.state.gap_errors()
+        self._flush_to_host()
+        _say("the daemon went away; reconnecting")
+        # A daemon that closes the session again soon after each reconnect (a
+        # session it cannot serve) is not reconnected to in a tight loop.
+        if time.monotonic() - self._reconnected < STABLE:
+            self._quick_gaps += 1
+            if self._quick_gaps > MAX_QUICK_GAPS:
+                raise DaemonUnavailable(
+                    f"the daemon closed this session {self._quick_gaps} times in a row "
+                    "right after it was restored; giving up"
+                )
+            time.sleep(min(RETRY_MIN * 2**self._quick_gaps, RETRY_MAX))
+        else:
+            self._quick_gaps = 0
+        deadline = time.monotonic() + RECONNECT_TIMEOUT
+        delay, started = RETRY_MIN, time.monotonic()
+        reported: str | None = None
+        while True:
+            sock = _connect(self.socket_path)
+            if sock is None and time.monotonic() - started >= WAIT_BEFORE_START:
+                try:
+                    sock = _start_daemon(self.socket_path, self.config)
+                except DaemonUnavailable as exc:
+                    if str(exc) != reported:
+                        _say(f"{exc}; waiting for a daemon")
+                        reported = str(exc)
+            if sock is not None:
+                try:
+                    self._resume(sock)
+                except (OSError, TimeoutError) as exc:
+                    _say(f"the new daemon did not take the session back ({exc}); retrying")
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    self.to_host += self.state.gap_errors()
+                else:
+                    _say("reconnected")
+                    self._reconnected = time.monotonic()
+                    return
+            if time.monotonic() >= deadline:
+                raise DaemonUnavailable(
+                    f"no daemon came back on {self.socket_path} within {RECONNECT_TIMEOUT:g} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _resume(self, sock: _socket.socket) -> None:
+        """Say hello again and replay the host's session on ``sock``."""
+        sock.settimeout(RESUME_TIMEOUT)
+        first, rest = self.state.replay()
+        if self.hello or first:
+            sock.sendall(self.hello + (first or b""))
+        carry = b""
+        if first is not None:
+            _method, want = scan(first)
+            answer, carry = _read_answer(sock, want)  # (and what came after it)
+            self.state.replayed.discard(want or b"")
+            self.to_host += list_changed(answer)
+        if rest:
+            sock.sendall(rest)
+        self._attach(sock)
+        if carry:
+            self.to_host += self.down.feed(carry)
+
+
+def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
+    """Read up to the answer with ``id``: that answer, and what followed it."""
+    buffer = b""
+    while True:
+        data = sock.recv(CHUNK)
+        if not data:
+            raise OSError("closed before answering initialize")
+        buffer += data
+        while b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            method, got = scan(line + b"\n")
+            if method is None and got == id:
+                if b'"error"' in line and b'"result"' not in line:
+                    _say(f"the new daemon refused the session: {line.decode(errors='replace')}")
+                return line, buffer
+
+
+def list_changed(answer: bytes) -> bytes:
+    """The ``list_changed`` notifications a host should act on after a
+    reconnect, from the new daemon's answer to the replayed ``initialize``:
+    one per list whose capability says it can change (an upgrade may have
+    brought other tools; a host that refetches an unchanged list loses nothing)."""
+    import json
+
+    try:
+        capabilities = json.loads(answer)["result"]["capabilities"]
+    except (ValueError, KeyError, TypeError):
+        return b""
+    notices = []
+    for kind in ("tools", "resources", "prompts"):
+        declared = capabilities.get(kind)
+        if isinstance(declared, dict) and declared.get("listChanged") is True:
+            method = f"notifications/{kind}/list_changed"
+            notices.append(b'{"jsonrpc":"2.0","method":"%s"}\n' % method.encode())
+    return b"".join(notices)

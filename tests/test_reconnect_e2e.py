@@ -1,0 +1,193 @@
+"""A host survives a daemon restart: the official SDK client through the shim,
+the daemon a real process killed (SIGKILL) or stopped for an upgrade (SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+from tests.conftest import MCPBROKER, REPO, shim_parameters, text_of
+
+SERVER = {"command": sys.executable, "args": ["-m", "tests.servers.subscribable"], "cwd": str(REPO)}
+URI = "test://sub/thing"
+
+
+@pytest.fixture
+def config_file(socket_path: str) -> str:
+    path = os.path.join(os.path.dirname(socket_path), "config.json")
+    with open(path, "w") as f:
+        json.dump({"mcpServers": {"sub": SERVER}}, f)
+    return path
+
+
+def daemon_pid(socket_path: str) -> int:
+    with open(socket_path + ".lock") as f:
+        return int(f.read().strip())
+
+
+async def wait_gone(pid: int) -> None:
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        await trio.sleep(0.02)
+
+
+class Host:
+    """What the host's SDK session was told: log messages, resources/updated."""
+
+    def __init__(self) -> None:
+        self.logs: list[str] = []
+        self.updated = trio.Event()
+
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append(str(params.level))
+
+    async def on_message(self, message: object) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            self.updated.set()
+
+
+@asynccontextmanager
+async def host_session(
+    socket_path: str, host: Host, config: str | None
+) -> AsyncIterator[ClientSession]:
+    params = shim_parameters(socket_path, "sub", config=config)
+    handlers: dict[str, Any] = {"logging_callback": host.on_log, "message_handler": host.on_message}
+    async with (
+        stdio_client(params) as (read, write),
+        ClientSession(read, write, **handlers) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def set_up(session: ClientSession, host: Host) -> int:
+    """Set the state a restart must keep; the server's pid."""
+    await session.set_logging_level("error")
+    await session.subscribe_resource(URI)
+    await session.call_tool("log", {})
+    await session.call_tool("touch", {})
+    with trio.fail_after(5):
+        await host.updated.wait()
+    host.updated = trio.Event()
+    return int(text_of(await session.call_tool("pid", {})))
+
+
+async def call_in_flight(session: ClientSession, caught: list[MCPError]) -> None:
+    """A call that is still running when the daemon goes: it must get an error."""
+    with pytest.raises(MCPError) as info:
+        await session.call_tool("slow", {"seconds": 20})
+    caught.append(info.value)
+
+
+async def check_state_survived(session: ClientSession, host: Host, old_pid: int) -> None:
+    assert int(text_of(await session.call_tool("pid", {}))) != old_pid  # a new server
+    host.logs.clear()
+    await session.call_tool("log", {})
+    await trio.sleep(0.2)
+    assert host.logs == ["error"]  # the level "error" was replayed: "info" is filtered
+    await session.call_tool("touch", {})
+    with trio.fail_after(3):
+        await host.updated.wait()  # the subscription was replayed
+
+
+async def test_sigkill_the_daemon_under_a_host_session(socket_path: str, config_file: str) -> None:
+    host = Host()
+    with trio.fail_after(60):
+        async with host_session(socket_path, host, config_file) as session:
+            old_pid = await set_up(session, host)
+            daemon = daemon_pid(socket_path)
+            caught: list[MCPError] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call_in_flight, session, caught)
+                await trio.sleep(0.5)  # (the call reaches the server)
+                os.kill(daemon, signal.SIGKILL)
+            # The call in flight got its error (the nursery waited for it), at once:
+            assert caught and "daemon went away" in str(caught[0])
+            with trio.fail_after(3):
+                result = await session.call_tool("pid", {})  # the next call, same session
+            assert not result.is_error
+            assert daemon_pid(socket_path) != daemon  # the shim started a new one
+            await check_state_survived(session, host, old_pid)
+            os.kill(daemon_pid(socket_path), signal.SIGTERM)
+
+
+async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
+    socket_path: str, config_file: str
+) -> None:
+    host = Host()
+    caught: list[MCPError] = []
+    serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        with trio.fail_after(60):
+            while not os.path.exists(socket_path):
+                await trio.sleep(0.05)
+            # (no --config: this shim cannot start a daemon, it waits for one)
+            async with host_session(socket_path, host, None) as session:
+                old_pid = await set_up(session, host)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call_in_flight, session, caught)
+                    await trio.sleep(0.5)  # (the call reaches the server)
+                    first.send_signal(signal.SIGTERM)
+                    await first.wait()
+                assert caught and "daemon went away" in str(caught[0])
+                results: list[Any] = []
+
+                async def call_during_the_gap() -> None:
+                    results.append(await session.call_tool("pid", {}))
+
+                async with trio.open_nursery() as nursery:
+                    # A call made while no daemon runs waits in the shim's
+                    # stdin; the new daemon serves it.
+                    nursery.start_soon(call_during_the_gap)
+                    await trio.sleep(0.5)
+                    assert not results
+                    second = await trio.lowlevel.open_process(
+                        serve, env=env, stderr=subprocess.DEVNULL
+                    )
+                    with trio.fail_after(10):
+                        while not results:
+                            await trio.sleep(0.05)
+                assert not results[0].is_error
+                assert daemon_pid(socket_path) == second.pid
+                await check_state_survived(session, host, old_pid)
+    finally:
+        with trio.move_on_after(10) as cleanup:
+            cleanup.shield = True
+            for process in (first, second):
+                if process is not None and process.returncode is None:
+                    process.terminate()
+                    await process.wait()
+
+
+async def test_with_no_resume_the_shim_exits_as_before(socket_path: str, config_file: str) -> None:
+    params = shim_parameters(socket_path, "sub", config=config_file)
+    params.args.append("--no-resume")
+    with trio.fail_after(60):
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await session.call_tool("pid", {})
+            daemon = daemon_pid(socket_path)
+            os.kill(daemon, signal.SIGKILL)
+            with pytest.raises(Exception):  # noqa: B017 (the session is gone: any error)
+                with trio.fail_after(5):
+                    await session.call_tool("pid", {})
+        await wait_gone(daemon)

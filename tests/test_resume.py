@@ -1,0 +1,195 @@
+"""The shim's memory of its host's session (cli/resume.py): no processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cli.resume import GAP_CODE, HostState, scan
+
+ids = st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=20))
+values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["id", "method", "x"]), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+methods = st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters='"\\')
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # the Python SDK's shape, the TypeScript SDK's (id last), a notification
+        (
+            b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"id":9}}\n',
+            (b"tools/call", b"3"),
+        ),
+        (
+            b'{"method":"tools/call","params":{"id":9},"jsonrpc":"2.0","id":"a"}\n',
+            (b"tools/call", b'"a"'),
+        ),
+        (
+            b'{"method":"notifications/x","params":{"id":1},"jsonrpc":"2.0"}\n',
+            (b"notifications/x", None),
+        ),
+        (b'{"jsonrpc":"2.0","id":4,"result":{"method":"m"}}\n', (None, b"4")),
+        (b'{"result":{"id":1},"jsonrpc":"2.0","id":5}\n', (None, b"5")),
+        (b'{ "jsonrpc" : "2.0", "id" : 6, "method" : "ping" }\n', (b"ping", b"6")),
+        (b'{"jsonrpc":"2.0","id":"\\u00e9","method":"ping"}\n', (b"ping", '"é"'.encode())),
+        (b"not json\n", (None, None)),
+    ],
+)
+def test_scan_finds_the_top_level_method_and_id(
+    line: bytes, expected: tuple[object, object]
+) -> None:
+    assert scan(line) == expected
+
+
+@given(
+    id=ids,
+    method=st.text(methods, min_size=1, max_size=10),
+    params=values,
+    id_last=st.booleans(),
+    spaced=st.booleans(),
+)
+def test_scan_agrees_with_a_parser(
+    id: object, method: str, params: object, id_last: bool, spaced: bool
+) -> None:
+    message: dict[str, object] = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+    if id_last:
+        message = {"method": method, "params": params, "jsonrpc": "2.0", "id": id}
+    separators = (", ", ": ") if spaced else (",", ":")
+    line = json.dumps(message, separators=separators).encode() + b"\n"
+    found_method, found_id = scan(line)
+    assert found_method == method.encode()
+    assert found_id is not None and json.loads(found_id) == id
+
+
+def test_in_flight_requests_get_an_error_at_a_gap_and_answered_ones_do_not() -> None:
+    state = HostState()
+    for id in (1, 2, 3):
+        assert state.up(b'{"jsonrpc":"2.0","id":%d,"method":"tools/call"}\n' % id)
+    assert state.down(b'{"jsonrpc":"2.0","id":2,"result":{}}\n')
+    state.up(b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}\n')
+    errors = [json.loads(line) for line in state.gap_errors().splitlines()]
+    assert [(e["id"], e["error"]["code"]) for e in errors] == [(1, GAP_CODE)]
+    assert state.gap_errors() == b""  # (each once)
+
+
+def test_the_replay_restores_the_session_and_its_answers_are_dropped() -> None:
+    state = HostState()
+    init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"1"}}\n'
+    initialized = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+    for line in (
+        init,
+        initialized,
+        b'{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"info"}}\n',
+        b'{"jsonrpc":"2.0","id":2,"method":"logging/setLevel","params":{"level":"error"}}\n',
+        b'{"jsonrpc":"2.0","id":3,"method":"resources/subscribe","params":{"uri":"a://1"}}\n',
+        b'{"jsonrpc":"2.0","id":4,"method":"resources/subscribe","params":{"uri":"a://2"}}\n',
+        b'{"jsonrpc":"2.0","id":5,"method":"resources/unsubscribe","params":{"uri":"a://1"}}\n',
+    ):
+        state.up(line)
+    first, rest = state.replay()
+    assert first is not None
+    replayed_init = json.loads(first)
+    assert (
+        replayed_init["method"] == "initialize"
+        and replayed_init["params"] == json.loads(init)["params"]
+    )
+    lines = rest.splitlines(keepends=True)
+    assert lines[0] == initialized
+    requests = [json.loads(line) for line in lines[1:]]
+    assert [(r["method"], r["params"]) for r in requests] == [
+        ("logging/setLevel", {"level": "error"}),
+        ("resources/subscribe", {"uri": "a://2"}),
+    ]
+    for request in requests:  # their answers never reach the host
+        answer = b'{"jsonrpc":"2.0","id":%s,"result":{}}\n' % json.dumps(request["id"]).encode()
+        assert not state.down(answer)
+    assert state.down(b'{"jsonrpc":"2.0","id":7,"result":{}}\n')  # the host's own do
+
+
+def test_answers_to_a_dead_daemon_s_requests_are_dropped() -> None:
+    state = HostState()
+    state.down(b'{"jsonrpc":"2.0","id":11,"method":"roots/list"}\n')
+    state.down(b'{"jsonrpc":"2.0","id":12,"method":"roots/list"}\n')
+    assert state.up(b'{"jsonrpc":"2.0","id":11,"result":{"roots":[]}}\n')
+    state.gap_errors()
+    assert not state.up(b'{"jsonrpc":"2.0","id":12,"result":{"roots":[]}}\n')
+    assert state.up(b'{"jsonrpc":"2.0","id":12,"result":{"roots":[]}}\n')  # a new daemon's
+
+
+def test_no_replay_before_the_host_initialized() -> None:
+    assert HostState().replay() == (None, b"")
+
+
+def test_after_a_reconnect_the_host_hears_of_the_lists_that_can_change() -> None:
+    from cli.reconnect import list_changed
+
+    answer = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": "mcpbroker-resume-1",
+            "result": {"capabilities": {"tools": {"listChanged": True}, "prompts": {}}},
+        }
+    ).encode()
+    notices = [json.loads(line) for line in list_changed(answer).splitlines()]
+    assert notices == [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}]
+    assert list_changed(b'{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"no"}}') == b""
+
+
+@given(
+    lines=st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=6),
+    cuts=st.lists(st.integers(1, 7), min_size=1, max_size=40),
+)
+def test_lines_come_out_whole_however_the_bytes_are_cut(
+    lines: list[bytes], cuts: list[int]
+) -> None:
+    from cli.reconnect import _Lines
+
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or not line.startswith(b"drop"))
+    data = b"".join(line + b"\n" for line in [*lines, b"drop me"])
+    out, i = b"", 0
+    for n in cuts * (len(data) // len(cuts) + 1):
+        if i >= len(data):
+            break
+        out += framer.feed(data[i : i + n])
+        i += n
+    assert seen == [line + b"\n" for line in [*lines, b"drop me"]]
+    assert out == b"".join(line + b"\n" for line in lines)
+
+
+def test_a_line_too_long_to_hold_passes_through_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.reconnect
+    from cli.reconnect import _Lines
+
+    monkeypatch.setattr(cli.reconnect, "LONG_LINE", 10)
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or True)
+    out = b"".join(framer.feed(piece) for piece in (b"x" * 8, b"y" * 8, b"z" * 8, b"!\nok\n"))
+    assert out == b"x" * 8 + b"y" * 8 + b"z" * 8 + b"!\nok\n"
+    assert seen == [b"ok\n"]  # (the long one went by unseen)
+
+
+def test_the_rest_of_a_long_line_half_sent_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli.reconnect
+    from cli.reconnect import _Lines
+
+    monkeypatch.setattr(cli.reconnect, "LONG_LINE", 10)
+    seen: list[bytes] = []
+    framer = _Lines(lambda line: seen.append(line) or True)
+    assert framer.feed(b"x" * 12) == b"x" * 12  # (passing through)
+    framer.skip_rest()  # the connection it went to is gone
+    assert framer.feed(b"yyy") == b""
+    assert framer.feed(b"yy\nnext\n") == b"next\n"
+    assert seen == [b"next\n"]
