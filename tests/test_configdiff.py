@@ -47,6 +47,11 @@ SERVER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "pool": st.sampled_from([1, 2, 4]),
     "timeout": st.sampled_from([None, 1.0, 60.0]),
     "server_requests": st.sampled_from(["auto", "exclusive", "concurrent"]),
+    "restart_delay": st.sampled_from([None, 0.1, 1.0]),
+    "restart_max_delay": st.sampled_from([None, 5.0, 60.0]),
+    "restart_attempts": st.sampled_from([None, 0, 3]),
+    "ping_interval": st.sampled_from([None, 0.0, 10.0]),
+    "ping_misses": st.sampled_from([None, 1, 3]),
 }
 BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max_message_bytes": st.sampled_from([1024, 1 << 24]),
@@ -62,6 +67,12 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "allowed_origins": st.sampled_from([(), ("http://localhost:6274",)]),
     "allowed_hosts": st.sampled_from([(), ("box.lan",)]),
     "token_file": st.sampled_from([None, "/run/token"]),
+    "restart_delay": st.sampled_from([0.5, 2.0]),
+    "restart_max_delay": st.sampled_from([30.0, 120.0]),
+    "restart_attempts": st.sampled_from([0, 8]),
+    "retry_failed_after": st.sampled_from([0.0, 600.0]),
+    "ping_interval": st.sampled_from([None, 0.0, 30.0]),
+    "ping_misses": st.sampled_from([1, 3]),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 
