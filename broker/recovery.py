@@ -47,18 +47,20 @@ class RestartPolicy:
 
     @classmethod
     def for_server(cls, config: ServerConfig, settings: BrokerSettings) -> RestartPolicy:
-        def pick(own: float | None, default: float | None) -> float:
-            value = own if own is not None else default
-            return 0.0 if value is None else value
-
         return cls(
-            delay=pick(config.restart_delay, settings.restart_delay),
-            max_delay=pick(config.restart_max_delay, settings.restart_max_delay),
-            attempts=int(pick(config.restart_attempts, settings.restart_attempts)),
+            delay=_either(config.restart_delay, settings.restart_delay),
+            max_delay=_either(config.restart_max_delay, settings.restart_max_delay),
+            attempts=int(_either(config.restart_attempts, settings.restart_attempts)),
             retry_failed_after=settings.retry_failed_after,
-            ping_interval=pick(config.ping_interval, settings.ping_interval),
-            ping_misses=int(pick(config.ping_misses, settings.ping_misses)),
+            ping_interval=_either(config.ping_interval, settings.ping_interval),
+            ping_misses=int(_either(config.ping_misses, settings.ping_misses)),
         )
+
+
+def _either(own: float | None, default: float | None) -> float:
+    """A server's own setting, else the broker's (None for both: 0, off)."""
+    value = own if own is not None else default
+    return 0.0 if value is None else value
 
 
 class Restarts:
