@@ -189,12 +189,15 @@ class Daemon:
     def reconfigure(self, new: Config) -> ConfigDiff:
         """Apply what of ``new`` applies live (broker/configdiff.py, LIVE):
         settings go to every server, session, the Registry and the WebSocket
-        listener; servers whose only changes are live ones take them. Returns
+        listener; servers whose only changes are live ones take them; a
+        failed server is tried again (docs/rules/restarts.md). Returns
         the whole diff: what it says to add, remove or restart, and settings
         that need a new daemon, are left to the caller (the reload, #14), and
         ``self.config`` keeps the old values of those until then. Raises
         StartError (nothing changed) if the new token file cannot be read."""
         change = diff(self.config, new)
+        for upstream in self.upstreams.values():  # a reload tries failed servers again
+            upstream.retry()
         if change.empty:
             return change
         live = {c.field: c.new for c in change.settings if c.effect is Effect.LIVE}

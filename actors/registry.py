@@ -9,8 +9,10 @@ so a client's ``tools/list`` costs no round trip to any server.
 
 After each change it tells every subscribed session whose view includes the
 server, once, with the matching ``list_changed`` notification; and only when
-the lists really changed. A server that goes down drops out of the catalog
-(sessions are told), and comes back when it is up again. What to ask for
+the lists really changed. A server that is restarting keeps its lists (its
+calls get a retryable error meanwhile), and sessions hear of its restart only
+if it comes back with other lists; one that fails or stops drops out of the
+catalog (sessions are told), and comes back when it is up again. What to ask for
 next, what a page holds, and who is told what are rules of
 :mod:`broker.listing`; this actor sends, waits and delivers.
 
@@ -129,12 +131,19 @@ class Registry:
     def _status_changed(self, server: str, status: ServerState) -> None:
         """The server's state moved: the entry takes it (the server's own state,
         broker/states.py); a ready server's lists are fetched (it is served
-        once they are: ``loading``), a server that went down leaves the catalog."""
+        once they are: ``loading``; sessions hear of the kinds that differ from
+        what the catalog had), a server that is restarting keeps its lists, one
+        that failed or stopped leaves the catalog."""
         self._generation[server] += 1
         entry = self._catalog.entry(server)
         if status is ServerState.READY:
             self._publish(attrs.evolve(entry, state=status, loading=True, error=None))
             self._want_refresh(server, KINDS)
+        elif status is ServerState.RESTARTING:
+            # Its lists stay (a call gets a retryable error meanwhile): a restart
+            # that brings the same lists back is no change to tell sessions of.
+            error = self._upstreams[server].statistics().last_error
+            self._publish(attrs.evolve(entry, state=status, loading=False, error=error))
         elif status in DOWN:
             error = self._upstreams[server].statistics().last_error
             down = attrs.evolve(entry, state=status, loading=False, lists={}, error=error)

@@ -76,6 +76,11 @@ class ServerGroup:
     def _every_instance(self) -> list[Upstream]:
         return self.instances()
 
+    def retry(self) -> None:
+        """Try every failed instance again now (a reload)."""
+        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+            instance.retry()
+
     def _instance(self, index: int) -> Upstream:
         """Instance ``index``; the first (the catalog's) follows the config's startup."""
         lazy = index == 0 and self.config.startup == "lazy"

@@ -12,6 +12,7 @@ stream ends. At the defaults a flooding server costs the log ~20 KiB/s.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import trio
@@ -24,6 +25,7 @@ READ_CHUNK = 256 * 1024
 LINE_SHOWN = 2048  # bytes of one line that reach the log
 BURST = 200  # lines logged at once after a quiet spell (a start-up banner, a traceback)
 RATE = 10.0  # lines a second after that
+TAIL_SHOWN = 200  # bytes of a line kept in the tail (status shows it)
 REPORT_EVERY = 5.0  # seconds between two reports of dropped lines
 
 
@@ -45,8 +47,11 @@ class LineBudget:
         return granted
 
 
-async def pump_stderr(stream: trio.abc.ReceiveStream, log: Any) -> None:
-    """Read ``stream`` to its end, logging what the budget allows."""
+async def pump_stderr(
+    stream: trio.abc.ReceiveStream, log: Any, tail: collections.deque[str] | None = None
+) -> None:
+    """Read ``stream`` to its end, logging what the budget allows; the last
+    lines logged are also kept in ``tail`` (for the report of a crash loop)."""
     framer = LineFramer(LINE_SHOWN)
     budget = LineBudget(now=trio.current_time())
     dropped_lines = dropped_bytes = 0
@@ -61,7 +66,10 @@ async def pump_stderr(stream: trio.abc.ReceiveStream, log: Any) -> None:
         lines = framer.feed(data) if data else []
         shown = budget.take(len(lines), now)
         for line in lines[:shown]:
-            log.info("server.stderr", line=_text(line))
+            text = _text(line)
+            log.info("server.stderr", line=text)
+            if tail is not None:
+                tail.append(text[:TAIL_SHOWN])
         for line in lines[shown:]:
             dropped_lines += 1
             dropped_bytes += line.size if isinstance(line, Oversize) else len(line) + 1

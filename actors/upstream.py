@@ -33,7 +33,10 @@ one that arrives while it is down is answered at once with an error.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import math
+import random
 from collections import defaultdict
 from collections.abc import Hashable
 from typing import Any, cast
@@ -61,6 +64,7 @@ from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message, TooDeep
 from broker.lifecycle import HandshakeError
+from broker.recovery import Liveness, RestartPolicy, Restarts
 from broker.states import COMING_UP, STATUS, ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -91,9 +95,7 @@ STARTUP_TIMEOUT = 30.0
 # How long after its start an instance that warms up (per-session, pool) may
 # take to offer the tools the catalog shows before it is taken as ready anyway.
 WARM_UP_TIMEOUT = 10.0
-BACKOFF_INITIAL = 0.5
-BACKOFF_MAX = 30.0
-STABLE_AFTER = 10.0  # a connection that lived this long resets the backoff
+STDERR_TAIL = 5  # a server's last stderr lines, kept for the report of a crash loop
 # Bytes of the broker's own messages (ping replies, cancellations) that may wait
 # for a server beyond the backlog's limit (client requests stop at the limit,
 # these do not). A server that sends requests while it does not read its input
@@ -163,6 +165,13 @@ class Upstream:
         self._abandoned: str | None = None  # why the broker ended this connection, if it did
         self._link_nursery: trio.Nursery | None = None
         self._restarts = 0
+        self._policy = RestartPolicy.for_server(config, settings)
+        self._backoff = Restarts(self._policy)
+        self._random = random.Random()  # the jitter of restarts (tests may seed it)
+        self._ready_for: float | None = None  # how long the last connection was ready
+        self._retry = trio.Event()  # set by retry(): a failed server is tried again
+        self._heard = False  # the server sent something since the last ping (liveness)
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
 
     # -- the actor's public face -------------------------------------------
 
@@ -237,6 +246,7 @@ class Upstream:
             self._timeouts, settings.max_server_in_flight, settings.max_waiting_requests
         )
         self._timeouts_changed.set()
+        self._policy = self._backoff.policy = RestartPolicy.for_server(config, settings)
         if config.startup == "eager":
             self.request_start()
 
@@ -513,25 +523,66 @@ class Upstream:
     # -- supervisor ---------------------------------------------------------
 
     async def _supervise(self) -> None:
+        """Connect, and again each time the connection ends, as broker/recovery.py
+        says: after a jittered backoff, until a crash loop is given up."""
         await self._start_requested.wait()
-        backoff = BACKOFF_INITIAL
         while True:
-            started = trio.current_time()
+            unreachable: LaunchError | None = None
             try:
                 await self._connect_once()
             except* LaunchError as group:  # retrying cannot help: say so once, then wait
                 # (except*: it comes out of the connection's nursery in a group)
-                self._went_down(str(group.exceptions[0]), ServerTrigger.UNREACHABLE)
-                await trio.sleep_forever()
-            if trio.current_time() - started >= STABLE_AFTER:
-                backoff = BACKOFF_INITIAL
+                unreachable = cast(LaunchError, group.exceptions[0])
+            if unreachable is not None:
+                self._went_down(str(unreachable), ServerTrigger.UNREACHABLE)
+                await self._wait_retry(None)  # (a reload)
+                continue
+            delay = self._backoff.ended(self._ready_for, self._random.random())
+            if delay is None:
+                await self._give_up()
+                continue
             self._log.warning(
-                "server.restart_scheduled", delay=backoff, error=self._protocol.last_error
+                "server.restart_scheduled",
+                delay=round(delay, 3),
+                attempt=self._backoff.failures,
+                error=self._protocol.last_error,
             )
-            await trio.sleep(backoff)
+            await trio.sleep(delay)
             self._set_status(ServerTrigger.BACKOFF_ELAPSED)
-            backoff = min(backoff * 2, BACKOFF_MAX)
             self._restarts += 1
+
+    async def _give_up(self) -> None:
+        """A crash loop: no more restarts (``failed``) until a reload, or
+        ``retryFailedAfter`` seconds; then a new round of attempts."""
+        attempts = self._backoff.failures - 1
+        reason = f"{self._protocol.last_error}, after {attempts} restarts in a row"
+        if self._stderr_tail:
+            reason += "; its last stderr lines: " + " | ".join(self._stderr_tail)
+        self._protocol.last_error = reason
+        self._set_status(ServerTrigger.GAVE_UP)
+        after = self._policy.retry_failed_after
+        self._log.error(
+            "server.failed",
+            reason=reason,
+            retry_after=after or None,
+            stderr=list(self._stderr_tail),
+        )
+        await self._wait_retry(after or None)
+
+    async def _wait_retry(self, seconds: float | None) -> None:
+        """A failed server waits for :meth:`retry` (a reload), or ``seconds``."""
+        with trio.move_on_after(math.inf if seconds is None else seconds):
+            await self._retry.wait()
+        self._retry = trio.Event()
+        self._backoff.reset()
+        self._log.info("server.retrying")
+        self._set_status(ServerTrigger.RETRY)
+
+    def retry(self) -> None:
+        """Try a failed server again now (a reload does, docs/rules/restarts.md).
+        Harmless for a server that is not failed."""
+        if self._protocol.state is ServerState.FAILED:
+            self._retry.set()
 
     async def _connect_once(self) -> None:
         """One connection to the server, from opening its link to its end.
@@ -547,7 +598,10 @@ class Upstream:
         self._protocol = self._protocol.restarted()
         async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
             try:
-                context = LinkContext(nursery, self.settings.max_message_bytes, self._log)
+                self._stderr_tail.clear()
+                context = LinkContext(
+                    nursery, self.settings.max_message_bytes, self._log, self._stderr_tail
+                )
                 link = await self._launch(context)
             except OSError as exc:
                 self._went_down(f"could not be started ({exc.strerror or exc}: {self._target})")
@@ -592,6 +646,7 @@ class Upstream:
             tasks.start_soon(self._watch_startup, tasks.cancel_scope)
             tasks.start_soon(self._expire_requests)
             tasks.start_soon(self._drain_backlog, link)
+            tasks.start_soon(self._watch_liveness)
             if self._protocol.warm_up:
                 tasks.start_soon(self._watch_warm_up)
             self._send_nowait([self._protocol.start()])
@@ -636,6 +691,26 @@ class Upstream:
         await trio.sleep(WARM_UP_TIMEOUT)
         self._apply(self._protocol.warm_up_expired())
 
+    async def _watch_liveness(self) -> None:
+        """Ping the ready server every ``pingInterval``; one silent for
+        ``pingMisses`` intervals in a row is dead: it is stopped, its requests
+        failed, and it is restarted (broker/recovery.py)."""
+        await self._wait_not_starting()
+        liveness = Liveness(self._policy.ping_misses)
+        self._heard = False
+        while self._policy.ping_interval > 0:
+            interval = self._policy.ping_interval
+            await trio.sleep(interval)
+            liveness.misses_allowed = max(1, self._policy.ping_misses)
+            heard, self._heard = self._heard, False
+            if liveness.tick(heard):
+                self._abandon(
+                    f"stopped answering (no answer to {liveness.misses} pings, "
+                    f"{interval:g} s apart)"
+                )
+                return
+            self._write_soon(self._protocol.ping())
+
     async def _watch_startup(self, scope: trio.CancelScope) -> None:
         with trio.move_on_after(STARTUP_TIMEOUT):
             await self._wait_not_starting()
@@ -645,6 +720,8 @@ class Upstream:
     def _went_down(self, reason: str, trigger: ServerTrigger = ServerTrigger.ENDED) -> None:
         failed = self._protocol.server_gone(reason, trigger)
         self._errors += len(failed)
+        now = trio.current_time()
+        self._ready_for = None if self._ready_since is None else now - self._ready_since
         self._ready_since = None
         self._set_status()
         self._log.error(
@@ -662,6 +739,7 @@ class Upstream:
     async def _read(self, link: Link) -> str:
         while True:
             frames = await link.receive()
+            self._heard = True
             if not frames:
                 return (
                     "exited"

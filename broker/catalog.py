@@ -228,8 +228,11 @@ class Catalog:
                 and name.startswith(sanitize(server) + self.separator)
                 and not entry.serving
             ):
+                retryable = entry.state not in (ServerState.FAILED, ServerState.STOPPED)
                 raise JsonRpcError(
-                    CONNECTION_CLOSED, not_serving_message(entry), data={"server": server}
+                    CONNECTION_CLOSED,
+                    not_serving_message(entry),
+                    data={"server": server, "retryable": retryable},
                 )
         raise JsonRpcError(INVALID_PARAMS, f"Unknown {label}: {name}")
 

@@ -68,6 +68,12 @@ class ServerConfig:
     # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
     # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
     oauth: dict[str, str] = attrs.field(factory=dict)
+    # Restarts and pings (broker/recovery.py); None: the broker section's.
+    restart_delay: float | None = None
+    restart_max_delay: float | None = None
+    restart_attempts: int | None = None
+    ping_interval: float | None = None  # 0: no pings
+    ping_misses: int | None = None
 
 
 @attrs.frozen
@@ -101,6 +107,13 @@ class BrokerSettings:
     metrics: str | None = None
     audit_log: str | None = None
     audit_arguments: bool = False
+    # Restarts and pings, for every server without its own (broker/recovery.py).
+    restart_delay: float = 0.5  # seconds before the first restart, doubling
+    restart_max_delay: float = 30.0  # up to this
+    restart_attempts: int = 8  # restarts in a row that end too soon before "failed"; 0: never
+    retry_failed_after: float = 600.0  # a failed server is tried again after this; 0: never
+    ping_interval: float | None = 30.0  # seconds between pings to a ready server; 0 or None: off
+    ping_misses: int = 3  # silent intervals in a row before a server is declared dead
 
 
 @attrs.frozen
@@ -228,6 +241,16 @@ def parse_config(data: Any) -> Config:
         raise ConfigError('"broker.maxWaitingRequests" must be at least 1')
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
+    _check_recovery(
+        "broker",
+        broker.restart_delay,
+        broker.restart_max_delay,
+        broker.restart_attempts,
+        broker.ping_interval,
+        broker.ping_misses,
+    )
+    if broker.retry_failed_after < 0:
+        raise ConfigError('"broker.retryFailedAfter" must be 0 (never) or a number of seconds')
     if broker.websocket is not None:
         try:
             parse_address(broker.websocket)
@@ -266,6 +289,12 @@ _BROKER_KEYS = {
     "metrics": "metrics",
     "auditLog": "audit_log",
     "auditArguments": "audit_arguments",
+    "restartDelay": "restart_delay",
+    "restartMaxDelay": "restart_max_delay",
+    "restartAttempts": "restart_attempts",
+    "retryFailedAfter": "retry_failed_after",
+    "pingInterval": "ping_interval",
+    "pingMisses": "ping_misses",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -282,6 +311,11 @@ _SERVER_KEYS = {
     "timeout": "timeout",
     "serverRequests": "server_requests",
     "oauth": "oauth",
+    "restartDelay": "restart_delay",
+    "restartMaxDelay": "restart_max_delay",
+    "restartAttempts": "restart_attempts",
+    "pingInterval": "ping_interval",
+    "pingMisses": "ping_misses",
 }
 OAUTH_KEYS = ("clientId", "clientSecret", "scope", "redirectPort")
 # Each field's key in the file, for messages that name a setting (broker/configdiff.py).
@@ -360,6 +394,14 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
             f'"{where}.serverRequests" must be "auto", "exclusive" or "concurrent", '
             f"not {server.server_requests!r}"
         )
+    _check_recovery(
+        where,
+        server.restart_delay,
+        server.restart_max_delay,
+        server.restart_attempts,
+        server.ping_interval,
+        server.ping_misses,
+    )
     if server.startup not in ("eager", "lazy"):
         raise ConfigError(f'"{where}.startup" must be "eager" or "lazy", not {server.startup!r}')
     for key in server.oauth:
@@ -376,6 +418,29 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
             f'"{where}.type" must be one of {", ".join(sorted(TRANSPORTS))}, not {server.type!r}'
         )
     return server
+
+
+def _check_recovery(
+    where: str,
+    delay: float | None,
+    max_delay: float | None,
+    attempts: int | None,
+    ping_interval: float | None,
+    ping_misses: int | None,
+) -> None:
+    """The restart and ping keys of a server entry or the broker section."""
+    if delay is not None and delay <= 0:
+        raise ConfigError(f'"{where}.restartDelay" must be a number of seconds above 0')
+    if max_delay is not None and (max_delay <= 0 or (delay is not None and max_delay < delay)):
+        raise ConfigError(
+            f'"{where}.restartMaxDelay" must be a number of seconds, at least "restartDelay"'
+        )
+    if attempts is not None and attempts < 0:
+        raise ConfigError(f'"{where}.restartAttempts" must be 0 (never give up) or more')
+    if ping_interval is not None and ping_interval < 0:
+        raise ConfigError(f'"{where}.pingInterval" must be 0 (no pings) or a number of seconds')
+    if ping_misses is not None and ping_misses < 1:
+        raise ConfigError(f'"{where}.pingMisses" must be at least 1')
 
 
 def _structure(raw: Any, cls: type[Any], where: str, keys: dict[str, str]) -> Any:

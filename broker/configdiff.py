@@ -72,6 +72,13 @@ SERVER_EFFECTS: dict[str, Effect] = {
     # The gate's state (the holder, held requests, what auto learnt) is the
     # running process's; switching modes under it would be a guess.
     "server_requests": Effect.RESTART_SERVER,
+    # Restarts and pings (broker/recovery.py): read at each end of a connection
+    # and each ping, so the next one follows the new value.
+    "restart_delay": Effect.LIVE,
+    "restart_max_delay": Effect.LIVE,
+    "restart_attempts": Effect.LIVE,
+    "ping_interval": Effect.LIVE,
+    "ping_misses": Effect.LIVE,
 }
 
 # Every BrokerSettings field.
@@ -103,6 +110,13 @@ BROKER_EFFECTS: dict[str, Effect] = {
     # is asked at each call.
     "audit_log": Effect.RESTART_DAEMON,
     "audit_arguments": Effect.LIVE,
+    # Restarts and pings: the same as the servers' own keys.
+    "restart_delay": Effect.LIVE,
+    "restart_max_delay": Effect.LIVE,
+    "restart_attempts": Effect.LIVE,
+    "retry_failed_after": Effect.LIVE,
+    "ping_interval": Effect.LIVE,
+    "ping_misses": Effect.LIVE,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))

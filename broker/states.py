@@ -14,12 +14,12 @@ Upstream actor, the Registry and the catalog read it) spans the processes
 (or connections) of one configured server::
 
     IDLE --start_requested--> STARTING --launched--> INITIALIZING --handshake_done--> READY
-                               |   ^                     |                             ^
-                   unreachable |   | backoff_elapsed     | warm_up                     |
-                               v   |                     v                             |
-                          FAILED   RESTARTING          WARMING ---------warmed---------+
-                                       ^
-                                       +--ended-- STARTING, INITIALIZING, WARMING, READY
+                              ^ |   ^                    |                             ^
+                        retry | |   | backoff_elapsed    | warm_up                     |
+                              | v   |                    v                             |
+             FAILED <-unreachable   RESTARTING         WARMING ---------warmed---------+
+               ^                     |   ^
+               +------gave_up--------+   +--ended-- STARTING, INITIALIZING, WARMING, READY
 
     (any state but STOPPED) --stop--> STOPPED
 
@@ -34,7 +34,10 @@ Upstream actor, the Registry and the catalog read it) spans the processes
   failed, the broker stopped it as stuck); it is started again once the
   backoff has elapsed. Told again that it ended, it stays so.
 - FAILED: it cannot be reached as configured (no command, a url of a kind
-  the broker cannot reach); retrying cannot help, so nothing is retried.
+  the broker cannot reach), or it is in a crash loop: it ended too soon
+  after each of ``restartAttempts`` restarts in a row (broker/recovery.py).
+  Nothing runs; it is tried again (``retry``) on a reload, and a crash loop
+  also after ``retryFailedAfter`` seconds.
 - STOPPED: the actor ended (shutdown, or a per-session instance whose
   session left). Every state may stop; nothing follows.
 
@@ -99,6 +102,8 @@ class ServerTrigger(enum.Enum):
     ENDED = "ended"  # its process exited, its connection closed, or it never started
     BACKOFF_ELAPSED = "backoff_elapsed"  # time to start it again
     UNREACHABLE = "unreachable"  # it cannot be reached as configured
+    GAVE_UP = "gave_up"  # a crash loop: it ended too soon after every restart
+    RETRY = "retry"  # a failed server is tried again (a reload, retryFailedAfter)
     STOP = "stop"  # the actor ends
 
 
@@ -116,6 +121,8 @@ SERVER_TRANSITIONS: dict[tuple[ServerState, ServerTrigger], ServerState] = {
     # The same end told twice changes nothing (as h11's ConnectionClosed in CLOSED).
     (ServerState.RESTARTING, ServerTrigger.ENDED): ServerState.RESTARTING,
     (ServerState.RESTARTING, ServerTrigger.BACKOFF_ELAPSED): ServerState.STARTING,
+    (ServerState.RESTARTING, ServerTrigger.GAVE_UP): ServerState.FAILED,
+    (ServerState.FAILED, ServerTrigger.RETRY): ServerState.STARTING,
     **{
         (state, ServerTrigger.STOP): ServerState.STOPPED
         for state in ServerState

@@ -215,12 +215,7 @@ class UpstreamProtocol:
     def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> list[Action]:
         """A client's request: forwarded rewritten, or answered here (raises JsonRpcError)."""
         if self.state is not ServerState.READY:
-            message = f"MCP server {self.name!r} is not running"
-            if self.last_error:
-                message += f" (it {self.last_error}; restarting)"
-            raise JsonRpcError(
-                CONNECTION_CLOSED, message, data={"server": self.name}, id=request["id"]
-            )
+            raise self._not_running(request["id"])
         if self.forward_fast(session, request, now):
             return [SendUpstream(request)]
         method, params = request["method"], request.get("params")
@@ -248,6 +243,22 @@ class UpstreamProtocol:
         if self.turns.on:
             return self._take_turn(session, request, upstream_id)
         return [SendUpstream(request)]
+
+    def _not_running(self, id: Any) -> JsonRpcError:
+        """The error for a request to a server that is down: retryable if it is
+        being restarted (docs/rules/restarts.md)."""
+        retryable = self.state not in (ServerState.FAILED, ServerState.STOPPED)
+        message = f"MCP server {self.name!r} is not running"
+        if self.last_error:
+            message += f" (it {self.last_error}; {'restarting' if retryable else 'failed'})"
+        data = {"server": self.name, "retryable": retryable}
+        return JsonRpcError(CONNECTION_CLOSED, message, data=data, id=id)
+
+    def ping(self) -> Message:
+        """A ``ping`` of the broker's own (liveness, broker/recovery.py): its
+        answer, like any message from the server, is a sign of life, and is
+        dropped (its id, a string, is never a client's upstream id)."""
+        return self._own_request("ping", {})
 
     def _check_tool(self, request: Message, params: dict[str, Any]) -> None:
         """A call for a tool this (warmed-up) instance does not offer is refused here."""
@@ -557,11 +568,13 @@ class UpstreamProtocol:
         return [self._fail(entry, reason) for entry in self.requests.drain()]
 
     def _fail(self, entry: InFlight, reason: str) -> Deliver:
+        """A request the server will never answer: the client may send it again
+        (``retryable``) once the server is back, unless it cannot come back."""
         error = jsonrpc.error_response(
             entry.client_id,
             CONNECTION_CLOSED,
             f"MCP server {self.name!r} {reason}",
-            data={"server": self.name},
+            data={"server": self.name, "retryable": self.state is ServerState.RESTARTING},
         )
         return Deliver(entry.session, error)
 

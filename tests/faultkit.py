@@ -112,9 +112,10 @@ class DaemonProcess:
 
 @contextlib.asynccontextmanager
 async def running_daemon(
-    servers: dict[str, Any], broker: dict[str, Any] | None = None
+    servers: dict[str, Any], broker: dict[str, Any] | None = None, ready: set[str] | None = None
 ) -> AsyncIterator[DaemonProcess]:
-    """The real daemon on a fresh socket, every server ready; stopped (killed if need be)."""
+    """The real daemon on a fresh socket, every server (or those in ``ready``)
+    ready; stopped (killed if need be)."""
     directory = tempfile.mkdtemp(prefix="mcpf-")
     config = os.path.join(directory, "config.json")
     Path(config).write_text(json.dumps({"mcpServers": servers, "broker": broker or {}}))
@@ -131,7 +132,7 @@ async def running_daemon(
         )
     daemon = DaemonProcess(process, socket_path, log_path, psutil.Process(process.pid))
     try:
-        await _wait_ready(daemon, set(servers))
+        await _wait_ready(daemon, set(servers) if ready is None else ready)
         yield daemon
     finally:
         with trio.CancelScope(shield=True):

@@ -5,7 +5,7 @@
 ``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
 ``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
 ``line`` argument as it is, with ``ID`` replaced by the request's id and ``PAD``
-by ``pad`` x's), and records everything
+by ``pad`` x's), answers nothing while ``silent``, and records everything
 it received so a test can assert on what crossed the wire. Its catalog
 (``tools``, ``prompts``, ``resources``, ``templates``) is plain lists a test
 may change, and every result names the server (``label``) that produced it.
@@ -45,6 +45,9 @@ class ScriptedServer:
         # Stop reading its input after its first tools/call (a wedged server): its
         # link is then a lockstep pair, so the broker's writes block as on a full pipe.
         self.stop_reading = stop_reading
+        # Answer nothing while set (as a process that was SIGSTOPped: it reads
+        # nothing either, but memory streams need no reader to take bytes).
+        self.silent = False
         self.tools: list[dict[str, Any]] = [
             {"name": name, "inputSchema": {"type": "object"}} for name in TOOL_NAMES
         ]
@@ -110,7 +113,7 @@ class MemoryLink:
                     self.script.lines.append(line)
                     message = jsonrpc.decode(line)
                     self.script.received.append(message)
-                    if "id" in message and "method" in message:
+                    if "id" in message and "method" in message and not self.script.silent:
                         nursery.start_soon(self._answer, message, nursery)
                     if self.script.stop_reading and message.get("method") == "tools/call":
                         await trio.sleep_forever()  # (its answers still go out)

@@ -235,7 +235,8 @@ def test_route_named_of_a_server_not_serving(entry: ServerEntry, message: str) -
     error = error_of(catalog(FILES, entry).route_named, TOOLS, ALL, "github__search")
     assert error.code == CONNECTION_CLOSED
     assert error.message == f"MCP server 'github' {message}"
-    assert error.data == {"server": "github"}
+    retryable = entry.state not in (ServerState.FAILED, ServerState.STOPPED)
+    assert error.data == {"server": "github", "retryable": retryable}
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,11 @@ SERVER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "timeout": st.sampled_from([None, 1.0, 60.0]),
     "server_requests": st.sampled_from(["auto", "exclusive", "concurrent"]),
     "oauth": st.sampled_from([{}, {"clientId": "c", "redirectPort": "8765"}]),
+    "restart_delay": st.sampled_from([None, 0.1, 1.0]),
+    "restart_max_delay": st.sampled_from([None, 5.0, 60.0]),
+    "restart_attempts": st.sampled_from([None, 0, 3]),
+    "ping_interval": st.sampled_from([None, 0.0, 10.0]),
+    "ping_misses": st.sampled_from([None, 1, 3]),
 }
 BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "max_message_bytes": st.sampled_from([1024, 1 << 24]),
@@ -67,6 +72,12 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "metrics": st.sampled_from([None, "9464"]),
     "audit_log": st.sampled_from([None, "/var/log/audit.jsonl"]),
     "audit_arguments": st.booleans(),
+    "restart_delay": st.sampled_from([0.5, 2.0]),
+    "restart_max_delay": st.sampled_from([30.0, 120.0]),
+    "restart_attempts": st.sampled_from([0, 8]),
+    "retry_failed_after": st.sampled_from([0.0, 600.0]),
+    "ping_interval": st.sampled_from([None, 0.0, 30.0]),
+    "ping_misses": st.sampled_from([1, 3]),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 

@@ -14,6 +14,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz import SEEDS, check
 from broker import jsonrpc
 from broker.catalog import Catalog, ServerEntry
 from broker.jsonrpc import JsonRpcError
@@ -432,3 +433,30 @@ def test_the_upstream_fast_paths_do_what_the_general_ones_do(events: list[Any]) 
 
         assert fast.tasks._owners == slow.tasks._owners
         assert fast.fanout.subscribed_uris() == slow.fanout.subscribed_uris()
+
+
+# -- bytes in, as the actors read them (benchmarks/fuzz.py runs a million) ------
+
+# Lines made of the messages above, and plain bytes, cut anywhere.
+message_lines = st.lists(
+    st.one_of(
+        messages.map(lambda m: orjson.dumps(m, default=str) if _dumpable(m) else b"{"),
+        st.binary(max_size=40),
+        st.sampled_from(SEEDS),
+    ),
+    max_size=6,
+).map(lambda lines: b"\n".join(lines) + b"\n")
+
+
+def _dumpable(message: Any) -> bool:
+    try:
+        orjson.dumps(message)
+    except TypeError:  # an integer past 64 bits
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(message_lines, st.binary(max_size=600)))
+def test_bytes_from_a_peer_are_framed_decoded_and_answered_without_a_crash(data: bytes) -> None:
+    check(data)  # (only JsonRpcError, where the actors catch it, may be raised inside)

@@ -503,7 +503,7 @@ def test_name_of_a_server_that_is_down() -> None:
     error = error_object(proto.receive(call("d", "github__search")))
     assert (error["id"], error["code"]) == ("d", CONNECTION_CLOSED)
     assert "'github'" in error["message"] and "exited with code 3" in error["message"]
-    assert error["data"] == {"server": "github"}
+    assert error["data"] == {"server": "github", "retryable": True}
     assert proto.inflight == set()
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from broker import jsonrpc
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, METHOD_NOT_FOUND, JsonRpcError
 from broker.server_requests import CAPABILITY_OF, supports
-from broker.states import ServerState
+from broker.states import ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.turns import HOLDER_EXTRA
 from broker.upstream import (
@@ -281,6 +281,23 @@ def test_a_restarted_server_keeps_its_gate_on() -> None:
     proto.server_gone("exited")
     fresh = proto.restarted()
     assert fresh.turns.on and fresh.turns.held == {} and fresh.turns.holder is None
+
+
+def test_a_restarted_server_is_asked_to_read_the_roots_of_the_next_holder() -> None:
+    proto = protocol("exclusive")
+    [a1] = sent(call(proto, A))
+    [deliver] = ask(proto, "roots/list")
+    assert deliver.session == A
+    answer(proto, a1["id"])
+    assert [m["method"] for m in sent(call(proto, A))] == ["tools/call"]  # it has A's roots
+    proto.server_gone("exited")
+    proto.move(ServerTrigger.BACKOFF_ELAPSED)
+    proto.move(ServerTrigger.LAUNCHED)
+    fresh = proto.restarted()
+    fresh.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT))
+    # The new process has nobody's roots: A's next call is preceded by roots changed.
+    first = sent(call(fresh, A))
+    assert first[0] == ROOTS_CHANGED and first[1]["method"] == "tools/call"
 
 
 # -- warm-up ------------------------------------------------------------------

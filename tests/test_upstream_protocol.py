@@ -108,7 +108,7 @@ def test_client_request_after_gone() -> None:
         proto.client_request(A, request(3))
     assert info.value.code == CONNECTION_CLOSED
     assert "(it exited; restarting)" in info.value.message
-    assert info.value.data == {"server": "files"}
+    assert info.value.data == {"server": "files", "retryable": True}
     with pytest.raises(JsonRpcError) as restarting:  # until the new process is ready
         proto.restarted().client_request(A, request(4))
     assert "(it exited; restarting)" in restarting.value.message
@@ -230,7 +230,7 @@ def test_server_gone_fails_every_request() -> None:
         assert error["code"] == CONNECTION_CLOSED
         assert "'files'" in error["message"]
         assert "exited with status 1" in error["message"]
-        assert error["data"] == {"server": "files"}
+        assert error["data"] == {"server": "files", "retryable": True}
     assert proto.server_gone("again") == []
 
 

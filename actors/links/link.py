@@ -22,6 +22,7 @@ size limit; the server's log.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -70,6 +71,8 @@ class LinkContext:
     nursery: trio.Nursery
     max_message_bytes: int
     log: Any
+    # Where a process's last stderr lines go (the report of a crash loop).
+    stderr_tail: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=5))
 
 
 Launcher = Callable[[LinkContext], Awaitable[Link]]

@@ -70,7 +70,7 @@ async def launch_stdio(config: ServerConfig, context: LinkContext) -> ProcessLin
         if fileno is not None:
             _widen(fileno())
     if process.stderr is not None:
-        context.nursery.start_soon(pump_stderr, process.stderr, context.log)
+        context.nursery.start_soon(pump_stderr, process.stderr, context.log, context.stderr_tail)
     return ProcessLink(process, context.max_message_bytes)
 
 

@@ -18,6 +18,15 @@ that use each):
 - ``stderr-flood BYTES``: calling ``misbehave`` writes BYTES to stderr, in
   lines of 100 bytes, as fast as the pipe takes them, then answers.
 
+- ``crash-at-start CODE``: writes a line to stderr and exits with CODE at once
+  (a crash loop, once the broker restarts it).
+- ``recoverable``: a server worth restarting (tests/test_recovery_e2e.py): it
+  offers resources with subscriptions, and tools ``sleep {seconds}`` (answers
+  after that long), ``touch {uri}`` (writes ``notifications/resources/updated``
+  for the URI if it is subscribed to it), ``state`` (what it was told: its
+  subscriptions and log level); if the file named by ``$MISBEHAVING_EXTRA``
+  exists when it starts, it also offers a tool ``extra``.
+
 Tools in every mode: ``echo {text}``; ``pid``; ``depth`` (the nesting depth of
 its arguments, counted without recursion); ``payload {size}`` (a text of
 ``size`` 'x', so the answer's line is ``size`` plus about 80 bytes);
@@ -68,11 +77,24 @@ def depth_of(value: Any) -> int:
     return deepest
 
 
+RECOVERABLE_TOOLS = [
+    _tool("sleep", {"seconds": {"type": "number"}}),
+    _tool("touch", {"uri": {"type": "string"}}),
+    _tool("state"),
+]
+RESOURCES = [{"uri": "mem://recoverable/a", "name": "a"}]
+
+
 class Server:
     def __init__(self, mode: str, argument: int) -> None:
         self.mode = mode
         self.argument = argument
-        self.extra = False  # list-changed-burst: the tool it adds
+        # list-changed-burst: the tool it adds; recoverable: it offers it from the start
+        self.extra = mode == "recoverable" and os.path.exists(
+            os.environ.get("MISBEHAVING_EXTRA", "\0")
+        )
+        self.subscribed: set[str] = set()  # recoverable: the URIs it was subscribed to
+        self.level: str | None = None  # ... and the log level it was asked for
         self.out = sys.stdout.buffer
 
     def write(self, *lines: bytes) -> None:
@@ -92,14 +114,30 @@ class Server:
                 continue  # notifications and responses
             if message["method"] == "tools/call" and self.mode == "deaf":
                 return wait_for_parent_to_die()
+            params = message.get("params") or {}
+            if message["method"] == "tools/call" and params.get("name") == "sleep":
+                time.sleep(float(params.get("arguments", {}).get("seconds", 1)))
             self.write(self.answer(message["id"], message["method"], message.get("params")))
 
     def answer(self, id: Any, method: str, params: Any) -> bytes:
         params = params if isinstance(params, dict) else {}
         if method == "initialize":
             return result(id, self.initialize(params))
+        if method == "logging/setLevel":
+            self.level = params.get("level")
         if method in ("ping", "logging/setLevel"):
             return result(id, {})
+        if self.mode == "recoverable":
+            if method in ("resources/subscribe", "resources/unsubscribe"):
+                uri = str(params.get("uri"))
+                (self.subscribed.add if method.endswith("/subscribe") else self.subscribed.discard)(
+                    uri
+                )
+                return result(id, {})
+            if method == "resources/list":
+                return result(id, {"resources": RESOURCES})
+            if method == "resources/templates/list":
+                return result(id, {"resourceTemplates": []})
         if method == "tools/list":
             return self.tools_list(id)
         if method == "tools/call":
@@ -110,12 +148,17 @@ class Server:
         version = params.get("protocolVersion")
         return {
             "protocolVersion": version if version in VERSIONS else VERSIONS[-1],
-            "capabilities": {"tools": {"listChanged": True}, "logging": {}},
+            "capabilities": {
+                "tools": {"listChanged": True},
+                "logging": {},
+                **({"resources": {"subscribe": True}} if self.mode == "recoverable" else {}),
+            },
             "serverInfo": {"name": f"misbehaving-{self.mode}", "version": "1.0"},
         }
 
     def tools_list(self, id: Any) -> bytes:
-        tools = [*TOOLS, _tool("extra")] if self.extra else TOOLS
+        tools = [*TOOLS, *RECOVERABLE_TOOLS] if self.mode == "recoverable" else TOOLS
+        tools = [*tools, _tool("extra")] if self.extra else tools
         if self.mode != "deep-schema":
             return result(id, {"tools": tools})
         schema = b'{"type":"object","properties":' + nested(self.argument - 1, b"{}") + b"}"
@@ -135,6 +178,20 @@ class Server:
             return raw_result(id, body)
         if name == "extra":
             return text(id, "extra")
+        if name == "sleep":
+            return text(id, f"slept {arguments.get('seconds', 1)}")
+        if name == "touch":
+            uri = str(arguments.get("uri"))
+            if uri in self.subscribed:
+                self.write(
+                    orjson.dumps(notification("notifications/resources/updated", {"uri": uri}))
+                )
+            return text(id, "touched")
+        if name == "state":
+            return text(
+                id,
+                orjson.dumps({"subscribed": sorted(self.subscribed), "level": self.level}).decode(),
+            )
         if name == "misbehave":
             self.misbehave()
             return text(id, "done")
@@ -192,6 +249,9 @@ def wait_for_parent_to_die() -> None:
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "normal"
     argument = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    if mode == "crash-at-start":
+        print(f"misbehaving: crashing at start (pid {os.getpid()})", file=sys.stderr, flush=True)
+        sys.exit(argument)
     Server(mode, argument).serve()
 
 

@@ -1,0 +1,243 @@
+"""Fuzzing the rules that read bytes from peers: framing, decoding, a client
+session, a server's answers (docs/faults.md, "Fuzzing").
+
+:func:`check` runs one input through what the daemon does with bytes, the
+way its actors do it:
+
+1. **framing**: ``LineFramer`` (a small limit, so that oversize lines are
+   common) fed the input in chunks cut where the input's first bytes say;
+   every line comes out once, never holding a newline, an ``Oversize`` for
+   exactly the lines over the limit;
+2. **decoding**: ``jsonrpc.decode`` and ``classify`` of each frame;
+3. **a client session** (initialized, aggregated over a ready and a
+   restarting server): ``take_forwards`` then, frame by frame, ``decode``
+   and ``receive`` as ``actors/session.py`` does, and ``take_outgoing`` of
+   what the session sent;
+4. **a server's answers** (an ``UpstreamProtocol`` that is ready, with
+   requests of two sessions in flight): ``take_answers`` then, frame by
+   frame, ``oversize`` or ``decode``, ``response_fast`` and
+   ``server_message`` as ``actors/upstream.py`` does; what it delivers goes
+   through the session's ``take_outgoing`` and is encoded.
+
+The only exception allowed is :class:`broker.jsonrpc.JsonRpcError` where the
+actors catch it (``decode``, ``classify``, ``server_message``): it is an
+answer, not a crash. Anything else escaping is a bug, and the fuzzer stops on
+it with the input that caused it.
+
+Run by hand (not in the suite; tests/test_fuzz.py runs :func:`check` on a
+few hundred inputs from Hypothesis)::
+
+    pip install atheris
+    python -m benchmarks.fuzz -atheris_runs=1000000 -max_len=4096 [CORPUS_DIR]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import sys
+from typing import Any
+
+import orjson
+
+from broker import jsonrpc
+from broker.catalog import Catalog, ServerEntry
+from broker.jsonrpc import JsonRpcError
+from broker.lifecycle import ServerIdentity
+from broker.session import Reply, SessionProtocol
+from broker.states import ServerState
+from broker.upstream import Deliver, UpstreamProtocol
+from broker.wire.frames import Oversize
+from broker.wire.ndjson import LineFramer, write_messages
+
+MAX_BYTES = 256  # the framer's limit here: long lines are common in fuzzed input
+IDENTITY = ServerIdentity(
+    "2025-11-25",
+    {"tools": {}, "prompts": {}, "resources": {"subscribe": True}, "logging": {}, "tasks": {}},
+    {"name": "a"},
+)
+CATALOG = Catalog(
+    [
+        ServerEntry(
+            "a",
+            ServerState.READY,
+            IDENTITY,
+            {
+                "tools": ({"name": "t"},),
+                "resources": ({"uri": "mem://a/r"},),
+                "templates": ({"uriTemplate": "mem://a/{x}"},),
+            },
+        ),
+        ServerEntry("b", ServerState.RESTARTING, error="exited"),
+    ]
+)
+# Seeds: lines a client or a server really sends.
+SEEDS = [
+    b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__t","arguments":{}}}\n',
+    b'{"jsonrpc":"2.0","id":"x","method":"resources/subscribe","params":{"uri":"mem://a/r"}}\n'
+    b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"x"}}\n',
+    b'[{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","id":3,"method":"tools/list"}]\n',
+    b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}\n{"result":{},"jsonrpc":"2.0","id":2}\n',
+    b'{"jsonrpc":"2.0","id":3,"error":{"code":-1,"message":"no"}}\r\n',
+    b'{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}\n',
+    b'{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}\n',
+    b'{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"mem://a/r"}}\n',
+    b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"result":1e400}\n',
+]
+
+
+class _Catalogs:
+    current = CATALOG
+
+
+def check(data: bytes) -> None:
+    """One input through framing, decoding, a session and a server's answers;
+    raises only on a bug (AssertionError for a broken invariant)."""
+    frames = _frames(data)
+    if not frames:
+        return  # (nothing for the protocols: no line was complete)
+    session = _session()
+    _client_side(session, frames)
+    _server_side(session, frames)
+
+
+def _frames(data: bytes) -> list[Any]:
+    """The input's lines, fed to the framer in chunks the input's first byte cuts."""
+    step = (data[0] % 17 + 1) if data else 1
+    framer = LineFramer(MAX_BYTES)
+    frames: list[Any] = []
+    for start in range(0, len(data), step):
+        frames += framer.feed(data[start : start + step])
+    expected = [line.rstrip(b"\r") for line in data.split(b"\n")[:-1]]
+    expected = [line for line in expected if line.strip()]
+    assert len(frames) <= len(expected), (frames, expected)
+    for frame in frames:
+        if isinstance(frame, Oversize):
+            assert frame.size > MAX_BYTES
+        else:
+            assert b"\n" not in frame and len(frame) <= MAX_BYTES
+    return frames
+
+
+def _session() -> SessionProtocol:
+    session = SessionProtocol(("a", "b"), _Catalogs())
+    initialize = {"protocolVersion": "2025-11-25", "capabilities": {"sampling": {}}}
+    session.receive({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize})
+    session.receive(jsonrpc.notification("notifications/initialized"))
+    return session
+
+
+def _client_side(session: SessionProtocol, frames: list[Any]) -> None:
+    """What actors/session.py does with a read of a client's frames."""
+    forwards: dict[str, list[Any]] = {}
+    i = 0
+    while True:
+        i = session.take_forwards(frames, i, forwards)
+        if i == len(frames):
+            break
+        frame, i = frames[i], i + 1
+        if isinstance(frame, Oversize):
+            _encode([frame.error_response(MAX_BYTES)])
+            continue
+        try:
+            message = jsonrpc.decode(frame)
+        except JsonRpcError as exc:
+            _encode([exc.to_response()])
+            continue
+        for action in session.receive(message):
+            if isinstance(action, Reply):  # (a Forward goes to a server, a Defer waits)
+                out: list[Any] = []
+                session.take_outgoing([action.message], out)
+                _encode(out)
+
+
+def _server_side(session: SessionProtocol, frames: list[Any]) -> None:
+    """What actors/upstream.py does with a read of a server's frames, with
+    requests of two sessions in flight."""
+    server = UpstreamProtocol("a")
+    server.start()
+    answer = {"protocolVersion": "2025-11-25", "capabilities": IDENTITY.capabilities}
+    server.server_message(
+        jsonrpc.result_response("mcpbroker-initialize", {**answer, "serverInfo": {"name": "a"}})
+    )
+    for index in range(6):
+        caller = session if index % 2 else "B"
+        server.attach(caller, {"sampling": {}, "roots": {}})
+        params = {"name": "t", "_meta": {"progressToken": index}}
+        if index == 5:
+            params = {"uri": "mem://a/r"}
+        method = "resources/subscribe" if index == 5 else "tools/call"
+        request = {"jsonrpc": "2.0", "id": index, "method": method, "params": params}
+        server.client_request(caller, request)
+    deliveries: dict[Any, list[Any]] = {}
+    sizes: dict[Any, int] = {}
+    i = 0
+    while True:
+        i = server.take_answers(frames, i, deliveries, sizes)
+        if i == len(frames):
+            break
+        frame, i = frames[i], i + 1
+        if isinstance(frame, Oversize):
+            actions: list[Any] = server.oversize(frame, MAX_BYTES)
+        else:
+            try:
+                message = jsonrpc.decode(frame)
+                target = server.response_fast(message)
+                if target is not None:
+                    deliveries.setdefault(target, []).append(message)
+                    continue
+                actions = server.server_message(message, 1.0)
+            except JsonRpcError:
+                continue  # logged and dropped by the actor
+        for action in actions:
+            if type(action) is Deliver:
+                deliveries.setdefault(action.session, []).append(action.message)
+    if len(frames) % 2:  # (half the time: what is left in flight expires, or is failed)
+        server.expire(now=1e9)
+    server.server_gone("exited")
+    out: list[Any] = []
+    session.take_outgoing(deliveries.get(session, []), out)
+    _encode(out)
+
+
+def _encode(messages: list[Any]) -> None:
+    """Write messages as the connection does (the writer answers for what
+    it cannot encode, actors/session.py: TypeError is its case)."""
+    with contextlib.suppress(TypeError, orjson.JSONEncodeError):
+        write_messages(messages, [])
+
+
+def main(argv: list[str]) -> None:
+    import atheris  # (only the fuzzer needs it)
+
+    def one_input(data: bytes) -> None:
+        check(data)
+
+    corpus = [a for a in argv[1:] if not a.startswith("-")]
+    for path in corpus:
+        directory = pathlib.Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        for n, seed in enumerate(SEEDS):
+            (directory / f"seed-{n}").write_bytes(seed)
+    if os.environ.get("FUZZ_INSTRUMENT", "1") != "0":  # (0: mutation only, four times faster)
+        for module in list(sys.modules.values()):  # coverage of the rules only
+            if getattr(module, "__name__", "").startswith("broker"):
+                for value in list(vars(module).values()):
+                    _instrument(atheris, value)
+    atheris.Setup(argv, one_input)
+    atheris.Fuzz()
+
+
+def _instrument(atheris: Any, value: Any) -> None:
+    """Instrument a function of the rules, or each method of a class of theirs."""
+    if isinstance(value, type) and value.__module__.startswith("broker"):
+        for name, member in list(vars(value).items()):
+            if callable(member) and hasattr(member, "__code__"):
+                setattr(value, name, atheris.instrument_func(member))
+    elif getattr(value, "__module__", "").startswith("broker") and hasattr(value, "__code__"):
+        atheris.instrument_func(value)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
