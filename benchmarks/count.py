@@ -65,7 +65,7 @@ def traced_daemon(argv: list[str]) -> int:
 def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
     broker = json.loads(args.broker) if args.broker else None
     servers = {"echo": ECHO_SERVER}
-    with workdir() as directory, daemon(directory, servers, prefix, module, broker) as dm:
+    with workdir() as directory, daemon(directory, servers, prefix, module, broker=broker) as dm:
         target = socket_target(dm.socket, "echo", args.clients)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
