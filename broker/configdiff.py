@@ -93,6 +93,8 @@ BROKER_EFFECTS: dict[str, Effect] = {
     "allowed_origins": Effect.LIVE,
     "allowed_hosts": Effect.LIVE,
     "token_file": Effect.LIVE,
+    # Read when a reload or a shutdown begins to wait.
+    "shutdown_timeout": Effect.LIVE,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))
