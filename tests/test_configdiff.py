@@ -62,6 +62,7 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "allowed_origins": st.sampled_from([(), ("http://localhost:6274",)]),
     "allowed_hosts": st.sampled_from([(), ("box.lan",)]),
     "token_file": st.sampled_from([None, "/run/token"]),
+    "shutdown_timeout": st.sampled_from([0.0, 5.0]),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 
