@@ -285,8 +285,14 @@ class Registry:
 
     def _rebuild(self, new: dict[str, ServerEntry]) -> None:
         """A catalog of the upstreams as they are now (their order), with ``new``
-        entries, the others as they were."""
-        entries = [new.get(name) or self._catalog.entry(name) for name in self._upstreams]
+        entries, the others as they were (servers the daemon is adding in the
+        same reload, not yet given to the catalog, are left for their turn)."""
+        known = self._catalog.servers
+        entries = [
+            entry
+            for name in self._upstreams
+            if (entry := new.get(name) or known.get(name)) is not None
+        ]
         old = self._catalog
         self._catalog = Catalog(entries, old.separator, old.page_size)
         for clash in new_clashes(old, self._catalog):
