@@ -170,10 +170,7 @@ class Daemon:
             for warning in self.config.warnings:
                 self._log.warning("config.warning", detail=warning)
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await nursery.start(self.registry.run)
-                for upstream in self.upstreams.values():
-                    await nursery.start(self._run_server, upstream)
+                await self.start_servers(nursery)
                 await nursery.start(
                     partial(serve_unix, inherited=inherited), self.socket_path, self._serve_client
                 )
@@ -234,6 +231,15 @@ class Daemon:
             servers=list(change.updated),
         )
         return change
+
+    async def start_servers(self, nursery: trio.Nursery) -> None:
+        """Start the Registry and every server's actor in ``nursery``, the
+        daemon's, where a reload starts new ones (the actor tests run this part
+        alone, without sockets)."""
+        self._nursery = nursery
+        await nursery.start(self.registry.run)
+        for upstream in self.upstreams.values():
+            await nursery.start(self._run_server, upstream)
 
     async def _run_server(
         self, actor: ServerActor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
