@@ -341,3 +341,43 @@ async def test_sigterm_drains_then_stops_everything() -> None:
                 answer = client.responses[id_key(id)][0]
                 if "error" in answer:
                     assert "the daemon is stopping" in answer["error"]["message"], answer
+
+
+async def test_serve_prints_the_warnings_and_connect_fails_loudly_on_a_vs_code_file(
+    tmp_path: Any,
+) -> None:
+    import json
+
+    from tests.faultkit import ENV, MCPBROKER
+
+    with trio.fail_after(30):
+        config = tmp_path / "c.json"
+        config.write_text(json.dumps({"mcpServers": {"demo": demo()}, "autoStart": True}))
+        socket_path = str(tmp_path / "s.sock")
+        serve = await trio.lowlevel.open_process(
+            [MCPBROKER, "serve", "--config", str(config), "--socket", socket_path],
+            env=ENV,
+            stderr=-1,  # (a pipe)
+        )
+        try:
+            assert serve.stderr is not None
+            first = await serve.stderr.receive_some()
+            assert b"mcpbroker: warning: unknown top-level key 'autoStart' ignored" in first
+        finally:
+            serve.terminate()
+            await serve.wait()
+        # A host's VS Code file given to the shim: the daemon it starts refuses it,
+        # and the shim says why instead of serving nothing.
+        vscode = tmp_path / "mcp.json"
+        vscode.write_text(json.dumps({"servers": {"demo": {"type": "stdio", **demo()}}}))
+        shim = await trio.run_process(
+            [MCPBROKER, "connect", "--socket", str(tmp_path / "t.sock"), "--config", str(vscode)],
+            env=ENV,
+            stdin=b"",
+            capture_stderr=True,
+            check=False,
+        )
+        assert shim.returncode == 1
+        said = shim.stderr.decode()
+        assert "the daemon failed to start" in said, said
+        assert "VS Code" in said and '"mcpServers"' in said, said
