@@ -258,3 +258,26 @@ async def connect_refused(nursery: trio.Nursery, daemon: Daemon) -> Any:
     nursery.start_soon(client.read_forever)
     params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
     return await client.request("init", "initialize", params)
+
+
+@pytest.mark.parametrize("sharing", [{"pool": 2}, {"share": "per-session"}])
+async def test_a_removed_group_of_instances_answers_and_stops_each(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    broker = {"shutdownTimeout": 2}
+    config = parse_config(
+        {"mcpServers": {"a": {"command": "a"}, "g": {"command": "g", **sharing}}, "broker": broker}
+    )
+    daemon = await start(nursery, config)
+    client = await connect(nursery, daemon)
+    for id in range(1, 5):
+        await client.call(id, "g__sleep", seconds=60)
+    await settle()
+    daemon.reload(scripts.config("a", broker=broker))
+    for id in range(1, 5):
+        error = (await client.answer(id))["error"]
+        assert error["message"] == "MCP server 'g' was removed from the configuration"
+    await settle()
+    assert all(link.exited.is_set() for link in scripts["g"].links)
+    assert len(scripts["g"].links) >= 2  # (the catalog's instance and a pool's or the session's)
+    assert "result" in await client.request(9, "tools/call", {"name": "a__echo", "arguments": {}})
