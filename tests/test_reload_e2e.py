@@ -18,7 +18,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import orjson
 import psutil
+import pytest
 import trio
 
 from tests.conftest import REPO
@@ -382,3 +384,47 @@ async def test_serve_prints_the_warnings_and_connect_fails_loudly_on_a_vs_code_f
         said = shim.stderr.decode()
         assert "the daemon failed to start" in said, said
         assert "VS Code" in said and '"mcpServers"' in said, said
+
+
+async def test_a_reload_reaches_websocket_sessions(socket_path: str) -> None:
+    """/mcp sees a new server, /mcp/NAME of a removed one is refused then closed,
+    /mcp/NEW opens: the listener's names follow the reload."""
+    import trio_websocket
+
+    from broker.config import parse_config
+    from tests.conftest import running_daemon as daemon_in_process
+    from tests.test_websocket_e2e import text, ws_client
+
+    broker = {"websocket": "127.0.0.1:0"}
+    with trio.fail_after(60):
+        async with daemon_in_process(
+            {"a": demo("a"), "b": demo("b")}, socket_path, broker=broker
+        ) as d:
+            assert d.websocket_url is not None
+            async with (
+                ws_client(d.websocket_url) as every,
+                ws_client(d.websocket_url + "/b") as on_b,
+            ):
+                await every.initialize()
+                await on_b.initialize()
+                with pytest.raises(trio_websocket.HandshakeError):
+                    async with ws_client(d.websocket_url + "/c"):
+                        pass
+                d.reload(
+                    parse_config({"mcpServers": {"a": demo("a"), "c": demo("c")}, "broker": broker})
+                )
+                # Nothing in flight on b: its session is closed at once (a request
+                # it sends meanwhile is refused; tests above cover that).
+                with pytest.raises(trio_websocket.ConnectionClosed):
+                    with trio.fail_after(10):
+                        while True:
+                            answer = orjson.loads(await on_b.ws.get_message())
+                            assert "result" not in answer, answer
+                await d.upstreams["c"].wait_ready()
+                with trio.fail_after(10):
+                    while not any(m.get("method") == TOOLS_CHANGED for m in every.others):
+                        every.others.append(orjson.loads(await every.ws.get_message()))
+                assert text(await every.call("c__echo", text="hi")) == "hi"
+                async with ws_client(d.websocket_url + "/c") as on_c:
+                    await on_c.initialize()
+                    assert text(await on_c.call("echo", text="c")) == "c"
