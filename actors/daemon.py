@@ -370,7 +370,7 @@ class Daemon:
             f"broker.shutdownTimeout = {timeout:g} s)"
         )
         for session in list(self._sessions):
-            session.stop(unfinished)
+            session.stop(STOPPING, unfinished)
         with trio.move_on_after(CLOSE_SESSIONS_TIMEOUT):
             while self._sessions:
                 await self._session_ended.wait()

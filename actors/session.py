@@ -122,6 +122,7 @@ class Session:
         self._every = every or view is None
         self._refusal: str | None = None  # why new requests are refused (refuse())
         self._stopping: str | None = None  # why the daemon ends this session (stop())
+        self._unfinished = ""  # what stop() answers the requests still in flight with
         self._reading = trio.CancelScope()  # the read loop's: stop() cancels it
         self._nursery: trio.Nursery | None = None
         if view is None:
@@ -267,13 +268,16 @@ class Session:
         self._refusal = reason
         self._protocol.refusal, self._protocol.refusal_code = reason, CONNECTION_CLOSED
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, unfinished: str | None = None) -> None:
         """End the session from the daemon's side: stop reading, write what is
         queued, answer each request still in flight with an error saying
-        ``reason``, detach and close (bounded: ``FLUSH_SECONDS``)."""
+        ``unfinished`` (or ``reason``), tell the client ``reason`` (a log
+        message, level error: the only word MCP has for it), detach and close
+        (bounded: ``FLUSH_SECONDS``)."""
         if self._refusal is None:
             self.refuse(reason)
         self._stopping = reason
+        self._unfinished = unfinished or reason
         if self._handle.close_reason is None:
             self._handle.close_reason = reason
         self._reading.cancel()
@@ -402,18 +406,22 @@ class Session:
         async for delivery in self._outbox:
             if not await self._write_out(delivery):
                 return
-        if self._stopping is not None and (self._protocol.inflight or self._deferred):
-            await self._answer_unfinished(self._stopping)
+        if self._stopping is not None:
+            await self._say_goodbye(self._stopping)
 
-    async def _answer_unfinished(self, reason: str) -> None:
-        """The daemon ends the session: what is still in flight gets an error.
-        (Only once the outbox is closed and drained, so no answer can follow.)"""
-        errors: list[Outgoing] = [
-            error_response(id, CONNECTION_CLOSED, f"mcpbroker: {reason}")
+    async def _say_goodbye(self, reason: str) -> None:
+        """The daemon ends the session: what is still in flight gets an error,
+        and an initialized client a last log message saying why. (Only once the
+        outbox is closed and drained, so no answer can follow.)"""
+        last: list[Outgoing] = [
+            error_response(id, CONNECTION_CLOSED, f"mcpbroker: {self._unfinished}")
             for id in sorted({*self._protocol.inflight, *self._deferred}, key=str)
         ]
+        if self._protocol.protocol_version is not None:
+            params = {"level": "error", "logger": "mcpbroker", "data": f"mcpbroker: {reason}"}
+            last.append(jsonrpc.notification("notifications/message", params))
         out: list[Outgoing] = []
-        self._protocol.take_outgoing(errors, out)
+        self._protocol.take_outgoing(last, out)
         with contextlib.suppress(TransportClosed):
             await self._connection.send(out)
 

@@ -113,6 +113,13 @@ async def connect(
     return client
 
 
+def said(client: Client) -> list[Any]:
+    """The log messages the client got (the daemon's last word, when it closes it)."""
+    return [
+        m["params"]["data"] for m in client.messages if m.get("method") == "notifications/message"
+    ]
+
+
 async def settle() -> None:
     await trio.sleep(1)  # (autojump: every task is idle by then)
 
@@ -168,6 +175,8 @@ async def test_a_removed_server_answers_in_flight_then_is_gone(
     assert trio.current_time() - started == pytest.approx(2)
     await settle()
     assert only_b.closed and not every.closed
+    assert said(only_b) == ["mcpbroker: MCP server 'b' was removed from the configuration"]
+    assert said(every) == []
     assert all(len(only_b.answers(id)) == 1 for id in (1, 2, 3))
     assert every.told() == [
         TOOLS_CHANGED,
@@ -245,6 +254,7 @@ async def test_shutdown_drains_then_answers_what_is_left(
     assert trio.current_time() - started == pytest.approx(3, abs=0.1)
     assert client.closed
     assert all(len(client.answers(id)) == 1 for id in (1, 2, 3))
+    assert said(client) == ["mcpbroker: the daemon is stopping"]  # its last message
     # The server heard that the request was cancelled (the session detached).
     await settle()
     assert scripts["a"].requests("notifications/cancelled")

@@ -183,6 +183,8 @@ async def test_a_reload_adds_removes_and_restarts_servers_under_load() -> None:
                     await doomed.wait_until(
                         lambda: doomed.eof, 5, "the session on gone was not closed"
                     )
+                    last = doomed.notifications("notifications/message")[-1]["params"]
+                    assert "'gone' was removed from the configuration" in last["data"], last
                     await all_ready(daemon, ["keep", "changed", "new"])
                     # The session that sees every server sees the new one.
                     await every.wait_until(
@@ -334,6 +336,9 @@ async def test_sigterm_drains_then_stops_everything() -> None:
                 assert counts["results"] >= 6, counts
                 for client in (every, one, late):
                     await client.wait_until(lambda c=client: c.eof, 10, "the session stayed open")
+                    last = client.notifications("notifications/message")[-1]["params"]
+                    assert last["level"] == "error", last
+                    assert last["data"] == "mcpbroker: the daemon is stopping", last
             with trio.fail_after(15):
                 code = await daemon.process.wait()
             assert code == 0
