@@ -160,9 +160,14 @@ async def test_a_reload_adds_removes_and_restarts_servers_under_load() -> None:
                             "params": params,
                         }
                     )
-                    await trio.sleep(0.2)
+                    with trio.fail_after(
+                        10
+                    ):  # (in flight before the reload, on a busy machine too)
+                        while not (await daemon.server("gone"))["in_flight"]:
+                            await trio.sleep(0.02)
                     daemon.write_config(
-                        {"keep": demo("keep"), "changed": demo("changed-2"), "new": demo("new")}
+                        {"keep": demo("keep"), "changed": demo("changed-2"), "new": demo("new")},
+                        {"shutdownTimeout": 10},  # (the new file's holds for this reload's wait)
                     )
                     reload = await daemon.reload()
                     assert reload.returncode == 0, reload.stderr
@@ -179,6 +184,7 @@ async def test_a_reload_adds_removes_and_restarts_servers_under_load() -> None:
                         "'gone' was removed from the configuration" in refused["error"]["message"]
                     )
                     answer = await doomed.response(last_call, within=15)
+                    assert "result" in answer, answer
                     assert answer["result"]["content"][0]["text"] == "done after 2 steps", answer
                     await doomed.wait_until(
                         lambda: doomed.eof, 5, "the session on gone was not closed"
