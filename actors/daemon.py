@@ -4,17 +4,34 @@ Start order: what the process was handed (who started it, from
 ``$MCPBROKER_STARTED_BY``; a listening socket, if a service manager passed
 one), then the lock on the socket (so two daemons never fight over it),
 then every Upstream (each starts its server in the background; sessions that
-need it wait for its handshake), then the Listener. Shutdown is cancellation
-of the whole tree: sessions close, and each Upstream stops its server the
-way the spec says (close stdin, wait, SIGTERM, SIGKILL) before the socket
-file is removed.
+need it wait for its handshake), then the Listener.
+
+**Reload** (:meth:`Daemon.reload`: ``mcpbroker reload``, SIGHUP): the new
+configuration is compared with the running one (broker/configdiff.py).
+Live settings are handed to what runs (:meth:`Daemon.reconfigure`); new
+servers get an actor in the tree and join the catalog and the views of the
+sessions that see every server; a changed server gets a new actor in place
+of the old; a removed one leaves the catalog and every view at once. An old
+actor (removed or replaced) finishes its requests in flight for up to
+``broker.shutdownTimeout``, answers what is left with an error naming
+itself, and stops its server. A transparent session whose server was removed
+is refused new requests at once and closed once that server is gone. Every
+change to the catalog and the views is made in one synchronous step, so no
+session ever routes to a server the catalog lacks.
+
+**Shutdown** (:meth:`Daemon.shut_down`, on SIGTERM or SIGINT): new requests
+are refused with an error saying the daemon is stopping; requests in flight
+get ``broker.shutdownTimeout`` to finish; each session then answers what is
+left with that error and closes. Cancelling the tree (the caller's part)
+then stops each server the way the spec says (close stdin, wait, SIGTERM,
+SIGKILL: actors/links/stdio.py), and the socket file is removed.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from functools import partial
 from typing import Any
 
@@ -44,7 +61,7 @@ from actors.session import Session, SessionStatistics
 from actors.sharing import PerSessionServer, PooledServer
 from actors.upstream import Upstream
 from broker.calls import CallStats
-from broker.config import BrokerSettings, Config, ServerConfig, parse_address
+from broker.config import BrokerSettings, Config, ConfigError, ServerConfig, parse_address
 from broker.configdiff import ConfigDiff, Effect, diff
 from broker.wire.websocket import Policy
 
@@ -53,6 +70,11 @@ RULES = "compiled" if (broker.upstream.__file__ or "").endswith((".so", ".pyd"))
 # Who started a daemon (DaemonStatistics.started_by): the shim, a service
 # manager (the unit `mcpbroker service install` writes), or someone by hand.
 START_MODES = ("shim", "service", "hand")
+# How often a drain (a reload's, a shutdown's) looks whether requests are still in flight.
+DRAIN_POLL = 0.05
+# How long a stopping daemon waits for its sessions to write their last answers and close.
+CLOSE_SESSIONS_TIMEOUT = 10.0
+STOPPING = "the daemon is stopping"
 
 
 def take_start_mode(environ: MutableMapping[str, str], socket_activated: bool = False) -> str:
@@ -82,10 +104,28 @@ class DaemonStatistics:
     metrics: str | None = None  # the metrics listener's URL, if there is one
 
 
+@attrs.frozen
+class ReloadReport:
+    """What a reload did (the answer ``mcpbroker reload`` prints)."""
+
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    restarted: tuple[str, ...]
+    updated: tuple[str, ...]  # servers whose changes applied live
+    applied: tuple[str, ...]  # broker settings applied live (``broker.requestTimeout``)
+    not_applied: tuple[str, ...]  # broker settings that wait for a new daemon
+    warnings: tuple[str, ...]  # of the new file (unknown keys...)
+
+
 class Daemon:
-    def __init__(self, config: Config, socket_path: str) -> None:
+    def __init__(
+        self, config: Config, socket_path: str, load: Callable[[], Config] | None = None
+    ) -> None:
+        """``load`` reads the configuration again (the file, with the command
+        line's options on top), for a reload; it raises ConfigError."""
         self.config = config
         self.socket_path = socket_path
+        self._load = load
         self.upstreams = {
             name: _server(name, server, config.broker)
             for name, server in config.enabled_servers.items()
@@ -107,6 +147,10 @@ class Daemon:
         self.audit: AuditLog | None = None
         observed = config.broker.metrics is not None or config.broker.audit_log is not None
         self.calls: CallStats | None = CallStats() if observed else None
+        self._nursery: trio.Nursery | None = None
+        self._scopes: dict[ServerActor, trio.CancelScope] = {}  # each server's run
+        self._stopping: str | None = None  # set once shut_down() begins
+        self._session_ended = trio.Event()  # set (and renewed) as each session ends
 
     def statistics(self) -> DaemonStatistics:
         return DaemonStatistics(
@@ -123,6 +167,8 @@ class Daemon:
         )
 
     def _control(self, command: str) -> Any:
+        if command == "reload":
+            return self.reload_file()
         assert command == "status"
         return attrs.asdict(self.statistics())
 
@@ -148,9 +194,7 @@ class Daemon:
             for warning in self.config.warnings:
                 self._log.warning("config.warning", detail=warning)
             async with trio.open_nursery() as nursery:
-                await nursery.start(self.registry.run)
-                for upstream in self.upstreams.values():
-                    await nursery.start(upstream.run)
+                await self.start_servers(nursery)
                 await nursery.start(
                     partial(serve_unix, inherited=inherited), self.socket_path, self._serve_client
                 )
@@ -277,6 +321,149 @@ class Daemon:
             return AuditLog(os.path.expanduser(path))
         except (UnsafePath, OSError) as exc:
             raise StartError(f"cannot write the audit log {path}: {exc}") from None
+    async def start_servers(self, nursery: trio.Nursery) -> None:
+        """Start the Registry and every server's actor in ``nursery``, the
+        daemon's, where a reload starts new ones (the actor tests run this part
+        alone, without sockets)."""
+        self._nursery = nursery
+        await nursery.start(self.registry.run)
+        for upstream in self.upstreams.values():
+            await nursery.start(self._run_server, upstream)
+
+    async def _run_server(
+        self, actor: ServerActor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run one server's actor in a scope of its own (a reload may stop it)."""
+        with trio.CancelScope() as scope:
+            self._scopes[actor] = scope
+            try:
+                await actor.run(task_status=task_status)
+            finally:
+                del self._scopes[actor]
+
+    # -- reload -----------------------------------------------------------------
+
+    def reload_file(self) -> dict[str, Any]:
+        """Read the configuration again and apply it (``mcpbroker reload``,
+        SIGHUP). Returns what ``mcpbroker reload`` prints: ``{"reloaded":
+        report}``, or ``{"error": why}`` when the new configuration is refused
+        (it cannot be read, is not valid, or a token file cannot be read): the
+        old one then goes on, unchanged."""
+        try:
+            if self._stopping is not None:
+                raise ConfigError(STOPPING)
+            if self._load is None:
+                raise ConfigError("this daemon was given no configuration file to read again")
+            report = self.reload(self._load())
+        except (ConfigError, StartError) as exc:
+            self._log.error("config.reload_refused", error=str(exc))
+            return {"error": str(exc)}
+        return {"reloaded": attrs.asdict(report)}
+
+    def reload(self, new: Config) -> ReloadReport:
+        """Turn the running daemon into one running ``new`` (see the module's
+        docstring); settings that need a new daemon are left as they were, and
+        reported. Raises StartError (nothing changed) if the new token file
+        cannot be read."""
+        change = self.reconfigure(new)  # (the settings that apply live)
+        settings = self.config.broker
+        old = dict(self.upstreams)
+        actors = {
+            name: _server(name, server, settings)
+            if name in change.added or name in change.restarted
+            else old[name]
+            for name, server in new.enabled_servers.items()
+        }
+        # One synchronous step: the daemon's table, the catalog, the views.
+        self.upstreams.clear()
+        self.upstreams.update(actors)
+        order = tuple(actors)
+        stranded: dict[str, list[Session]] = {}
+        for name in change.removed:
+            old[name].events = None
+            self.registry.remove_server(name)
+            stranded[name] = [s for s in self._sessions if s.drop_server(name)]
+        for name in change.restarted:
+            old[name].events = None
+            self.registry.replace_server(name)
+            for session in self._sessions:
+                session.replace_server(name)
+        for name in change.added:
+            joined = [s.handle for s in self._sessions if s.add_server(name, order)]
+            self.registry.add_server(name, joined)
+        assert self._nursery is not None
+        for name in (*change.added, *change.restarted):
+            self._nursery.start_soon(self._run_server, actors[name])
+        for name in change.removed:
+            why = "was removed from the configuration"
+            self._nursery.start_soon(self._retire, old[name], why, stranded[name])
+        for name in change.restarted:
+            why = "was restarted by a reload of the configuration"
+            self._nursery.start_soon(self._retire, old[name], why, [])
+        self.config = attrs.evolve(new, broker=settings)
+        report = ReloadReport(
+            added=tuple(change.added),
+            removed=change.removed,
+            restarted=tuple(change.restarted),
+            updated=tuple(change.updated),
+            applied=tuple(c.key for c in change.settings if c.effect is Effect.LIVE),
+            not_applied=tuple(c.key for c in change.settings if c.effect is not Effect.LIVE),
+            warnings=new.warnings,
+        )
+        for warning in new.warnings:
+            self._log.warning("config.warning", detail=warning)
+        self._log.info("daemon.reloaded", **attrs.asdict(report, recurse=False))
+        return report
+
+    async def _retire(self, actor: ServerActor, reason: str, stranded: list[Session]) -> None:
+        """An old actor: its requests in flight get ``broker.shutdownTimeout`` to
+        finish, what is left is answered with an error, its server stops; then
+        the transparent sessions it leaves without a server are closed."""
+        with trio.move_on_after(self.config.broker.shutdown_timeout):
+            # (polled: a server's in-flight table has no event, and reloads are rare)
+            while actor.statistics().in_flight:  # noqa: ASYNC110
+                await trio.sleep(DRAIN_POLL)
+        actor.retire(reason)
+        scope = self._scopes.get(actor)
+        if scope is not None:
+            scope.cancel()
+        for session in stranded:
+            session.stop(f"MCP server {actor.name!r} {reason}")
+
+    # -- shutdown ---------------------------------------------------------------
+
+    async def shut_down(self) -> None:
+        """Drain before the tree is cancelled (SIGTERM, SIGINT): new requests are
+        refused, requests in flight get ``broker.shutdownTimeout`` to finish,
+        then every session answers what is left with an error saying the daemon
+        is stopping, and closes (waited for, bounded). The caller then cancels
+        :meth:`run`, which stops the servers and removes the socket."""
+        if self._stopping is not None:
+            return
+        self._stopping = STOPPING
+        timeout = self.config.broker.shutdown_timeout
+        sessions = [s for s in self._sessions if not s.is_control]
+        self._log.info(
+            "daemon.draining",
+            sessions=len(sessions),
+            busy=sum(s.busy for s in sessions),
+            timeout=timeout,
+        )
+        for session in list(self._sessions):
+            session.refuse(STOPPING)
+        with trio.move_on_after(timeout):
+            for session in list(self._sessions):
+                await session.wait_idle()
+        unfinished = (
+            f"{STOPPING} (this request did not finish within "
+            f"broker.shutdownTimeout = {timeout:g} s)"
+        )
+        for session in list(self._sessions):
+            session.stop(STOPPING, unfinished)
+        with trio.move_on_after(CLOSE_SESSIONS_TIMEOUT):
+            while self._sessions:
+                await self._session_ended.wait()
+        self._log.info("daemon.drained", sessions_left=len(self._sessions))
 
     def _current_websocket_policy(self) -> Policy:
         assert self._websocket_policy is not None
@@ -305,8 +492,9 @@ class Daemon:
     async def _serve_websocket(
         self, connection: WebSocketConnection, view: tuple[str, ...] | None, transparent: bool
     ) -> None:
+        every = view is None
         view = tuple(self.upstreams) if view is None else view
-        await self._serve_session(connection, view=view, transparent=transparent)
+        await self._serve_session(connection, view=view, transparent=transparent, every=every)
 
     async def _serve_session(self, connection: Connection, **options: Any) -> None:
         """Run one client's session, over any transport, until it ends."""
@@ -319,6 +507,8 @@ class Daemon:
             audit=self.audit,
             **options,
         )
+        if self._stopping is not None:
+            session.refuse(self._stopping)
         self._sessions.add(session)
         # Whatever is logged in this session's tasks says which session it was.
         with structlog.contextvars.bound_contextvars(session=session.handle.id):
@@ -329,6 +519,8 @@ class Daemon:
                 self._log.exception("session.crashed")
             finally:
                 self._sessions.discard(session)
+                self._session_ended.set()
+                self._session_ended = trio.Event()
 
 
 def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:

@@ -16,6 +16,12 @@ catalog (sessions are told), and comes back when it is up again. What to ask for
 next, what a page holds, and who is told what are rules of
 :mod:`broker.listing`; this actor sends, waits and delivers.
 
+A reload adds, removes and replaces servers (:meth:`Registry.add_server`,
+:meth:`Registry.remove_server`, :meth:`Registry.replace_server`), each a
+synchronous change of the catalog made by the daemon together with the views
+of its sessions, so that no session ever looks up a server the catalog does
+not hold. Events from a server no longer in the catalog are ignored.
+
 One Registry serves all four kinds (DESIGN.md sketches one per kind): a
 server's lists change together when it restarts, and one snapshot keeps a
 session's view of them consistent.
@@ -23,7 +29,7 @@ session's view of them consistent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -98,9 +104,13 @@ class Registry:
         A lazy server that has not started yet is started now.
         """
         for name in view:
-            if self._catalog.entry(name).state is ServerState.IDLE:
+            if (
+                name in self._catalog.servers
+                and self._catalog.entry(name).state is ServerState.IDLE
+            ):
                 self._upstreams[name].request_start()
-        while not self._catalog.settled(view):
+        # (a reload may remove a server of the view meanwhile)
+        while not self._catalog.settled([n for n in view if n in self._catalog.servers]):
             await self._changed.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -121,6 +131,8 @@ class Registry:
             self._subscribers[event.session] = event.view
         elif isinstance(event, Unsubscribe):
             self._subscribers.pop(event.session, None)
+        elif event.server not in self._catalog.servers:
+            return  # a server a reload removed
         elif event.status is not None:
             self._status_changed(event.server, event.status)
         elif event.list_changed is not None:
@@ -175,8 +187,8 @@ class Registry:
                     await self._refresh(server, tuple(k for k in KINDS if k in wanted))
                 except Exception:  # a bug of the broker's: keep what is known, settle
                     self._log.exception("catalog.refresh_failed", server=server)
-                    entry = self._catalog.entry(server)
-                    if entry.loading:
+                    entry = self._catalog.servers.get(server)
+                    if entry is not None and entry.loading:
                         identity = self._upstreams[server].identity
                         self._publish(attrs.evolve(entry, loading=False, identity=identity))
         finally:
@@ -187,7 +199,10 @@ class Registry:
     async def _refresh(self, server: str, kinds: tuple[Kind, ...]) -> None:
         """Fetch some of a server's lists and publish them (if the server is still up)."""
         generation = self._generation[server]
-        upstream = self._upstreams[server]
+        upstream = self._upstreams.get(server)
+        if upstream is None:
+            return  # a reload removed it
+
         identity = upstream.identity
         capabilities = identity.capabilities if identity is not None else {}
         fetched: dict[str, tuple[dict[str, Any], ...]] = {}
@@ -237,6 +252,62 @@ class Registry:
         if settings.separator != old.separator:
             for server in self._catalog.servers:
                 self._notify(server, [kind for kind in KINDS if kind in (TOOLS, PROMPTS)])
+
+    # -- a reload ---------------------------------------------------------------
+
+    def add_server(self, name: str, viewers: Iterable[SessionHandle]) -> None:
+        """``name`` is new in the upstreams (in their order): it joins the catalog,
+        and the views of ``viewers`` (sessions that see every server). They are
+        told once its lists are read, like any server that comes up."""
+        upstream = self._upstreams[name]
+        upstream.events = self.events
+        self._generation[name] = self._generation.get(name, 0) + 1
+        self._rebuild({name: ServerEntry(name, upstream.status)})
+        for session in viewers:
+            view = self._subscribers.get(session)
+            if view is not None:
+                self._subscribers[session] = view | {name}
+
+    def remove_server(self, name: str) -> None:
+        """``name`` has left the upstreams: its lists leave the catalog, and every
+        session that saw something of it is told (once per kind that changed)."""
+        entry = self._catalog.servers.get(name)
+        if entry is None:
+            return
+        self._generation[name] += 1  # (a refresh under way is dropped)
+        self._notify(name, changed_kinds(entry, ServerEntry(name), KINDS))
+        self._rebuild({})
+        for session, view in self._subscribers.items():
+            if name in view:
+                self._subscribers[session] = view - {name}
+
+    def replace_server(self, name: str) -> None:
+        """``name`` has a new actor (a reload restarted it): the catalog keeps the
+        old one's lists until the new one's are read, so sessions are told only
+        if they differ (its calls wait for it meanwhile, as for any server
+        starting)."""
+        upstream = self._upstreams[name]
+        upstream.events = self.events
+        self._generation[name] += 1
+        old = self._catalog.entry(name)
+        self._rebuild({name: attrs.evolve(old, state=upstream.status, loading=False, error=None)})
+
+    def _rebuild(self, new: dict[str, ServerEntry]) -> None:
+        """A catalog of the upstreams as they are now (their order), with ``new``
+        entries, the others as they were (servers the daemon is adding in the
+        same reload, not yet given to the catalog, are left for their turn)."""
+        known = self._catalog.servers
+        entries = [
+            entry
+            for name in self._upstreams
+            if (entry := new.get(name) or known.get(name)) is not None
+        ]
+        old = self._catalog
+        self._catalog = Catalog(entries, old.separator, old.page_size)
+        for clash in new_clashes(old, self._catalog):
+            self._log.warning("catalog.clash", detail=clash)
+        self._changed.set()
+        self._changed = trio.Event()
 
     def _publish(self, entry: ServerEntry) -> None:
         before, self._catalog = self._catalog, self._catalog.replace(entry)

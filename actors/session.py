@@ -13,10 +13,19 @@ When the client closes its side, the session stops reading, lets the requests
 it still has in flight finish for up to :data:`LINGER_SECONDS` (so
 ``printf '...' | socat - UNIX-CONNECT:...`` gets its answers), then detaches
 from its servers, which cancel whatever it still had in flight upstream.
+
+The daemon may end a session from its side (:meth:`Session.refuse`, then
+:meth:`Session.stop`: the daemon is stopping, or a reload removed the one
+server a transparent session used): new requests are answered with an error
+saying why, the session stops reading, writes what is queued, answers each
+request still in flight with that error, and closes. A reload also changes
+the servers a session sees (:meth:`Session.add_server`,
+:meth:`Session.drop_server`, :meth:`Session.replace_server`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,7 +56,7 @@ from broker.eras.modern import client_era
 from broker.eras.session import ModernSessionProtocol, become_modern
 from broker.eras.versions import Era
 from broker.hello import open_session
-from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message
+from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message, error_response
 from broker.session import (
     Action,
     CancelUpstream,
@@ -97,15 +106,16 @@ class Session:
         *,
         view: tuple[str, ...] | None = None,
         transparent: bool = False,
+        every: bool = False,
         calls: CallStats | None = None,
         audit: AuditLog | None = None,
     ) -> None:
         """``view`` (with ``transparent``) is the servers the transport already
-        chose (a WebSocket path names them); without one, the client may choose
-        with a hello first line (broker/hello.py), or sees every server.
-        ``calls`` counts what each request came to (for metrics), ``audit``
-        writes each tool call (broker/calls.py); without either, nothing is
-        tracked."""
+        chose (a WebSocket path names them; ``every``: it chose every server);
+        without one, the client may choose with a hello first line
+        (broker/hello.py), or sees every server. ``calls`` counts what each
+        request came to (for metrics), ``audit`` writes each tool call
+        (broker/calls.py); without either, nothing is tracked."""
         self._connection = connection
         self._upstreams = upstreams
         self._registry = registry
@@ -123,11 +133,21 @@ class Session:
         # server's message belongs to (broker/related.py).
         self._handle.related = getattr(connection, "related", False)
         self._hello = view is None  # the first message may be a hello
+        # The view is every configured server: a reload's new servers join it.
+        self._every = every or view is None
+        self._refusal: str | None = None  # why new requests are refused (refuse())
+        self._stopping: str | None = None  # why the daemon ends this session (stop())
+        self._unfinished = ""  # what stop() answers the requests still in flight with
+        self._reading = trio.CancelScope()  # the read loop's: stop() cancels it
+        self._nursery: trio.Nursery | None = None
         if view is None:
             self._protocol = self._new_protocol(tuple(upstreams))
         else:
             self._protocol = self._new_protocol(view, transparent=transparent)
         self._attached: list[ServerActor] | None = None  # set once initialized
+        self._capabilities: dict[str, Any] = {}  # the client's, once initialized
+        self._deferred: set[Any] = set()  # ids of requests waiting for their servers
+        self._idle = trio.Event()  # set (and renewed) whenever the writer may have made it idle
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
 
@@ -143,13 +163,26 @@ class Session:
     def handle(self) -> SessionHandle:
         return self._handle
 
+    @property
+    def busy(self) -> bool:
+        """Whether requests of this session are in flight (or wait for their servers)."""
+        return bool(self._protocol.inflight or self._deferred)
+
+    async def wait_idle(self) -> None:
+        """Wait until no request of this session is in flight (the writer looks
+        after each write) or the session ended."""
+        while self.busy and self._protocol.state not in (SessionState.CLOSED, SessionState.ERROR):
+            await self._idle.wait()
+
     async def run(self) -> None:
         self._log.info("session.opened")
         try:
             with self._handle.cancel_scope:
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     nursery.start_soon(self._write_loop)
-                    await self._read_loop()
+                    with self._reading:
+                        await self._read_loop()
                     await self._linger()
                     # Let the writer flush what is queued, then stop: deliveries
                     # that still arrive are dropped (the channel is closed).
@@ -165,6 +198,7 @@ class Session:
                 self._protocol.calls.now = trio.current_time()
                 self._protocol.calls.closed()  # what it still had in flight: cancelled
                 self._write_audit()
+            self._idle.set()
             self._log.info("session.closed", reason=self._handle.close_reason or "client left")
 
     # -- reading ------------------------------------------------------------
@@ -209,7 +243,9 @@ class Session:
                         if opening.command is not None:
                             await self._run_command(opening.command)
                             return
-                        self._open(opening.view, opening.transparent, opening.refusal)
+                        self._open(
+                            opening.view, opening.transparent, opening.refusal, opening.every
+                        )
                         continue
                 if forwards:
                     await self._send_forwards(forwards, size)
@@ -237,9 +273,12 @@ class Session:
                 continue
             await upstream.send(ClientRequest(self._handle, messages, size))
 
-    def _open(self, view: tuple[str, ...], transparent: bool, refusal: str | None) -> None:
+    def _open(
+        self, view: tuple[str, ...], transparent: bool, refusal: str | None, every: bool
+    ) -> None:
         if refusal is not None:
             self._log.warning("session.bad_hello", error=refusal)
+        self._every = every
         self._protocol = self._new_protocol(view, transparent=transparent, refusal=refusal)
 
     def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
@@ -253,6 +292,8 @@ class Session:
                 arguments=self._settings.audit_arguments,
             )
             protocol.calls.now = trio.current_time()  # (a hello's read goes on with it)
+        if self._refusal is not None:
+            protocol.refusal, protocol.refusal_code = self._refusal, CONNECTION_CLOSED
         return protocol
 
     def _write_audit(self) -> None:
@@ -263,6 +304,72 @@ class Session:
         records, calls.records = calls.records, []
         if self._audit is not None:
             self._audit.write(records, self._handle.id, self._protocol.client_info)
+
+    # -- what the daemon changes (a reload, a shutdown) ------------------------
+
+    def refuse(self, reason: str) -> None:
+        """From now on answer every new request with an error saying ``reason``
+        (-32000); answers to the requests in flight still come through."""
+        self._refusal = reason
+        self._protocol.refusal, self._protocol.refusal_code = reason, CONNECTION_CLOSED
+
+    def stop(self, reason: str, unfinished: str | None = None) -> None:
+        """End the session from the daemon's side: stop reading, write what is
+        queued, answer each request still in flight with an error saying
+        ``unfinished`` (or ``reason``), tell the client ``reason`` (a log
+        message, level error: the only word MCP has for it), detach and close
+        (bounded: ``FLUSH_SECONDS``)."""
+        if self._refusal is None:
+            self.refuse(reason)
+        self._stopping = reason
+        self._unfinished = unfinished or reason
+        if self._handle.close_reason is None:
+            self._handle.close_reason = reason
+        self._reading.cancel()
+
+    def add_server(self, name: str, order: tuple[str, ...]) -> bool:
+        """A reload added ``name``: a session that sees every server sees it too
+        (in ``order``, the configuration's), and hears from it once initialized.
+        Returns whether it joined this session's view."""
+        if not self._every or name in self._protocol.view or self._protocol.transparent:
+            return False
+        wanted = {*self._protocol.view, name}
+        self._protocol.view = tuple(server for server in order if server in wanted)
+        self._attach_later(name)
+        return True
+
+    def drop_server(self, name: str) -> bool:
+        """A reload removed ``name``: it leaves the view. Returns True for a
+        transparent session on it, which cannot go on: it is refused from now on,
+        and the daemon stops it once the server's requests in flight are answered."""
+        if name not in self._protocol.view:
+            return False
+        if self._protocol.transparent:
+            self.refuse(f"MCP server {name!r} was removed from the configuration")
+            return True
+        self._protocol.view = tuple(server for server in self._protocol.view if server != name)
+        if self._attached is not None:
+            self._attached = [up for up in self._attached if up.name != name]
+        return False
+
+    def replace_server(self, name: str) -> None:
+        """A reload restarted ``name`` with a new actor: hear from that one."""
+        if name in self._protocol.view and self._attached is not None:
+            self._attached = [up for up in self._attached if up.name != name]
+            self._attach_later(name)
+
+    def _attach_later(self, name: str) -> None:
+        """Attach to a server that joined the view (once initialized; a session
+        that initializes later attaches to its whole view then)."""
+        if self._attached is None or self._nursery is None:
+            return
+        upstream = self._upstreams[name]
+        self._attached.append(upstream)
+        self._nursery.start_soon(self._attach_one, upstream, self._protocol.view)
+
+    async def _attach_one(self, upstream: ServerActor, view: tuple[str, ...]) -> None:
+        await upstream.send(Attach(self._handle, self._capabilities))
+        await self._registry.subscribe(self._handle, view)
 
     async def _run_command(self, command: str) -> None:
         """Answer a control command with one line of JSON; the connection then closes."""
@@ -292,8 +399,11 @@ class Session:
         elif isinstance(action, AttachServers):
             await self._attach(action)
         elif isinstance(action, Defer):
+            id = action.message.get("id")
+            self._deferred.add(id)  # (stop() answers it, if it comes meanwhile)
             with trio.move_on_after(SETTLE_TIMEOUT):
                 await self._registry.wait_settled(self._protocol.view)
+            self._deferred.discard(id)
             for again in self._protocol.receive(action.message, settled=True):
                 await self._execute(again)
         elif isinstance(action, CancelUpstream):
@@ -324,6 +434,7 @@ class Session:
             view=list(action.view),
             transport=self._connection.transport,
         )
+        self._capabilities = action.capabilities
         self._attached = [self._upstreams[name] for name in action.view]
         for upstream in self._attached:
             await upstream.send(Attach(self._handle, action.capabilities))
@@ -339,7 +450,7 @@ class Session:
 
     async def _linger(self) -> None:
         self._protocol.move(SessionTrigger.CLIENT_CLOSED)
-        if self._protocol.inflight:
+        if self._protocol.inflight and self._stopping is None:
             with trio.move_on_after(LINGER_SECONDS):
                 await self._drained.wait()
 
@@ -349,6 +460,24 @@ class Session:
         async for delivery in self._outbox:
             if not await self._write_out(delivery):
                 return
+        if self._stopping is not None:
+            await self._say_goodbye(self._stopping)
+
+    async def _say_goodbye(self, reason: str) -> None:
+        """The daemon ends the session: what is still in flight gets an error,
+        and an initialized client a last log message saying why. (Only once the
+        outbox is closed and drained, so no answer can follow.)"""
+        last: list[Outgoing] = [
+            error_response(id, CONNECTION_CLOSED, f"mcpbroker: {self._unfinished}")
+            for id in sorted({*self._protocol.inflight, *self._deferred}, key=str)
+        ]
+        if self._protocol.protocol_version is not None:
+            params = {"level": "error", "logger": "mcpbroker", "data": f"mcpbroker: {reason}"}
+            last.append(jsonrpc.notification("notifications/message", params))
+        out: list[Outgoing] = []
+        self._protocol.take_outgoing(last, out)
+        with contextlib.suppress(TransportClosed):
+            await self._connection.send(out)
 
     async def _write_out(self, delivery: Delivery) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
@@ -382,6 +511,9 @@ class Session:
             self._write_audit()
         if self._protocol.state is SessionState.CLOSING and not self._protocol.inflight:
             self._drained.set()
+        if self._idle.statistics().tasks_waiting:
+            self._idle.set()
+            self._idle = trio.Event()
         return True
 
 

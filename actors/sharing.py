@@ -164,6 +164,12 @@ class ServerGroup:
             finally:
                 del self._scopes[instance]
 
+    def retire(self, reason: str) -> None:
+        """Stop for good (see Upstream.retire): every instance answers what it
+        has in flight or waiting; the caller then cancels :meth:`run`."""
+        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+            instance.retire(reason)
+
     def _stop(self, instance: Upstream) -> None:
         """Stop an instance: its process is shut down the way the spec says."""
         scope = self._scopes.get(instance)

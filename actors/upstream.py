@@ -62,7 +62,14 @@ from actors.server_actor import (
 )
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, JsonRpcError, Message, TooDeep
+from broker.jsonrpc import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    LIMIT_REACHED,
+    JsonRpcError,
+    Message,
+    TooDeep,
+)
 from broker.lifecycle import HandshakeError
 from broker.recovery import Liveness, RestartPolicy, Restarts
 from broker.states import COMING_UP, STATUS, ServerState, ServerTrigger
@@ -268,7 +275,42 @@ class Upstream:
             try:
                 await self._supervise()
             finally:
-                self._set_status(ServerTrigger.STOP)
+                if self._protocol.state is not ServerState.STOPPED:  # (retire() stopped it)
+                    self._set_status(ServerTrigger.STOP)
+
+    def retire(self, reason: str) -> None:
+        """Stop for good (a reload removed or replaced this server): every request
+        in flight, waiting for the server to start, or still in the inbox, is
+        answered now with an error naming the server and ``reason``; requests
+        that come later are never read. The caller then cancels :meth:`run`,
+        which stops the server the way the spec says."""
+        if self._protocol.state is ServerState.STOPPED:
+            return
+        failed = self._protocol.server_gone(reason, ServerTrigger.STOP)
+        self._errors += len(failed)
+        self._set_status()
+        self._log.info("server.retired", reason=reason, failed_requests=len(failed))
+        for delivery in failed:
+            cast(SessionHandle, delivery.session).deliver(delivery.message)
+        waiting, self._parked, self._parked_bytes = self._parked, [], 0
+        while True:
+            try:
+                item = self._inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            self._taken(item)
+            if isinstance(item, ClientRequest):
+                waiting.append(item)
+        for item in waiting:
+            for request in item.messages:
+                item.session.deliver(
+                    jsonrpc.error_response(
+                        request["id"],
+                        CONNECTION_CLOSED,
+                        f"MCP server {self.name!r} {reason}",
+                        data={"server": self.name},
+                    )
+                )
 
     # -- dispatcher ---------------------------------------------------------
 

@@ -114,6 +114,9 @@ class BrokerSettings:
     retry_failed_after: float = 600.0  # a failed server is tried again after this; 0: never
     ping_interval: float | None = 30.0  # seconds between pings to a ready server; 0 or None: off
     ping_misses: int = 3  # silent intervals in a row before a server is declared dead
+    # Seconds a stopping daemon (SIGTERM, SIGINT) waits for requests in flight,
+    # and a reload for those of a server it removes or restarts (docs/configuration.md).
+    shutdown_timeout: float = 5.0
 
 
 @attrs.frozen
@@ -208,10 +211,12 @@ def parse_config(data: Any) -> Config:
     """Check an already decoded configuration."""
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a JSON object")
-    warnings = [
+    warnings: list[str] = []
+    shapes = _check_shape(data, warnings)
+    warnings[:0] = [
         f"unknown top-level key {key!r} ignored"
         for key in data
-        if key not in ("mcpServers", "broker", "$schema")
+        if key not in ("mcpServers", "broker", "$schema") and key not in shapes
     ]
     servers_raw = data.get("mcpServers", {})
     if not isinstance(servers_raw, dict):
@@ -239,6 +244,8 @@ def parse_config(data: Any) -> Config:
         raise ConfigError('"broker.maxInFlight" and "broker.maxServerInFlight" must be at least 1')
     if broker.max_waiting_requests < 1:
         raise ConfigError('"broker.maxWaitingRequests" must be at least 1')
+    if broker.shutdown_timeout < 0:
+        raise ConfigError('"broker.shutdownTimeout" must be a number of seconds, 0 or more')
     if broker.page_size < 0:
         raise ConfigError('"broker.pageSize" must be 0 (no pagination) or more')
     _check_recovery(
@@ -295,6 +302,7 @@ _BROKER_KEYS = {
     "retryFailedAfter": "retry_failed_after",
     "pingInterval": "ping_interval",
     "pingMisses": "ping_misses",
+    "shutdownTimeout": "shutdown_timeout",
 }
 _SERVER_KEYS = {
     "command": "command",
@@ -321,6 +329,33 @@ OAUTH_KEYS = ("clientId", "clientSecret", "scope", "redirectPort")
 # Each field's key in the file, for messages that name a setting (broker/configdiff.py).
 SERVER_KEY_OF = {field: key for key, field in _SERVER_KEYS.items()}
 BROKER_KEY_OF = {field: key for key, field in _BROKER_KEYS.items()}
+
+
+# Where other hosts keep their servers: VS Code's mcp.json ("servers") and its
+# settings.json ("mcp": {"servers": ...}).
+_OTHER_SHAPES = (("servers",), ("mcp", "servers"))
+
+
+def _check_shape(data: dict[str, Any], warnings: list[str]) -> set[str]:
+    """A file in another host's shape is refused when it has no ``mcpServers``
+    (a daemon serving no server would fail silently), and warned about beside
+    it. Returns the top-level keys it warned about."""
+    seen = set()
+    for path in _OTHER_SHAPES:
+        found: Any = data
+        for key in path:
+            found = found.get(key) if isinstance(found, dict) else None
+        if not isinstance(found, dict):
+            continue
+        where = ".".join(path)
+        if "mcpServers" not in data:
+            raise ConfigError(
+                f'the servers are under "{where}" (the shape of VS Code\'s MCP config); '
+                'mcpbroker reads them from a top-level "mcpServers": rename the key'
+            )
+        warnings.append(f'"{where}" ignored: mcpbroker reads only "mcpServers"')
+        seen.add(path[0])
+    return seen
 
 
 def with_listeners(

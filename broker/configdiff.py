@@ -117,6 +117,8 @@ BROKER_EFFECTS: dict[str, Effect] = {
     "retry_failed_after": Effect.LIVE,
     "ping_interval": Effect.LIVE,
     "ping_misses": Effect.LIVE,
+    # Read when a reload or a shutdown begins to wait.
+    "shutdown_timeout": Effect.LIVE,
 }
 
 SERVER_FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(ServerConfig))

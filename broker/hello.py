@@ -6,7 +6,8 @@ first line to say which servers its session should see::
 
     {"mcpbroker": {"servers": ["github", "files"]}}
 
-or asks for a control command instead of a session (``mcpbroker status``)::
+or asks for a control command instead of a session (``mcpbroker status``,
+``mcpbroker reload``)::
 
     {"mcpbroker": {"command": "status"}}
 
@@ -28,7 +29,7 @@ class HelloError(Exception):
     """A hello the daemon cannot honour; the message is meant for the user."""
 
 
-COMMANDS = frozenset({"status"})
+COMMANDS = frozenset({"status", "reload"})
 
 
 @attrs.frozen
@@ -88,6 +89,9 @@ class Opening:
     transparent: bool = False
     command: str | None = None
     refusal: str | None = None
+    # The view is every configured server (the hello named none): a reload that
+    # adds or removes servers changes it.
+    every: bool = False
 
 
 def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
@@ -100,6 +104,7 @@ def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
             return None
         if hello.command is not None:
             return Opening(command=hello.command)
-        return Opening(resolve_view(hello, configured), transparent=hello.transparent)
+        view = resolve_view(hello, configured)
+        return Opening(view, transparent=hello.transparent, every=hello.servers is None)
     except HelloError as exc:
         return Opening(refusal=str(exc))

@@ -180,6 +180,10 @@ class SessionProtocol:
         # Set when the session cannot be served at all (a hello naming unknown
         # servers): every request is then answered with this error message.
         self.refusal = refusal
+        # The error code of that answer: -32602 for a hello that cannot be
+        # served; -32000 when the daemon is stopping or the session's server
+        # was removed (actors/session.py, ``Session.refuse``).
+        self.refusal_code = INVALID_PARAMS
         self.state = SessionState.CONNECTING
         # Ids of requests forwarded and not yet answered (the session's in-flight
         # table). Only valid ids (int, str) enter it, so the ids themselves are
@@ -312,7 +316,7 @@ class SessionProtocol:
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
         if self.refusal is not None:
-            raise JsonRpcError(INVALID_PARAMS, f"mcpbroker: {self.refusal}")
+            raise JsonRpcError(self.refusal_code, f"mcpbroker: {self.refusal}")
         if method == "ping":
             return [Reply(jsonrpc.result_response(id, {}))]
         if method == "server/discover":

@@ -53,6 +53,12 @@ def _status(args: Any) -> int:
     return status.main(args.socket or default_socket_path(), args.json, args.watch)
 
 
+def _reload(args: Any) -> int:
+    from cli import reload
+
+    return reload.main(args.socket or default_socket_path(), args.json)
+
+
 def _main(argv: list[str]) -> int:
     import argparse
 
@@ -147,9 +153,16 @@ def _main(argv: list[str]) -> int:
         default=None,
         help="print it again every SECONDS (default 2) until interrupted",
     )
+    reload = commands.add_parser(
+        "reload", help="make a running daemon read its configuration again (as SIGHUP does)"
+    )
+    reload.add_argument("--socket", metavar="PATH", default=None)
+    reload.add_argument("--json", action="store_true", help="print the raw JSON answer")
     args = parser.parse_args(argv)
     if args.command == "status":
         return _status(args)
+    if args.command == "reload":
+        return _reload(args)
     if args.command == "demo-config":
         import json
 
@@ -182,19 +195,26 @@ def _serve(args: Any) -> int:
         return 2
     configure_logging(args.log_level, stream=stream, json=json_logs)
     log = get_logger()
-    try:
+
+    def load() -> Any:
+        """The configuration (read again by a reload), with the command line's options."""
         from tools.demo import demo_config
 
         config = parse_config(demo_config()) if args.demo else load_config(args.config)
         config = with_listeners(config, args.ws, args.token_file, args.http)
-        config = with_metrics(config, args.metrics)
+        return with_metrics(config, args.metrics)
+
+    try:
+        config = load()
     except ConfigError as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
         return 2
+    for warning in config.warnings:  # (where the user sees them; the log has them too)
+        print(f"mcpbroker: warning: {warning}", file=sys.stderr)
     socket_path = args.socket or default_socket_path()
     _tune_gc()
     try:
-        trio.run(_run_daemon, config, socket_path)
+        trio.run(_run_daemon, config, socket_path, load)
     except BaseExceptionGroup as group:  # (from the nursery the daemon runs in)
         refused, rest = group.split((StartError, UnsafePath))
         if refused is None or rest is not None:
@@ -232,7 +252,9 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-async def _run_daemon(config: Any, socket_path: str) -> None:
+async def _run_daemon(config: Any, socket_path: str, load: Any = None) -> None:
+    """Serve until SIGTERM or SIGINT: the first drains (Daemon.shut_down), a
+    second stops at once. SIGHUP reloads the configuration."""
     import signal
 
     import trio
@@ -240,14 +262,30 @@ async def _run_daemon(config: Any, socket_path: str) -> None:
     from actors.daemon import Daemon
     from actors.logs import get_logger
 
-    daemon = Daemon(config, socket_path)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    daemon = Daemon(config, socket_path, load)
+    log = get_logger()
+
+    async def drain_and_stop(nursery: trio.Nursery) -> None:
+        await daemon.shut_down()
+        nursery.cancel_scope.cancel()
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
+            stopping = False
             async for signum in signals:
-                get_logger().info("daemon.stopping", signal=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+                name = signal.Signals(signum).name
+                if signum == signal.SIGHUP:
+                    log.info("daemon.reload_requested", signal=name)
+                    daemon.reload_file()  # (it logs what it did, or why it refused)
+                elif not stopping:
+                    log.info("daemon.stopping", signal=name)
+                    stopping = True
+                    nursery.start_soon(drain_and_stop, nursery)
+                else:
+                    log.info("daemon.stopping_now", signal=name)
+                    nursery.cancel_scope.cancel()
+                    break
 
 
 if __name__ == "__main__":

@@ -72,6 +72,23 @@ class DaemonProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def config_path(self) -> str:
+        """The config file it was started with (a test may rewrite it, and reload)."""
+        return os.path.join(os.path.dirname(self.socket_path), "config.json")
+
+    def write_config(self, servers: dict[str, Any], broker: dict[str, Any] | None = None) -> None:
+        Path(self.config_path).write_text(
+            json.dumps({"mcpServers": servers, "broker": broker or {}})
+        )
+
+    async def reload(self) -> subprocess.CompletedProcess[bytes]:
+        """``mcpbroker reload`` on its socket, as a user runs it."""
+        command = [MCPBROKER, "reload", "--socket", self.socket_path]
+        return await trio.run_process(
+            command, env=ENV, capture_stdout=True, capture_stderr=True, check=False
+        )
+
     def usage(self) -> Usage:
         return Usage(rss=self.ps.memory_info().rss, fds=self.ps.num_fds())
 
@@ -201,6 +218,7 @@ class Client:
         self._buffer = bytearray()
         self._arrived = trio.Event()
         self._next_id = 0
+        self._sending = trio.StrictFIFOLock()  # (several tasks may send: tests/test_reload_e2e.py)
 
     async def send(self, *messages: dict[str, Any] | bytes | str) -> None:
         """Send each message as one line (bytes and str go as they are)."""
@@ -209,7 +227,8 @@ class Client:
             if isinstance(message, str):
                 message = message.encode()
             lines.append(message if isinstance(message, bytes) else orjson.dumps(message))
-        await self.stream.send_all(b"".join(line + b"\n" for line in lines))
+        async with self._sending:
+            await self.stream.send_all(b"".join(line + b"\n" for line in lines))
 
     def new_id(self) -> int:
         self._next_id += 1

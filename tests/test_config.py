@@ -197,3 +197,32 @@ def test_load_config_bad_entry_names_file_and_key(tmp_path: Path) -> None:
         load_config(path)
     assert str(path) in str(info.value)
     assert "mcpServers.a.args" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"servers": {"files": {"type": "stdio", "command": "x"}}, "inputs": []}, '"servers"'),
+        ({"mcp": {"servers": {"files": {"command": "x"}}}}, '"mcp.servers"'),
+    ],
+)
+def test_a_vs_code_shaped_file_is_refused_with_what_to_change(
+    data: dict[str, Any], where: str
+) -> None:
+    """Read as mcpServers it would serve nothing, silently: refused instead."""
+    with pytest.raises(ConfigError, match="VS Code") as error:
+        parse_config(data)
+    assert where in str(error.value) and '"mcpServers"' in str(error.value)
+
+
+def test_a_vs_code_section_beside_mcp_servers_is_a_warning() -> None:
+    config = parse_config({"mcpServers": {"a": {"command": "x"}}, "servers": {"b": {}}})
+    assert list(config.servers) == ["a"]
+    assert config.warnings == ('"servers" ignored: mcpbroker reads only "mcpServers"',)
+
+
+def test_the_shutdown_timeout_is_checked() -> None:
+    assert parse_config({"broker": {"shutdownTimeout": 0}}).broker.shutdown_timeout == 0
+    assert parse_config({}).broker.shutdown_timeout == 5.0
+    with pytest.raises(ConfigError, match="shutdownTimeout"):
+        parse_config({"broker": {"shutdownTimeout": -1}})

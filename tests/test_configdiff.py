@@ -78,6 +78,7 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "retry_failed_after": st.sampled_from([0.0, 600.0]),
     "ping_interval": st.sampled_from([None, 0.0, 30.0]),
     "ping_misses": st.sampled_from([1, 3]),
+    "shutdown_timeout": st.sampled_from([0.0, 5.0]),
 }
 NAMES = ["a", "b", "c", "d", "e"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker.hello import Hello, HelloError, read_hello, resolve_view
+from broker.hello import Hello, HelloError, Opening, open_session, read_hello, resolve_view
 
 CONFIGURED = ("github", "files", "db")
 
@@ -88,3 +88,12 @@ def test_naming_exactly_one_server_asks_for_it_transparently() -> None:
     assert Hello(("a",)).transparent
     assert not Hello(("a", "b")).transparent
     assert not Hello().transparent  # every server: aggregated, however many there are
+
+
+def test_a_view_of_every_server_is_marked_so_a_reload_can_grow_it() -> None:
+    configured = ("a", "b")
+    assert open_session({"mcpbroker": {}}, configured) == Opening(("a", "b"), every=True)
+    assert open_session({"mcpbroker": {"servers": ["a", "b"]}}, configured) == Opening(("a", "b"))
+    assert open_session({"mcpbroker": {"command": "reload"}}, configured) == Opening(
+        command="reload"
+    )

@@ -117,7 +117,6 @@ async def serve_websocket(
     bound. ``policy()`` says who may connect, asked at each handshake (a
     reload may change it)."""
     log = get_logger()
-    names = tuple(servers)
 
     async def handle(request: Any) -> None:
         try:
@@ -126,7 +125,7 @@ async def serve_websocket(
                 _host_of(request),
                 request.headers,
                 request.proposed_subprotocols,
-                names,
+                tuple(servers),  # (as they are now: a reload may change them)
                 policy(),
             )
             if isinstance(decision, wire.Reject):

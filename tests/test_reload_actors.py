@@ -1,0 +1,293 @@
+"""Reload and shutdown at the actors' level (issue #14, items 2 and 5): the
+daemon's tree without sockets or processes, over scripted servers, on
+``autojump_clock`` (so ``broker.shutdownTimeout`` takes no time).
+
+The end-to-end side, under load with real processes, is tests/test_reload_e2e.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import actors.upstream
+from actors.daemon import Daemon
+from broker import jsonrpc
+from broker.config import Config, parse_config
+from broker.wire import ndjson
+from broker.wire.ndjson import LineFramer
+from tests.scripted import ScriptedServer
+
+TOOLS_CHANGED = "notifications/tools/list_changed"
+
+
+class Scripts(dict[str, ScriptedServer]):
+    """Scripted servers by the ``command`` that names them in a config."""
+
+    def config(self, *names: str, broker: dict[str, Any] | None = None, **commands: str) -> Config:
+        """Servers ``names``, each started by the script of the same name unless
+        ``commands`` says another."""
+        servers = {name: {"command": commands.get(name, name)} for name in names}
+        return parse_config({"mcpServers": servers, "broker": broker or {}})
+
+
+@pytest.fixture
+def scripts(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> Scripts:
+    found = Scripts()
+
+    def launcher_for(config: Any) -> Any:
+        if config.command not in found:
+            found[config.command] = ScriptedServer(nursery, label=config.command)
+        return found[config.command].launch
+
+    monkeypatch.setattr(actors.upstream, "launcher_for", launcher_for)
+    return found
+
+
+class Client:
+    """A raw client of the daemon over a memory stream: everything it got is kept."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.messages: list[Any] = []
+        self.closed = False
+        self._framer = LineFramer(1 << 30)
+        self._arrived = trio.Event()
+
+    async def read_forever(self) -> None:
+        while data := await self.stream.receive_some():
+            self.messages.extend(jsonrpc.decode(line) for line in self._framer.feed(data))
+            self._arrived.set()
+            self._arrived = trio.Event()
+        self.closed = True
+        self._arrived.set()
+
+    async def send(self, message: Any) -> None:
+        await self.stream.send_all(ndjson.encode(message))
+
+    async def call(self, id: Any, tool: str, **arguments: Any) -> None:
+        params = {"name": tool, "arguments": arguments}
+        await self.send({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+
+    def answers(self, id: Any) -> list[Any]:
+        return [m for m in self.messages if m.get("id") == id and "method" not in m]
+
+    async def answer(self, id: Any) -> Any:
+        while not self.answers(id):
+            assert not self.closed, f"closed without an answer to {id}"
+            await self._arrived.wait()
+        return self.answers(id)[0]
+
+    async def request(self, id: Any, method: str, params: Any = None) -> Any:
+        await self.send({"jsonrpc": "2.0", "id": id, "method": method, "params": params or {}})
+        return await self.answer(id)
+
+    def told(self) -> list[str]:
+        return [m["method"] for m in self.messages if "list_changed" in m.get("method", "")]
+
+
+async def start(nursery: trio.Nursery, config: Config) -> Daemon:
+    daemon = Daemon(config, "unused.sock")
+    await daemon.start_servers(nursery)
+    for upstream in daemon.upstreams.values():
+        await upstream.wait_ready()
+    return daemon
+
+
+async def connect(
+    nursery: trio.Nursery, daemon: Daemon, servers: list[str] | None = None
+) -> Client:
+    ours, theirs = trio.testing.memory_stream_pair()
+    nursery.start_soon(daemon._serve_client, theirs)
+    client = Client(ours)
+    nursery.start_soon(client.read_forever)
+    if servers is not None:
+        await client.send({"mcpbroker": {"servers": servers}})
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+    assert "result" in await client.request("init", "initialize", params)
+    await client.send(jsonrpc.notification("notifications/initialized"))
+    await client.request("ping", "ping")  # (the session is attached once this is answered)
+    return client
+
+
+def said(client: Client) -> list[Any]:
+    """The log messages the client got (the daemon's last word, when it closes it)."""
+    return [
+        m["params"]["data"] for m in client.messages if m.get("method") == "notifications/message"
+    ]
+
+
+async def settle() -> None:
+    await trio.sleep(1)  # (autojump: every task is idle by then)
+
+
+async def test_a_restart_lets_the_call_in_flight_finish_on_the_old_server(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    daemon = await start(nursery, scripts.config("a", "b", b="b1"))
+    every = await connect(nursery, daemon)
+    named = await connect(nursery, daemon, ["a", "b"])
+    only_a = await connect(nursery, daemon, ["a"])
+    await every.call(1, "b__sleep", seconds=3, who="old")
+    await settle()
+    report = daemon.reload(scripts.config("a", "b", b="b2"))
+    assert report.restarted == ("b",) and not report.added and not report.removed
+    await every.call(2, "b__echo", who="new")
+    started = trio.current_time()
+    assert (await every.answer(1))["result"]["server"] == "b1"
+    assert trio.current_time() - started == pytest.approx(2)  # (3 s, 1 s of which had passed)
+    assert (await every.answer(2))["result"]["server"] == "b2"
+    await settle()
+    assert scripts["b1"].links[-1].exited.is_set()  # the old server was stopped
+    # Its tools and prompts are the same, its resources not (the script names
+    # them by its label): who sees it is told of those alone, nobody else at all.
+    assert every.told() == named.told() == ["notifications/resources/list_changed"]
+    assert only_a.told() == []
+
+
+async def test_a_removed_server_answers_in_flight_then_is_gone(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A call longer than broker.shutdownTimeout gets an error naming the server;
+    the transparent session on it is refused, then closed; the others told."""
+    daemon = await start(nursery, scripts.config("a", "b", broker={"shutdownTimeout": 2}))
+    every = await connect(nursery, daemon)
+    only_a = await connect(nursery, daemon, ["a"])
+    only_b = await connect(nursery, daemon, ["b"])
+    await only_b.call(1, "sleep", seconds=60)
+    await only_b.call(2, "sleep", seconds=1)
+    await every.call(1, "b__sleep", seconds=60)
+    await settle()
+    started = trio.current_time()
+    report = daemon.reload(scripts.config("a", broker={"shutdownTimeout": 2}))
+    assert report.removed == ("b",)
+    refused = await only_b.request(3, "tools/list")
+    assert refused["error"]["code"] == jsonrpc.CONNECTION_CLOSED
+    assert "'b' was removed from the configuration" in refused["error"]["message"]
+    assert "result" in await only_b.answer(2)  # finished within the timeout
+    for client in (only_b, every):
+        error = (await client.answer(1))["error"]
+        assert error["message"] == "MCP server 'b' was removed from the configuration", error
+        assert error["data"] == {"server": "b"}
+    assert trio.current_time() - started == pytest.approx(2)
+    await settle()
+    assert only_b.closed and not every.closed
+    assert said(only_b) == ["mcpbroker: MCP server 'b' was removed from the configuration"]
+    assert said(every) == []
+    assert all(len(only_b.answers(id)) == 1 for id in (1, 2, 3))
+    assert every.told() == [
+        TOOLS_CHANGED,
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    ]
+    assert only_a.told() == []
+    tools = (await every.request(4, "tools/list"))["result"]["tools"]
+    assert {tool["name"].split("__")[0] for tool in tools} == {"a"}
+
+
+async def test_a_new_server_joins_the_views_of_every_server_only(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    daemon = await start(nursery, scripts.config("a", "b"))
+    every = await connect(nursery, daemon)
+    named = await connect(nursery, daemon, ["a", "b"])
+    only_a = await connect(nursery, daemon, ["a"])
+    report = daemon.reload(scripts.config("a", "b", "c"))
+    assert report.added == ("c",)
+    await settle()
+    assert every.told() == [
+        TOOLS_CHANGED,
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    ]
+    assert named.told() == [] and only_a.told() == []
+    answer = await every.request(1, "tools/call", {"name": "c__echo", "arguments": {"x": 1}})
+    assert answer["result"]["server"] == "c"
+    unknown = await named.request(2, "tools/call", {"name": "c__echo", "arguments": {}})
+    assert unknown["error"]["code"] == jsonrpc.INVALID_PARAMS
+    # The session attached to the new server: it hears the session's notifications.
+    await every.send(jsonrpc.notification("notifications/roots/list_changed"))
+    await settle()
+    assert scripts["c"].requests("notifications/roots/list_changed")
+
+
+async def test_a_restart_with_other_tools_tells_those_who_see_them(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    daemon = await start(nursery, scripts.config("a", "b", b="b1"))
+    every = await connect(nursery, daemon)
+    only_a = await connect(nursery, daemon, ["a"])
+    scripts["b2"] = ScriptedServer(nursery, label="b1")  # (the same resources)
+    scripts["b2"].tools.append({"name": "extra", "inputSchema": {"type": "object"}})
+    daemon.reload(scripts.config("a", "b", b="b2"))
+    await settle()
+    assert every.told() == [TOOLS_CHANGED]
+    assert only_a.told() == []
+    assert "result" in await every.request(1, "tools/call", {"name": "b__extra", "arguments": {}})
+
+
+async def test_shutdown_drains_then_answers_what_is_left(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    daemon = await start(nursery, scripts.config("a", broker={"shutdownTimeout": 3}))
+    client = await connect(nursery, daemon)
+    await client.call(1, "a__sleep", seconds=1)
+    await client.call(2, "a__sleep", seconds=60)
+    await settle()
+    started = trio.current_time()
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(daemon.shut_down)
+        refused = await client.request(3, "ping")
+        assert refused["error"]["code"] == jsonrpc.CONNECTION_CLOSED
+        assert refused["error"]["message"] == "mcpbroker: the daemon is stopping"
+        late = await connect_refused(nursery, daemon)
+        assert "the daemon is stopping" in late["error"]["message"]
+    assert "result" in await client.answer(1)
+    error = (await client.answer(2))["error"]
+    assert error["code"] == jsonrpc.CONNECTION_CLOSED
+    assert (
+        "the daemon is stopping" in error["message"] and "shutdownTimeout = 3 s" in error["message"]
+    )
+    assert trio.current_time() - started == pytest.approx(3, abs=0.1)
+    assert client.closed
+    assert all(len(client.answers(id)) == 1 for id in (1, 2, 3))
+    assert said(client) == ["mcpbroker: the daemon is stopping"]  # its last message
+    # The server heard that the request was cancelled (the session detached).
+    await settle()
+    assert scripts["a"].requests("notifications/cancelled")
+
+
+async def connect_refused(nursery: trio.Nursery, daemon: Daemon) -> Any:
+    """A client that comes while the daemon stops: its initialize is refused."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    nursery.start_soon(daemon._serve_client, theirs)
+    client = Client(ours)
+    nursery.start_soon(client.read_forever)
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+    return await client.request("init", "initialize", params)
+
+
+@pytest.mark.parametrize("sharing", [{"pool": 2}, {"share": "per-session"}])
+async def test_a_removed_group_of_instances_answers_and_stops_each(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    broker = {"shutdownTimeout": 2}
+    config = parse_config(
+        {"mcpServers": {"a": {"command": "a"}, "g": {"command": "g", **sharing}}, "broker": broker}
+    )
+    daemon = await start(nursery, config)
+    client = await connect(nursery, daemon)
+    for id in range(1, 5):
+        await client.call(id, "g__sleep", seconds=60)
+    await settle()
+    daemon.reload(scripts.config("a", broker=broker))
+    for id in range(1, 5):
+        error = (await client.answer(id))["error"]
+        assert error["message"] == "MCP server 'g' was removed from the configuration"
+    await settle()
+    assert all(link.exited.is_set() for link in scripts["g"].links)
+    assert len(scripts["g"].links) >= 2  # (the catalog's instance and a pool's or the session's)
+    assert "result" in await client.request(9, "tools/call", {"name": "a__echo", "arguments": {}})
