@@ -321,6 +321,7 @@ class Daemon:
             return AuditLog(os.path.expanduser(path))
         except (UnsafePath, OSError) as exc:
             raise StartError(f"cannot write the audit log {path}: {exc}") from None
+
     async def start_servers(self, nursery: trio.Nursery) -> None:
         """Start the Registry and every server's actor in ``nursery``, the
         daemon's, where a reload starts new ones (the actor tests run this part

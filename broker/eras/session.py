@@ -132,7 +132,7 @@ class ModernSessionProtocol(SessionProtocol):
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
         if self.refusal is not None:
-            raise JsonRpcError(-32602, f"mcpbroker: {self.refusal}")
+            raise JsonRpcError(self.refusal_code, f"mcpbroker: {self.refusal}")
         if method == "initialize":
             raise JsonRpcError(
                 UNSUPPORTED_PROTOCOL_VERSION,
@@ -396,6 +396,7 @@ def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
         max_in_flight=legacy.max_in_flight,
         key=key,
     )
+    modern.refusal_code = legacy.refusal_code  # (a stopping daemon's refusal is -32000)
     modern.calls = legacy.calls  # (metrics and the audit log count its requests too)
     return modern
 
