@@ -171,7 +171,7 @@ async def test_a_removed_server_answers_in_flight_then_is_gone(
     for client in (only_b, every):
         error = (await client.answer(1))["error"]
         assert error["message"] == "MCP server 'b' was removed from the configuration", error
-        assert error["data"] == {"server": "b"}
+        assert error["data"] == {"server": "b", "retryable": False}  # (it is gone)
     assert trio.current_time() - started == pytest.approx(2)
     await settle()
     assert only_b.closed and not every.closed
