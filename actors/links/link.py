@@ -22,14 +22,14 @@ size limit; the server's log.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from broker.jsonrpc import Message
-from broker.wire.frames import Frame
+from broker.wire.frames import LinkFrame
 
 
 class LaunchError(Exception):
@@ -53,9 +53,12 @@ class Link(Protocol):
         """Write units, in order, waiting as long as it takes. Raises
         :class:`~actors.errors.TransportClosed` if the link is closed."""
 
-    async def receive(self) -> list[Frame]:
+    async def receive(self) -> Sequence[LinkFrame]:
         """The next frames the server sent (at least one); ``[]`` once its side
-        has ended (exited, closed the connection)."""
+        has ended (exited, closed the connection). A link that knows more than
+        the bytes says it with the frame (broker/wire/frames.py): a message
+        ``Related`` to the request on whose stream it came, an answer that
+        ``Failed`` to come."""
 
     async def ended(self) -> str:
         """After :meth:`receive` returned ``[]``: how it ended, to add to the
