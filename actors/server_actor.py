@@ -113,6 +113,7 @@ class UpstreamStatistics:
     uptime: float | None = None  # seconds since the current connection became ready
     cpu: float | None = None  # seconds of CPU its process(es) used (user + system)
     rss: int | None = None  # bytes of memory its process(es) hold
+    url: str | None = None  # where a remote server is reached (its link's info)
 
 
 class ServerActor(Protocol):

@@ -210,6 +210,7 @@ class Upstream:
             timeouts=self._timeouts_count,
             errors=self._errors + self._timeouts_count,
             uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
+            url=self._link.info.get("url") if self._link is not None else self.config.url,
             **process_usage(self._link.info.get("pid") if self._link is not None else None),
         )
 
