@@ -3,7 +3,8 @@
 Run as ``python -m tests.servers.http_server TRANSPORT PORT`` with TRANSPORT
 ``streamable-http`` (endpoint ``/mcp``) or ``sse`` (``/sse``), on 127.0.0.1.
 Environment: ``SDK_SERVER_NAME`` as for the stdio server; ``REQUIRE_TOKEN``:
-every request must carry ``Authorization: Bearer <it>`` (401 otherwise).
+every request must carry ``Authorization: Bearer <it>`` (401 otherwise);
+``JSON_RESPONSE=1``: Streamable HTTP answers come as JSON bodies, not streams.
 
 ``POST /forget`` makes the server forget every session it has given out so
 far: requests carrying one of their ids get 404 from then on, as from a
@@ -67,7 +68,8 @@ async def main(transport: str, port: int) -> None:
     if transport == "sse":
         app = server.sse_app(host="127.0.0.1")
     else:
-        app = server.streamable_http_app(host="127.0.0.1")
+        json = os.environ.get("JSON_RESPONSE") == "1"  # answers as JSON bodies, not streams
+        app = server.streamable_http_app(host="127.0.0.1", json_response=json)
     config = uvicorn.Config(Gate(app), host="127.0.0.1", port=port, log_level="warning")
     await uvicorn.Server(config).serve()
 
