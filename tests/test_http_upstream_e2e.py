@@ -183,34 +183,34 @@ async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
     monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.05)
     port = free_port()
     with trio.fail_after(60):
-        async with http_server("streamable-http", port) as (url, first):
-            async with (
-                running_daemon({"web": {"url": url}}, socket_path) as daemon,
-                shim_client(socket_path, "web") as a,
-                shim_client(socket_path, "web") as b,
-            ):
-                upstream = daemon.upstreams["web"]
-                errors: list[Any] = []
-                async with trio.open_nursery() as calls:
-                    calls.start_soon(fails, errors, a, "slow", {"seconds": 30})
-                    calls.start_soon(fails, errors, b, "slow_pid", {"seconds": 30})
-                    while len(upstream._protocol.requests) < 2:
-                        await trio.sleep(0.01)
-                    await trio.sleep(0.2)  # (the POSTs reached the server)
-                    first.kill()
-                assert len(errors) == 2
-                for error in errors:
-                    assert error.code == jsonrpc.CONNECTION_CLOSED, error
-                    assert "'web'" in error.message, error
-                    assert error.data == {"server": "web"}, error
-                with pytest.raises(MCPError) as down:  # down: answered at once
-                    await a.call_tool("pid", {})
-                assert "'web'" in down.value.error.message
-                async with http_server("streamable-http", port) as (_, second):
-                    await upstream.wait_ready()
-                    assert text_of(await a.call_tool("pid", {})) == str(second.pid)
-                    assert text_of(await b.call_tool("pid", {})) == str(second.pid)
-                assert upstream.statistics().restarts >= 1
+        async with (
+            http_server("streamable-http", port) as (url, first),
+            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            shim_client(socket_path, "web") as a,
+            shim_client(socket_path, "web") as b,
+        ):
+            upstream = daemon.upstreams["web"]
+            errors: list[Any] = []
+            async with trio.open_nursery() as calls:
+                calls.start_soon(fails, errors, a, "slow", {"seconds": 30})
+                calls.start_soon(fails, errors, b, "slow_pid", {"seconds": 30})
+                while len(upstream._protocol.requests) < 2:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.2)  # (the POSTs reached the server)
+                first.kill()
+            assert len(errors) == 2
+            for error in errors:
+                assert error.code == jsonrpc.CONNECTION_CLOSED, error
+                assert "'web'" in error.message, error
+                assert error.data == {"server": "web"}, error
+            with pytest.raises(MCPError) as down:  # down: answered at once
+                await a.call_tool("pid", {})
+            assert "'web'" in down.value.error.message
+            async with http_server("streamable-http", port) as (_, second):
+                await upstream.wait_ready()
+                assert text_of(await a.call_tool("pid", {})) == str(second.pid)
+                assert text_of(await b.call_tool("pid", {})) == str(second.pid)
+            assert upstream.statistics().restarts >= 1
 
 
 async def test_an_expired_session_is_initialized_again(
