@@ -55,8 +55,8 @@ SERVER_EFFECTS: dict[str, Effect] = {
     "cwd": Effect.RESTART_SERVER,
     "url": Effect.RESTART_SERVER,
     "headers": Effect.RESTART_SERVER,
-    # Informational: nothing reads it.
-    "type": Effect.LIVE,
+    # Which HTTP transport a url server's connection speaks (actors/links/http.py).
+    "type": Effect.RESTART_SERVER,
     "disabled": Effect.ADD_REMOVE,
     # Only when the actor waits for its first start: eager starts it now, lazy
     # leaves a running server running.

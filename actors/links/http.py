@@ -36,7 +36,6 @@ broker cancels a request the link closes that request's stream.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -46,7 +45,7 @@ import orjson
 import trio
 
 from actors.errors import TransportClosed
-from actors.links.link import LaunchError, LinkContext
+from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.wire import http_upstream as rules
@@ -497,14 +496,7 @@ async def launch_http(
         mode = rules.mode_of(config.type)
     except ValueError as exc:
         raise LaunchError(f"has {exc}") from None
-    try:
-        headers = {k: rules.expand(v, os.environ) for k, v in config.headers.items()}
-    except rules.MissingVariable as exc:
-        raise LaunchError(
-            f"has headers that use ${{{exc.name}}}, and the environment variable "
-            f"{exc.name} is not set (in the environment the daemon was started with)"
-        ) from None
-    link = HttpLink(url, mode, headers, context)
+    link = HttpLink(url, mode, configured_headers(config.headers), context)
     await context.nursery.start(link._run, auth)
     return link
 

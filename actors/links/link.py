@@ -22,6 +22,7 @@ size limit; the server's log.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ import trio
 
 from broker.jsonrpc import Message
 from broker.wire.frames import LinkFrame
+from broker.wire.http_upstream import MissingVariable, expand
 
 
 class LaunchError(Exception):
@@ -66,6 +68,18 @@ class Link(Protocol):
 
     async def close(self) -> None:
         """End the connection, bounded and shielded: no process is left behind."""
+
+
+def configured_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A url server's ``headers``, each ``${NAME}`` replaced by the daemon's
+    environment variable (LaunchError naming one that is not set)."""
+    try:
+        return {key: expand(value, os.environ) for key, value in headers.items()}
+    except MissingVariable as exc:
+        raise LaunchError(
+            f"has headers that use ${{{exc.name}}}, and the environment variable "
+            f"{exc.name} is not set (in the environment the daemon was started with)"
+        ) from None
 
 
 @attrs.frozen
