@@ -106,6 +106,10 @@ async def test_several_clients_share_one_url_server(
                 assert statistics.restarts == 0
                 assert daemon.upstreams["web"]._link is not None
                 assert daemon.upstreams["web"]._link.info["url"] == url
+            if transport == "streamable-http":  # the daemon stopped: its session was ended
+                async with httpx2.AsyncClient() as http:
+                    stats = (await http.get(url.replace("/mcp", "/stats"))).json()
+                assert stats == {"deleted": 1, "versions": ["2025-11-25"]}
     assert sorted(answers) == [(process.pid, f"c{i}") for i in range(4)]
     if not env:  # (a server answering with JSON bodies has nowhere to send progress)
         assert len(progress) >= 4 * 3  # every client had its own progress

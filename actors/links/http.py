@@ -181,14 +181,15 @@ class HttpLink:
                         tasks.cancel_scope.cancel()
                 except BaseExceptionGroup as group:
                     ended, rest = group.split(_Ended)
-                    if rest is not None:
+                    if rest is not None:  # (cancelled: the daemon stops)
                         raise rest from None
                     why = str(_first(ended)) if ended is not None else "ended"
                     if not started:
                         raise OSError(why) from None
                     self._end(why)
-                with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
-                    await self._delete_session(client)
+                finally:  # (however it ends: the daemon stopping too)
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                        await self._delete_session(client)
         finally:
             self._end(self._why or "closed")
             self._closed.set()

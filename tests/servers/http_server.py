@@ -8,11 +8,14 @@ every request must carry ``Authorization: Bearer <it>`` (401 otherwise);
 
 ``POST /forget`` makes the server forget every session it has given out so
 far: requests carrying one of their ids get 404 from then on, as from a
-server whose sessions expired.
+server whose sessions expired. ``GET /stats`` tells what clients sent:
+``{"deleted": DELETEs of a session, "versions": the MCP-Protocol-Version
+headers seen}``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -32,6 +35,8 @@ class Gate:
         self.app = app
         self.given: set[str] = set()  # session ids handed out
         self.forgotten: set[str] = set()
+        self.deleted = 0
+        self.versions: set[str] = set()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -42,12 +47,20 @@ class Gate:
             self.forgotten |= self.given
             await _answer(send, 200, b"forgotten")
             return
+        if scope["path"] == "/stats":
+            stats = {"deleted": self.deleted, "versions": sorted(self.versions)}
+            await _answer(send, 200, json.dumps(stats).encode())
+            return
         if TOKEN is not None and headers.get("authorization") != f"Bearer {TOKEN}":
             await _answer(send, 401, b"unauthorized")
             return
         if headers.get("mcp-session-id") in self.forgotten:
             await _answer(send, 404, b"session not found")
             return
+        if "mcp-protocol-version" in headers:
+            self.versions.add(headers["mcp-protocol-version"])
+        if scope["method"] == "DELETE" and "mcp-session-id" in headers:
+            self.deleted += 1
 
         async def remember(message: Any) -> None:
             if message["type"] == "http.response.start":
