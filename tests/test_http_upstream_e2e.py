@@ -243,3 +243,35 @@ async def test_an_expired_session_is_initialized_again(
                 await trio.sleep(0.01)
             assert text_of(await client.call_tool("pid", {})) == str(process.pid)
             assert upstream.statistics().restarts == 1
+
+
+async def test_an_http_error_fails_that_call_only_and_a_cancelled_call_is_cancelled(
+    socket_path: str, tmp_path: Any
+) -> None:
+    marker = tmp_path / "marker"
+    with trio.fail_after(60):
+        async with (
+            http_server("streamable-http") as (url, process),
+            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            shim_client(socket_path, "web") as client,
+        ):
+            upstream = daemon.upstreams["web"]
+            with pytest.raises(MCPError) as failure:
+                await client.call_tool("fail_with_500", {})
+            error = failure.value.error
+            assert error.code == jsonrpc.INTERNAL_ERROR, error
+            assert error.message == (
+                "MCP server 'web' answered with HTTP 500 Internal Server Error: boom"
+            )
+            assert error.data == {"server": "web"}
+            # A call the client gives up on: the server hears the cancellation,
+            # and the link lets go of its stream.
+            with trio.move_on_after(0.5):
+                await client.call_tool("wait_for_cancel", {"marker": str(marker)})
+            while not marker.exists() or len(upstream._protocol.requests):
+                await trio.sleep(0.05)
+            assert marker.read_text() == "cancelled"
+            link = upstream._link
+            assert link is not None and not link._streams  # type: ignore[attr-defined]
+            assert text_of(await client.call_tool("pid", {})) == str(process.pid)
+            assert upstream.statistics().restarts == 0

@@ -72,6 +72,7 @@ class Unit(bytes):
 
     id: Any = None  # a request's id (None: a notification or an answer)
     method: str | None = None
+    cancels: Any = None  # a notifications/cancelled's requestId
 
 
 class _Ended(Exception):
@@ -111,6 +112,9 @@ class HttpLink:
             unit.method = method if isinstance(method, str) else None
             if unit.method is not None and "id" in message:
                 unit.id = message["id"]
+            elif unit.method == "notifications/cancelled":
+                params = message.get("params")
+                unit.cancels = params.get("requestId") if isinstance(params, dict) else None
             units.append(unit)
         return units
 
@@ -444,12 +448,8 @@ class HttpLink:
         """A cancellation on its way: close the stream of the request it cancels
         (the server is told by the notification; a closed stream alone is not
         a cancellation)."""
-        if unit.method == "notifications/cancelled":
-            try:
-                request = orjson.loads(unit)["params"]["requestId"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                return
-            scope = self._streams.get(request)
+        if unit.cancels is not None:
+            scope = self._streams.get(unit.cancels)
             if scope is not None:
                 scope.cancel()
 

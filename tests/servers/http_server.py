@@ -8,7 +8,8 @@ every request must carry ``Authorization: Bearer <it>`` (401 otherwise);
 
 ``POST /forget`` makes the server forget every session it has given out so
 far: requests carrying one of their ids get 404 from then on, as from a
-server whose sessions expired. ``GET /stats`` tells what clients sent:
+server whose sessions expired. A POST whose body holds ``fail_with_500``
+gets ``500 boom``. ``GET /stats`` tells what clients sent:
 ``{"deleted": DELETEs of a session, "versions": the MCP-Protocol-Version
 headers seen}``.
 """
@@ -62,6 +63,12 @@ class Gate:
         if scope["method"] == "DELETE" and "mcp-session-id" in headers:
             self.deleted += 1
 
+        if scope["method"] == "POST":
+            body, receive = await _peek(receive)
+            if b"fail_with_500" in body:
+                await _answer(send, 500, b"boom")
+                return
+
         async def remember(message: Any) -> None:
             if message["type"] == "http.response.start":
                 for key, value in message.get("headers", []):
@@ -70,6 +77,22 @@ class Gate:
             await send(message)
 
         await self.app(scope, receive, remember)
+
+
+async def _peek(receive: Any) -> tuple[bytes, Any]:
+    """A request's body, and a ``receive`` that gives it again to the app."""
+    messages, body = [], b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+
+    async def again() -> Any:
+        return messages.pop(0) if messages else await receive()
+
+    return body, again
 
 
 async def _answer(send: Any, status: int, body: bytes) -> None:
