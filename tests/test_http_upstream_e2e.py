@@ -24,6 +24,7 @@ import pytest
 import trio
 from mcp.shared.exceptions import MCPError
 
+import actors.links.http
 import actors.upstream
 from broker import jsonrpc
 from tests.conftest import REPO, running_daemon, shim_client, text_of
@@ -275,3 +276,31 @@ async def test_an_http_error_fails_that_call_only_and_a_cancelled_call_is_cancel
             assert link is not None and not link._streams  # type: ignore[attr-defined]
             assert text_of(await client.call_tool("pid", {})) == str(process.pid)
             assert upstream.statistics().restarts == 0
+
+
+async def test_a_bug_in_the_link_restarts_that_server_only(
+    socket_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.05)
+    real = actors.links.http.HttpLink._listen
+    bugs = [RuntimeError("a bug")]
+
+    async def buggy(self: Any) -> None:
+        if bugs:
+            raise bugs.pop()
+        await real(self)
+
+    monkeypatch.setattr(actors.links.http.HttpLink, "_listen", buggy)
+    with trio.fail_after(60):
+        async with (
+            http_server("streamable-http") as (url, process),
+            running_daemon({"web": {"url": url}}, socket_path, wait=()) as daemon,
+        ):
+            upstream = daemon.upstreams["web"]
+            while upstream.statistics().restarts == 0:
+                await trio.sleep(0.01)
+            error = upstream.statistics().last_error or ""
+            assert "internal error of the broker (RuntimeError)" in error
+            await upstream.wait_ready()
+            async with shim_client(socket_path, "web") as client:
+                assert text_of(await client.call_tool("pid", {})) == str(process.pid)

@@ -185,9 +185,14 @@ class HttpLink:
                         tasks.cancel_scope.cancel()
                 except BaseExceptionGroup as group:
                     ended, rest = group.split(_Ended)
+                    bugs, rest = rest.split(Exception) if rest is not None else (None, None)
                     if rest is not None:  # (cancelled: the daemon stops)
                         raise rest from None
                     why = str(_first(ended)) if ended is not None else "ended"
+                    if bugs is not None:  # a bug of the broker's: this connection only
+                        self._log.error("server.link_failed", exc_info=bugs)
+                        bug = type(_first(bugs)).__name__
+                        why = f"stopped after an internal error of the broker ({bug})"
                     if not started:
                         raise OSError(why) from None
                     self._end(why)
