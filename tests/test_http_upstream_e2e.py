@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx2
 import pytest
 import trio
@@ -27,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 import actors.links.http
 import actors.upstream
 from broker import jsonrpc
+from cli.status import render
 from tests.conftest import REPO, running_daemon, shim_client, text_of
 from tests.test_server_requests_e2e import elicitor, sampler
 from tests.test_websocket_upstream_e2e import fails, free_port
@@ -104,6 +106,8 @@ async def test_several_clients_share_one_url_server(
                         nursery.start_soon(client, i)
                 statistics = daemon.upstreams["web"].statistics()
                 assert statistics.url == url
+                lines = render(attrs.asdict(daemon.statistics())).splitlines()
+                assert any(row.startswith("web ") and url in row for row in lines)  # status
                 assert statistics.restarts == 0
                 assert daemon.upstreams["web"]._link is not None
                 assert daemon.upstreams["web"]._link.info["url"] == url
