@@ -114,7 +114,7 @@ async def test_several_clients_share_one_url_server(
             if transport == "streamable-http":  # the daemon stopped: its session was ended
                 async with httpx2.AsyncClient() as http:
                     stats = (await http.get(url.replace("/mcp", "/stats"))).json()
-                assert stats == {"deleted": 1, "versions": ["2025-11-25"]}
+                assert stats == {"deleted": 1, "versions": ["2025-11-25"], "resumed": 0}
     assert sorted(answers) == [(process.pid, f"c{i}") for i in range(4)]
     if not env:  # (a server answering with JSON bodies has nowhere to send progress)
         assert len(progress) >= 4 * 3  # every client had its own progress
@@ -308,3 +308,30 @@ async def test_a_bug_in_the_link_restarts_that_server_only(
             await upstream.wait_ready()
             async with shim_client(socket_path, "web") as client:
                 assert text_of(await client.call_tool("pid", {})) == str(process.pid)
+
+
+async def test_a_stream_closed_before_its_answer_is_polled_again(socket_path: str) -> None:
+    """The server closes a call's stream and goes on (the spec's polling): the
+    link GETs it again with Last-Event-ID, and what comes then (a sampling
+    request, the answer) is still that call's, among concurrent callers."""
+    with trio.fail_after(60):
+        async with (
+            http_server("streamable-http", EVENT_STORE="1") as (url, _),
+            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            shim_client(socket_path, "web", sampling_callback=sampler("a")) as a,
+            shim_client(socket_path, "web", sampling_callback=sampler("b")) as b,
+        ):
+            results: dict[str, list[str]] = {"a": [], "b": []}
+
+            async def call(name: str, session: Any) -> None:
+                results[name].append(text_of(await session.call_tool("polled", {})))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(call, "a", a)
+                    nursery.start_soon(call, "b", b)
+            assert daemon.upstreams["web"].statistics().restarts == 0
+            async with httpx2.AsyncClient() as http:
+                stats = (await http.get(url.replace("/mcp", "/stats"))).json()
+            assert stats["resumed"] >= 6  # (each call's stream, polled again)
+    assert results == {"a": ["polled: a answers p"] * 3, "b": ["polled: b answers p"] * 3}
