@@ -59,7 +59,7 @@ CONNECT_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
 RECONNECT_DELAY = 1.0  # before polling a stream again when the server gave no retry
-MAX_RESUMES = 100  # times one POST's stream is polled again before it is failed
+MAX_RESUMES = 100  # polls in a row that bring nothing new before a POST's stream is failed
 HARD_LIMIT_FACTOR = 4  # past this many times maxMessageBytes, a message is not read at all
 ERROR_BODY = 200  # characters of an error answer's body kept for the message
 # What httpx2 raises when the server or the connection fails us (a bug of
@@ -338,16 +338,21 @@ class HttpLink:
                     status = await _status(again)
                     await self._failed(unit, f"a stream cut before its answer ({status} to a poll)")
                     return
-                more, newer, retry = await self._read_events(again, unit, retry)
-                answered = more
-                last_id = newer or last_id
+                answered, newer, retry = await self._read_events(again, unit, last_id, retry)
+                if newer != last_id:  # (it moved on: count only polls that bring nothing)
+                    resumes, last_id = 0, newer
 
     async def _read_events(
-        self, response: httpx2.Response, unit: Unit, retry: float = RECONNECT_DELAY
+        self,
+        response: httpx2.Response,
+        unit: Unit,
+        last_id: str | None = None,
+        retry: float = RECONNECT_DELAY,
     ) -> tuple[bool, str | None, float]:
         """Hand on a POST stream's messages; whether its answer came, the last
-        event id, the delay the server asked for before polling again."""
-        answered, last_id = False, None
+        event id (``last_id`` until one comes), the delay the server asked for
+        before polling again."""
+        answered = False
         try:
             async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                 if event.id:
@@ -358,9 +363,8 @@ class HttpLink:
                     continue  # (a priming event: an id and no data)
                 data = event.data.encode()
                 if rules.may_be_request(data):
-                    await self._emit(
-                        [Related(data, unit.id) if len(data) <= self._max else self._frame(data)]
-                    )
+                    related = unit.id is not None and len(data) <= self._max
+                    await self._emit([Related(data, unit.id) if related else self._frame(data)])
                 else:
                     answered = True
                     if version := self._version_of(unit, data):
