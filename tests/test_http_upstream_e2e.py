@@ -27,7 +27,10 @@ from mcp.shared.exceptions import MCPError
 
 import actors.links.http
 import actors.upstream
+from actors.upstream import Upstream
 from broker import jsonrpc
+from broker.config import BrokerSettings, ServerConfig
+from broker.states import ServerState
 from cli.status import render
 from tests.conftest import REPO, running_daemon, shim_client, text_of
 from tests.test_server_requests_e2e import elicitor, sampler
@@ -335,3 +338,28 @@ async def test_a_stream_closed_before_its_answer_is_polled_again(socket_path: st
                 stats = (await http.get(url.replace("/mcp", "/stats"))).json()
             assert stats["resumed"] >= 6  # (each call's stream, polled again)
     assert results == {"a": ["polled: a answers p"] * 3, "b": ["polled: b answers p"] * 3}
+
+
+@pytest.mark.parametrize(
+    ("url", "type_", "why"),
+    [
+        ("http:///mcp", None, "has a url that is not a valid http(s):// URL"),
+        ("http://127.0.0.1:1/mcp", "ws", "has \"type\": 'ws' does not go with an http(s):// url"),
+        ("https://127.0.0.1:1/mcp", "stdio", "'stdio' does not go with"),
+    ],
+)
+async def test_an_http_url_that_cannot_work_is_said_once_and_not_retried(
+    url: str, type_: str | None, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.01)
+    upstream = Upstream("bad", ServerConfig(url=url, type=type_), BrokerSettings())
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.run)
+            while upstream.status is not ServerState.FAILED:
+                await trio.sleep(0.01)
+            await trio.sleep(0.05)  # (several backoffs)
+            statistics = upstream.statistics()
+            assert why in (statistics.last_error or ""), statistics
+            assert statistics.restarts == 0
+            nursery.cancel_scope.cancel()
