@@ -163,7 +163,9 @@ class HttpLink:
         """The client, its tasks, and the end: a DELETE of the session. An end
         before the link is open is an ``OSError`` (to retry with backoff)."""
         timeout = httpx2.Timeout(CONNECT_TIMEOUT, read=None, write=WRITE_TIMEOUT, pool=None)
-        limits = httpx2.Limits(max_connections=MAX_STREAMS + NOTICE_TASKS + 1)
+        # Each request task may hold its POST and a GET that polls its stream;
+        # then the notice tasks and the GET stream: never a wait for the pool.
+        limits = httpx2.Limits(max_connections=2 * MAX_STREAMS + NOTICE_TASKS + 1)
         started = False
         try:
             async with httpx2.AsyncClient(
