@@ -73,7 +73,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
-from broker.wire.frames import Failed, LinkFrame, Oversize, Related
+from broker.wire.frames import Failed, LinkFrame, Oversize, Related, Renewed
 
 INBOX_SIZE = 256
 # Bytes of client requests the inbox may hold (each item is counted as the
@@ -676,6 +676,9 @@ class Upstream:
                 size = SMALL_MESSAGE
             elif isinstance(line, Failed):  # the link could not get this answer
                 actions = self._failed(line)
+                size = SMALL_MESSAGE
+            elif isinstance(line, Renewed):  # a new session: ask again what the old held
+                actions = self._protocol.renewed()
                 size = SMALL_MESSAGE
             else:
                 related = None

@@ -596,13 +596,21 @@ class UpstreamProtocol:
         warming = self.warm_up and "tools" in self.identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
         actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
-        # A restarted server: renew what its sessions had asked of the last one.
-        for uri in self.fanout.subscribed_uris():
-            actions.append(SendUpstream(self._own_request("resources/subscribe", {"uri": uri})))
-        actions += self._log_level_actions(self.fanout.upstream_level())
+        actions += self.renewed()  # a restarted server: what its sessions asked of the last one
         if warming:
             return [*actions, self._list_tools()]
         return [*actions, Ready(self.identity)]
+
+    def renewed(self) -> list[Action]:
+        """What the server must be asked again in a new session: the
+        subscriptions and log level its sessions asked for. After a restart's
+        handshake, and when the link opened a new session under the same
+        connection (broker/wire/frames.py ``Renewed``)."""
+        actions: list[Action] = [
+            SendUpstream(self._own_request("resources/subscribe", {"uri": uri}))
+            for uri in self.fanout.subscribed_uris()
+        ]
+        return actions + self._log_level_actions(self.fanout.upstream_level())
 
     # -- warm-up: the instance's own tools ----------------------------------
 

@@ -157,3 +157,23 @@ def test_a_failed_answer_is_an_error_naming_the_server_for_its_caller_only() -> 
     assert error["data"] == {"server": "s"}
     assert proto.fail_now(a, "again") == []  # (answered once; nothing is answered twice)
     assert proto.requests.get(b) is not None and proto.requests.get(a) is None
+
+
+def test_a_renewed_session_is_asked_again_for_what_the_old_one_held() -> None:
+    proto = UpstreamProtocol("s")
+    init = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"resources": {"subscribe": True}, "logging": {}},
+        "serverInfo": {"name": "s"},
+    }
+    proto.server_message(jsonrpc.result_response("mcpbroker-initialize", init))
+    proto.attach(A, {})
+    subscribe = {"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe"}
+    proto.client_request(A, {**subscribe, "params": {"uri": "file:///x"}})
+    proto.client_log_level(A, "debug")
+    again = [action.message for action in proto.renewed()]
+    assert [(m["method"], m["params"]) for m in again] == [
+        ("resources/subscribe", {"uri": "file:///x"}),
+        ("logging/setLevel", {"level": "debug"}),
+    ]
+    assert all(isinstance(m["id"], str) for m in again)  # the broker's own requests

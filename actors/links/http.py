@@ -49,7 +49,7 @@ from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.wire import http_upstream as rules
-from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, Oversize, Related
+from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, Oversize, Related, Renewed
 
 MAX_STREAMS = 64  # requests whose POST is open at once (each holds a connection)
 NOTICE_TASKS = 4  # POSTs of notifications and answers at once
@@ -92,6 +92,8 @@ class HttpLink:
         self._session_id: str | None = None
         self._version: str | None = None
         self._last_event_id: str | None = None  # the GET stream's
+        self._initialize: Unit | None = None  # the Upstream's, sent again for a new session
+        self._renewing = trio.Lock()
         self._requests_send, self._requests = trio.open_memory_channel[Unit](LANE_SIZE)
         self._notices_send, self._notices = trio.open_memory_channel[Unit](LANE_SIZE)
         self._frames_send, self._frames = trio.open_memory_channel[list[LinkFrame]](FRAMES_SIZE)
@@ -245,9 +247,12 @@ class HttpLink:
                 assert self._tasks is not None
                 self._tasks.start_soon(self._listen)
 
-    async def _exchange(self, unit: Unit) -> None:
+    async def _exchange(self, unit: Unit, *, again: bool = False) -> None:
+        """POST one message; ``again``: it met a 404 and a new session was opened."""
         assert self._client is not None
         initialize = unit.method == "initialize"
+        if initialize:
+            self._initialize = unit
         headers = self._request_headers(rules.ACCEPT_POST)
         headers["content-type"] = "application/json"
         async with self._client.stream(
@@ -271,7 +276,12 @@ class HttpLink:
             if initialize and self._mode == rules.DETECT:
                 self._mode = rules.STREAMABLE
             if outcome == rules.EXPIRED:
-                raise _Ended("the server ended the HTTP session: 404 Not Found")
+                if again:
+                    raise _Ended("the server ended a new HTTP session at once: 404 Not Found")
+                await response.aclose()
+                await self._renew(headers[rules.SESSION_HEADER])
+                await self._exchange(unit, again=True)
+                return
             if outcome == rules.JSON:
                 await self._emit(await self._body(response, unit))
             elif outcome == rules.STREAM:
@@ -335,7 +345,9 @@ class HttpLink:
             headers[rules.LAST_EVENT_HEADER] = last_id
             async with self._client.stream("GET", self._endpoint, headers=headers) as again:
                 if again.status_code == 404 and rules.SESSION_HEADER in headers:
-                    raise _Ended("the server ended the HTTP session: 404 Not Found")
+                    await self._renew(headers[rules.SESSION_HEADER])
+                    await self._failed(unit, "a session the server ended before its answer")
+                    return
                 if not 200 <= again.status_code < 300:
                     status = await _status(again)
                     await self._failed(unit, f"a stream cut before its answer ({status} to a poll)")
@@ -379,6 +391,53 @@ class HttpLink:
                 raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
         return answered, last_id, retry
 
+    # -- a new session --------------------------------------------------------------
+
+    async def _renew(self, stale: str) -> None:
+        """The server ended the session (a 404 to ``stale``, its id): open a new
+        one, as the spec asks: the Upstream's initialize again, without the
+        id, then ``notifications/initialized``. Every task that met the 404
+        waits for one renewal, then POSTs again with the new id. What the
+        server held for the broker is asked again (``Renewed``); what was in
+        flight in the old session is lost with it (its streams end)."""
+        async with self._renewing:
+            if self._session_id != stale:
+                return  # (another task met the 404 first)
+            if self._initialize is None:
+                raise _Ended("the server ended the HTTP session before its initialize")
+            self._log.info("server.http_session_renewed")
+            answer, session_id = await self._reinitialize(self._initialize)
+            if not _is_result(answer):
+                detail = answer[:ERROR_BODY].decode(errors="replace")
+                raise _Ended(f"a new HTTP session was refused ({detail})")
+            self._session_id = session_id
+            self._version = self._version_of(self._initialize, answer) or self._version
+            notice = Unit(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            notice.method = "notifications/initialized"
+            await self._exchange(notice, again=True)
+            await self._emit([Renewed()])
+
+    async def _reinitialize(self, initialize: Unit) -> tuple[bytes, str | None]:
+        """POST the initialize with no session id: its answer, and the new id."""
+        assert self._client is not None
+        headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json"}
+        async with self._client.stream(
+            "POST", self._endpoint, content=initialize, headers=headers
+        ) as response:
+            session_id = response.headers.get(rules.SESSION_HEADER)
+            media = response.headers.get("content-type", "")
+            outcome = rules.outcome_of(
+                response.status_code, media, has_session=False, initialize=True, detecting=False
+            )
+            if outcome == rules.JSON:
+                return await response.aread(), session_id
+            if outcome == rules.STREAM:
+                async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                    data = event.data.encode()
+                    if event.event == "message" and data and not rules.may_be_request(data):
+                        return data, session_id
+            raise _Ended(f"a new HTTP session was refused ({await _status(response)})")
+
     # -- the GET stream -----------------------------------------------------------
 
     async def _listen(self) -> None:
@@ -395,7 +454,9 @@ class HttpLink:
                 async with self._client.stream("GET", self._endpoint, headers=headers) as response:
                     status = response.status_code
                     if status == 404 and rules.SESSION_HEADER in headers:
-                        raise _Ended("the server ended the HTTP session: 404 Not Found")
+                        await self._renew(headers[rules.SESSION_HEADER])
+                        self._last_event_id = None  # (the old session's)
+                        continue
                     if not 200 <= status < 300:
                         if status != 405:
                             self._log.info("server.no_get_stream", status=status)
@@ -536,6 +597,14 @@ def _describe(exc: BaseException) -> str:
         if str(exc)
         else f"connection lost ({type(exc).__name__})"
     )
+
+
+def _is_result(answer: bytes) -> bool:
+    try:
+        message = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and "result" in message
 
 
 def _first(group: BaseException) -> BaseException:

@@ -73,8 +73,15 @@ class Failed:
     detail: str
 
 
+@attrs.frozen
+class Renewed:
+    """The link opened a new session with the server (it had ended the old
+    one: Streamable HTTP's 404): what the server held for the broker in the
+    old session (subscriptions, the log level) must be asked for again."""
+
+
 Frame = bytes | Oversize
-LinkFrame = Frame | Related | Failed
+LinkFrame = Frame | Related | Failed | Renewed
 """What an upstream link hands the rules: frames, and what only some links know."""
 
 

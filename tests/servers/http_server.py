@@ -15,7 +15,8 @@ far: requests carrying one of their ids get 404 from then on, as from a
 server whose sessions expired. A POST whose body holds ``fail_with_500``
 gets ``500 boom``. ``GET /stats`` tells what clients sent:
 ``{"deleted": DELETEs of a session, "versions": the MCP-Protocol-Version
-headers seen, "resumed": GETs with Last-Event-ID}``.
+headers seen, "resumed": GETs with Last-Event-ID, "sessions": how many it
+gave out}``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Gate:
                 "deleted": self.deleted,
                 "versions": sorted(self.versions),
                 "resumed": self.resumed,
+                "sessions": len(self.given),
             }
             await _answer(send, 200, json.dumps(stats).encode())
             return
