@@ -22,14 +22,18 @@ server's there belongs to the session whose request that POST carried
 (docs/rules/server-requests.md). The GET stream's messages are plain frames.
 
 **Failures.** A POST answered with an error status (or that ends without its
-answer and cannot be resumed) fails that one request: ``Failed(id, detail)``,
-and its caller gets an error naming the server. A connection that fails
-(refused, reset, a timeout connecting or writing), a 404 to a request that
-carried the session id (the server ended the session), or a legacy stream
+answer and cannot be polled again) fails that one request: ``Failed(id,
+detail)``, and its caller gets an error naming the server. A connection that
+fails (refused, reset, a timeout connecting or writing), or a legacy stream
 that ends, ends the link: the Upstream fails what is in flight, naming the
 server, and connects again (a new session, initialized afresh) with backoff.
 Reading has no timeout: a request's deadline is the Upstream's, and when the
 broker cancels a request the link closes that request's stream.
+
+**An expired session** (a 404 to a request that carried the session id) is
+opened again inside the link (:meth:`HttpLink._renew`): the initialize again,
+then the POST that met the 404, once; ``Renewed`` tells the rules to ask the
+new session for what the old one held (subscriptions, the log level).
 
 **Closing** DELETEs the session (bounded, shielded), then closes the pool.
 """

@@ -60,7 +60,7 @@ class Link(Protocol):
         has ended (exited, closed the connection). A link that knows more than
         the bytes says it with the frame (broker/wire/frames.py): a message
         ``Related`` to the request on whose stream it came, an answer that
-        ``Failed`` to come."""
+        ``Failed`` to come, a session with the server ``Renewed``."""
 
     async def ended(self) -> str:
         """After :meth:`receive` returned ``[]``: how it ended, to add to the
