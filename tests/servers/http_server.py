@@ -120,6 +120,7 @@ class MemoryEventStore(EventStore):
 @server.tool()
 async def polled(ctx: Context) -> str:
     """Close this call's stream, then ask the client's model (sampling)."""
+    await anyio.sleep(0.2)  # (the stream's priming event, its first id, has gone out)
     await ctx.close_sse_stream()
     message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text="p"))
     result = await ctx.session.create_message(
