@@ -115,6 +115,7 @@ class UpstreamStatistics:
     rss: int | None = None  # bytes of memory its process(es) hold
     backlog_bytes: int = 0  # written to the server and not taken by it yet
     parked: int = 0  # requests waiting for it to finish starting
+    url: str | None = None  # where a remote server is reached (its link's info)
 
 
 class ServerActor(Protocol):

@@ -38,7 +38,7 @@ import contextlib
 import math
 import random
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
 import psutil
@@ -84,7 +84,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
-from broker.wire.frames import Frame, Oversize
+from broker.wire.frames import Failed, LinkFrame, Oversize, Related, Renewed
 
 INBOX_SIZE = 256
 # Bytes of client requests the inbox may hold (each item is counted as the
@@ -228,6 +228,7 @@ class Upstream:
             uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
             backlog_bytes=self._backlog_bytes,
             parked=sum(len(item.messages) for item in self._parked),
+            url=self._link.info.get("url") if self._link is not None else self.config.url,
             **process_usage(self._link.info.get("pid") if self._link is not None else None),
         )
 
@@ -792,7 +793,7 @@ class Upstream:
             if reason is not None or self._abandoned is not None:
                 return reason or self._abandoned or ""
 
-    def _read_frames(self, frames: list[Frame]) -> str | None:
+    def _read_frames(self, frames: Sequence[LinkFrame]) -> str | None:
         """Everything one read from the server leads to; why to stop, if it must."""
         now = trio.current_time()
         # Messages for each session from this read, delivered together at its
@@ -815,7 +816,17 @@ class Upstream:
                 actions = self._protocol.oversize(line, self.settings.max_message_bytes)
                 self._errors += sum(type(action) is Deliver for action in actions)
                 size = SMALL_MESSAGE
+            elif isinstance(line, Failed):  # the link could not get this answer
+                actions = self._failed(line)
+                size = SMALL_MESSAGE
+            elif isinstance(line, Renewed):  # a new session: ask again what the old held
+                actions = self._protocol.renewed()
+                size = SMALL_MESSAGE
             else:
+                related = None
+                if isinstance(line, Related):  # it came for this request (HTTP)
+                    related = line.request
+                    line = line.frame
                 try:
                     message = jsonrpc.decode(line)
                     session = self._protocol.response_fast(message)
@@ -823,7 +834,7 @@ class Upstream:
                         deliveries[session].append(message)
                         sizes[session] += len(line)
                         continue
-                    actions = self._protocol.server_message(message, now)
+                    actions = self._protocol.server_message(message, now, related)
                 except JsonRpcError as exc:
                     self._log.warning(
                         "server.invalid_message",
@@ -860,6 +871,15 @@ class Upstream:
         for method in changed:
             self._apply([ListChanged(jsonrpc.notification(method))])
         return None
+
+    def _failed(self, failed: Failed) -> list[Action]:
+        """The link could not get the answer to one request: its caller is told."""
+        request = failed.request
+        actions = self._protocol.fail_now(request, failed.detail) if type(request) is int else []
+        self._errors += len(actions)
+        if not actions:  # (nobody waits: one of the broker's own, or answered already)
+            self._log.warning("server.answer_lost", request=request, detail=failed.detail)
+        return actions
 
     def _apply(self, actions: list[Action], size: int = SMALL_MESSAGE) -> None:
         for action in actions:

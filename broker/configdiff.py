@@ -57,8 +57,8 @@ SERVER_EFFECTS: dict[str, Effect] = {
     "headers": Effect.RESTART_SERVER,
     # Read by ``mcpbroker auth`` only; the daemon uses the grant it stored.
     "oauth": Effect.LIVE,
-    # Informational: nothing reads it.
-    "type": Effect.LIVE,
+    # Which HTTP transport a url server's connection speaks (actors/links/http.py).
+    "type": Effect.RESTART_SERVER,
     "disabled": Effect.ADD_REMOVE,
     # Only when the actor waits for its first start: eager starts it now, lazy
     # leaves a running server running.

@@ -38,7 +38,7 @@ naming the server and the tool.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import attrs
@@ -77,7 +77,7 @@ from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 from broker.turns import DEFAULT_LIMIT, Turns
 from broker.wire.envelope import Answer, answer_id, split_answer
-from broker.wire.frames import Frame, Oversize
+from broker.wire.frames import LinkFrame, Oversize
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 DEFAULT_MAX_IN_FLIGHT = 16384
@@ -451,14 +451,18 @@ class UpstreamProtocol:
 
     # -- from the server ----------------------------------------------------
 
-    def server_message(self, message: Any, now: float = 0.0) -> list[Action]:
-        """Everything a decoded line from the server leads to."""
+    def server_message(
+        self, message: Any, now: float = 0.0, related: int | str | None = None
+    ) -> list[Action]:
+        """Everything a decoded line from the server leads to. ``related``: the
+        upstream id of the request on whose answer's stream it came, if the
+        link can tell (Streamable HTTP: broker/wire/frames.py ``Related``)."""
         kind = jsonrpc.classify(message)
         if kind is Kind.RESPONSE:
             return self._response(message)
         if kind is Kind.NOTIFICATION:
             return self._notification(message, now)
-        return self._server_request(message)
+        return self._server_request(message, related)
 
     def response_fast(self, message: Any) -> Hashable | None:
         """The common case of :meth:`server_message`, cheaply: the answer to a
@@ -504,7 +508,7 @@ class UpstreamProtocol:
 
     def take_answers(
         self,
-        frames: list[Frame],
+        frames: Sequence[LinkFrame],
         start: int,
         deliveries: dict[Hashable, list[Any]],
         sizes: dict[Hashable, int],
@@ -609,13 +613,21 @@ class UpstreamProtocol:
         warming = self.warm_up and "tools" in self.identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
         actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
-        # A restarted server: renew what its sessions had asked of the last one.
-        for uri in self.fanout.subscribed_uris():
-            actions.append(SendUpstream(self._own_request("resources/subscribe", {"uri": uri})))
-        actions += self._log_level_actions(self.fanout.upstream_level())
+        actions += self.renewed()  # a restarted server: what its sessions asked of the last one
         if warming:
             return [*actions, self._list_tools()]
         return [*actions, Ready(self.identity)]
+
+    def renewed(self) -> list[Action]:
+        """What the server must be asked again in a new session: the
+        subscriptions and log level its sessions asked for. After a restart's
+        handshake, and when the link opened a new session under the same
+        connection (broker/wire/frames.py ``Renewed``)."""
+        actions: list[Action] = [
+            SendUpstream(self._own_request("resources/subscribe", {"uri": uri}))
+            for uri in self.fanout.subscribed_uris()
+        ]
+        return actions + self._log_level_actions(self.fanout.upstream_level())
 
     # -- warm-up: the instance's own tools ----------------------------------
 
@@ -707,14 +719,21 @@ class UpstreamProtocol:
             return [ListChanged(message)]
         return [Broadcast(message)]
 
-    def _server_request(self, message: Message) -> list[Action]:
+    def _server_request(self, message: Message, related: int | str | None = None) -> list[Action]:
         method = message["method"]
         if method == "ping":
             return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
         turns = self.turns
-        causes = self.requests.sessions(turns.held)
-        if method in CAPABILITY_OF:
-            turns.server_asks(method, causes)
+        if related is not None:
+            # The transport says whose request it came for: that session's, if
+            # the request is still in flight (nobody's otherwise), and the gate
+            # has nothing to learn from it.
+            entry = self.requests.get(related)
+            causes = [] if entry is None else [entry.session]
+        else:
+            causes = self.requests.sessions(turns.held)
+            if method in CAPABILITY_OF:
+                turns.server_asks(method, causes)
         route = self.server_requests.route(message, causes, self.sessions)
         if isinstance(route, Route):
             if method == "roots/list":

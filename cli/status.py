@@ -83,7 +83,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
             s["name"],
             _status(s),
             _share(s),
-            str(s["pid"] or "-"),
+            str(s["pid"] or s.get("url") or "-"),
             _duration(s["uptime"]) if s.get("uptime") is not None else "-",
             str(s["restarts"]),
             str(s["sessions"]),

@@ -620,10 +620,10 @@ async def test_a_broker_bug_on_a_server_message_restarts_that_server_only(
 ) -> None:
     real = UpstreamProtocol.server_message
 
-    def buggy(self: UpstreamProtocol, message: Any, now: float = 0.0) -> Any:
+    def buggy(self: UpstreamProtocol, message: Any, now: float = 0.0, related: Any = None) -> Any:
         if isinstance(message, dict) and message.get("method") == "notifications/boom":
             raise RuntimeError("a bug")
-        return real(self, message, now)
+        return real(self, message, now, related)
 
     monkeypatch.setattr(UpstreamProtocol, "server_message", buggy)
     script = ScriptedServer(nursery)

@@ -5,10 +5,10 @@
 - :mod:`stream`: newline-delimited JSON over a pair of byte streams, the
   part every stdio-like link shares;
 - :mod:`stdio`: a child process (pid, exit code, stderr are its business);
-- :mod:`websocket`: a ``ws://`` or ``wss://`` server, one message per frame.
+- :mod:`websocket`: a ``ws://`` or ``wss://`` server, one message per frame;
+- :mod:`http`: an ``http://`` or ``https://`` server, Streamable HTTP or HTTP+SSE.
 
-A new kind of server connection (Streamable HTTP, next) is a module here
-and a line in :func:`launcher_for`.
+A new kind of server connection is a module here and a line in :func:`launcher_for`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ def launcher_for(config: ServerConfig) -> Launcher:
         from actors.links.websocket import launch_websocket
 
         return functools.partial(launch_websocket, config)
+    if url.startswith(("http://", "https://")):
+        from actors.links.http import launch_http
+
+        return functools.partial(launch_http, config)
     return functools.partial(_unreachable, url)
 
 

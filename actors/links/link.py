@@ -23,14 +23,16 @@ size limit; the server's log.
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable, Mapping
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from broker.jsonrpc import Message
-from broker.wire.frames import Frame
+from broker.wire.frames import LinkFrame
+from broker.wire.http_upstream import MissingVariable, expand
 
 
 class LaunchError(Exception):
@@ -54,9 +56,12 @@ class Link(Protocol):
         """Write units, in order, waiting as long as it takes. Raises
         :class:`~actors.errors.TransportClosed` if the link is closed."""
 
-    async def receive(self) -> list[Frame]:
+    async def receive(self) -> Sequence[LinkFrame]:
         """The next frames the server sent (at least one); ``[]`` once its side
-        has ended (exited, closed the connection)."""
+        has ended (exited, closed the connection). A link that knows more than
+        the bytes says it with the frame (broker/wire/frames.py): a message
+        ``Related`` to the request on whose stream it came, an answer that
+        ``Failed`` to come, a session with the server ``Renewed``."""
 
     async def ended(self) -> str:
         """After :meth:`receive` returned ``[]``: how it ended, to add to the
@@ -64,6 +69,18 @@ class Link(Protocol):
 
     async def close(self) -> None:
         """End the connection, bounded and shielded: no process is left behind."""
+
+
+def configured_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A url server's ``headers``, each ``${NAME}`` replaced by the daemon's
+    environment variable (LaunchError naming one that is not set)."""
+    try:
+        return {key: expand(value, os.environ) for key, value in headers.items()}
+    except MissingVariable as exc:
+        raise LaunchError(
+            f"has headers that use ${{{exc.name}}}, and the environment variable "
+            f"{exc.name} is not set (in the environment the daemon was started with)"
+        ) from None
 
 
 @attrs.frozen

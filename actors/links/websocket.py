@@ -35,7 +35,7 @@ import trio
 import trio_websocket
 
 from actors.errors import TransportClosed
-from actors.links.link import LaunchError, LinkContext
+from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.wire import websocket as wire
@@ -169,7 +169,7 @@ async def launch_websocket(config: ServerConfig, context: LinkContext) -> WebSoc
     could not start)."""
     url = config.url or ""
     address = _address(url)
-    headers = [(k.encode(), v.encode()) for k, v in config.headers.items()]
+    headers = [(k.encode(), v.encode()) for k, v in configured_headers(config.headers).items()]
     link = WebSocketLink(url, context.max_message_bytes)
     try:
         with trio.fail_after(CONNECT_TIMEOUT):

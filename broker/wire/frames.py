@@ -53,7 +53,37 @@ class Oversize:
         ).to_response()
 
 
+@attrs.frozen
+class Related:
+    """A message that came on the stream of the server's answer to one request
+    (Streamable HTTP: a POST's SSE stream), and so belongs to that request's
+    session: ``frame`` its bytes, ``request`` that request's upstream id.
+    The rules route a server's request by it (docs/rules/server-requests.md)."""
+
+    frame: bytes
+    request: int | str
+
+
+@attrs.frozen
+class Failed:
+    """The link could not get the server's answer to one request (``request``,
+    its upstream id): ``detail`` says what came instead (``"HTTP 500 ..."``).
+    Its caller gets an error naming the server; the connection goes on."""
+
+    request: int | str
+    detail: str
+
+
+@attrs.frozen
+class Renewed:
+    """The link opened a new session with the server (it had ended the old
+    one: Streamable HTTP's 404): what the server held for the broker in the
+    old session (subscriptions, the log level) must be asked for again."""
+
+
 Frame = bytes | Oversize
+LinkFrame = Frame | Related | Failed | Renewed
+"""What an upstream link hands the rules: frames, and what only some links know."""
 
 
 def encode(message: object) -> bytes:

@@ -94,7 +94,10 @@ async def ask_llm(prompt: str, ctx: Context) -> str:
     message = types.SamplingMessage(
         role="user", content=types.TextContent(type="text", text=prompt)
     )
-    result = await ctx.session.create_message([message], max_tokens=50)
+    # (related: over Streamable HTTP it rides the call's own stream)
+    result = await ctx.session.create_message(
+        [message], max_tokens=50, related_request_id=ctx.request_id
+    )
     return result.content.text
 
 

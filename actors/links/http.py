@@ -1,0 +1,617 @@
+"""A server reached by HTTP (``"url": "http://..."`` or ``"https://..."``):
+Streamable HTTP, or the older HTTP+SSE (the rules: broker/wire/http_upstream.py).
+
+One ``httpx2.AsyncClient`` per link (its connection pool keeps connections
+alive between POSTs), SSE parsed by httpx2's own ``EventSource`` (the parser
+of httpx-sse, which the official SDK uses too).
+
+**Writing never waits.** :meth:`HttpLink.send_nowait` puts each message (a
+*unit*: its bytes, and what the link must know of it) in one of two bounded
+lanes and returns what they cannot take, like the WebSocket link; POSTs
+happen in the link's own tasks. Requests go in the request lane, served by
+:data:`MAX_STREAMS` tasks (a request's POST stays open while its SSE stream
+runs, so this bounds the connections); notifications and answers to the
+server's requests in the notice lane, served by a few tasks of their own, so
+that a client's answer to a sampling request never waits behind the calls
+that wait for it. What comes back (a POST's JSON body, its stream's events,
+the GET stream's) is handed to :meth:`HttpLink.receive` in order per stream.
+
+**Whose request it is.** A message with a ``method`` that comes on a POST's
+stream is handed up as ``Related(frame, request)``: a request of the
+server's there belongs to the session whose request that POST carried
+(docs/rules/server-requests.md). The GET stream's messages are plain frames.
+
+**Failures.** A POST answered with an error status (or that ends without its
+answer and cannot be polled again) fails that one request: ``Failed(id,
+detail)``, and its caller gets an error naming the server. A connection that
+fails (refused, reset, a timeout connecting or writing), or a legacy stream
+that ends, ends the link: the Upstream fails what is in flight, naming the
+server, and connects again (a new session, initialized afresh) with backoff.
+Reading has no timeout: a request's deadline is the Upstream's, and when the
+broker cancels a request the link closes that request's stream.
+
+**An expired session** (a 404 to a request that carried the session id) is
+opened again inside the link (:meth:`HttpLink._renew`): the initialize again,
+then the POST that met the 404, once; ``Renewed`` tells the rules to ask the
+new session for what the old one held (subscriptions, the log level).
+
+**Closing** DELETEs the session (bounded, shielded), then closes the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import httpx2
+import orjson
+import trio
+
+from actors.errors import TransportClosed
+from actors.links.link import LaunchError, LinkContext, configured_headers
+from broker.config import ServerConfig
+from broker.jsonrpc import Message
+from broker.wire import http_upstream as rules
+from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, Oversize, Related, Renewed
+
+MAX_STREAMS = 64  # requests whose POST is open at once (each holds a connection)
+NOTICE_TASKS = 4  # POSTs of notifications and answers at once
+LANE_SIZE = 64  # units waiting in each lane (more wait in the Upstream's backlog)
+FRAMES_SIZE = 64  # batches of frames waiting for the Upstream's reader
+CONNECT_TIMEOUT = 10.0
+WRITE_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 2.0
+RECONNECT_DELAY = 1.0  # before polling a stream again when the server gave no retry
+MAX_RESUMES = 100  # polls in a row that bring nothing new before a POST's stream is failed
+HARD_LIMIT_FACTOR = 4  # past this many times maxMessageBytes, a message is not read at all
+ERROR_BODY = 200  # characters of an error answer's body kept for the message
+# What httpx2 raises when the server or the connection fails us (a bug of
+# ours, such as a closed client, is not among them).
+HTTP_ERRORS = (httpx2.HTTPError, httpx2.StreamError)
+
+
+class Unit(bytes):
+    """One message's body, and what the link must know of it."""
+
+    id: Any = None  # a request's id (None: a notification or an answer)
+    method: str | None = None
+    cancels: Any = None  # a notifications/cancelled's requestId
+
+
+class _Ended(Exception):
+    """The link is over (``str(exc)`` says why, for the Upstream's log line)."""
+
+
+class HttpLink:
+    def __init__(self, url: str, mode: str, headers: dict[str, str], context: LinkContext) -> None:
+        self.info: Mapping[str, Any] = {"url": url}
+        self._url = url
+        self._mode = mode  # rules.STREAMABLE, rules.SSE or rules.DETECT (until it is known)
+        self._headers = headers
+        self._max = context.max_message_bytes
+        self._log = context.log
+        self._client: httpx2.AsyncClient | None = None
+        self._endpoint = url  # where POSTs go (HTTP+SSE: the endpoint event's)
+        self._session_id: str | None = None
+        self._version: str | None = None
+        self._last_event_id: str | None = None  # the GET stream's
+        self._initialize: Unit | None = None  # the Upstream's, sent again for a new session
+        self._renewing = trio.Lock()
+        self._requests_send, self._requests = trio.open_memory_channel[Unit](LANE_SIZE)
+        self._notices_send, self._notices = trio.open_memory_channel[Unit](LANE_SIZE)
+        self._frames_send, self._frames = trio.open_memory_channel[list[LinkFrame]](FRAMES_SIZE)
+        self._initialized = trio.Event()  # notifications/initialized went: requests may follow
+        self._streams: dict[Any, trio.CancelScope] = {}  # request id -> its POST's scope
+        self._why: str | None = None  # why the link ended
+        self._tasks: trio.Nursery | None = None
+        self._closing = trio.Event()
+        self._closed = trio.Event()
+
+    # -- the Link interface ---------------------------------------------------
+
+    def encode(self, messages: list[Message]) -> list[bytes]:
+        units: list[bytes] = []
+        for message in messages:
+            unit = Unit(orjson.dumps(message))
+            method = message.get("method")
+            unit.method = method if isinstance(method, str) else None
+            if unit.method is not None and "id" in message:
+                unit.id = message["id"]
+            elif unit.method == "notifications/cancelled":
+                params = message.get("params")
+                unit.cancels = params.get("requestId") if isinstance(params, dict) else None
+            units.append(unit)
+        return units
+
+    def send_nowait(self, units: list[bytes]) -> list[bytes]:
+        if self._why is not None:
+            raise TransportClosed(self._why)
+        for i, unit in enumerate(units):
+            assert isinstance(unit, Unit)
+            self._cancelling(unit)
+            try:
+                self._lane(unit).send_nowait(unit)
+            except trio.WouldBlock:
+                return units[i:]
+        return []
+
+    async def send(self, units: list[bytes]) -> None:
+        for unit in units:
+            assert isinstance(unit, Unit)
+            if self._why is not None:
+                raise TransportClosed(self._why)
+            self._cancelling(unit)
+            await self._lane(unit).send(unit)
+
+    async def receive(self) -> list[LinkFrame]:
+        try:
+            return await self._frames.receive()
+        except trio.EndOfChannel:
+            return []
+
+    async def ended(self) -> str:
+        return f" ({self._why})" if self._why else ""
+
+    async def close(self) -> None:
+        self._closing.set()
+        with trio.CancelScope(shield=True), trio.move_on_after(2 * CLOSE_TIMEOUT):
+            await self._closed.wait()  # (_run bounds its own wait: this is a backstop)
+
+    # -- the link's tasks -------------------------------------------------------
+
+    async def _run(
+        self,
+        auth: httpx2.Auth | None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The client, its tasks, and the end: a DELETE of the session. An end
+        before the link is open is an ``OSError`` (to retry with backoff)."""
+        timeout = httpx2.Timeout(CONNECT_TIMEOUT, read=None, write=WRITE_TIMEOUT, pool=None)
+        # Each request task may hold its POST and a GET that polls its stream;
+        # then the notice tasks and the GET stream: never a wait for the pool.
+        limits = httpx2.Limits(max_connections=2 * MAX_STREAMS + NOTICE_TASKS + 1)
+        started = False
+        try:
+            async with httpx2.AsyncClient(
+                headers=self._headers, timeout=timeout, limits=limits, auth=auth
+            ) as client:
+                self._client = client
+                try:
+                    async with trio.open_nursery() as tasks:
+                        self._tasks = tasks
+                        if self._mode == rules.SSE:
+                            await tasks.start(self._legacy_stream)
+                        for _ in range(MAX_STREAMS):
+                            tasks.start_soon(self._serve, self._requests)
+                        for _ in range(NOTICE_TASKS):
+                            tasks.start_soon(self._serve, self._notices)
+                        started = True
+                        task_status.started()
+                        await self._closing.wait()
+                        tasks.cancel_scope.cancel()
+                except BaseExceptionGroup as group:
+                    ended, rest = group.split(_Ended)
+                    bugs, rest = rest.split(Exception) if rest is not None else (None, None)
+                    if rest is not None:  # (cancelled: the daemon stops)
+                        raise rest from None
+                    why = str(_first(ended)) if ended is not None else "ended"
+                    if bugs is not None:  # a bug of the broker's: this connection only
+                        self._log.error("server.link_failed", exc_info=bugs)
+                        bug = type(_first(bugs)).__name__
+                        why = f"stopped after an internal error of the broker ({bug})"
+                    if not started:
+                        raise OSError(why) from None
+                    self._end(why)
+                finally:  # (however it ends: the daemon stopping too)
+                    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                        await self._delete_session(client)
+        finally:
+            self._end(self._why or "closed")
+            self._closed.set()
+
+    def _end(self, why: str) -> None:
+        """The link is over: the Upstream's reader sees it after what came before."""
+        if self._why is None:
+            self._why = why
+        self._frames_send.close()
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
+
+    async def _serve(self, lane: trio.MemoryReceiveChannel[Unit]) -> None:
+        async for unit in lane:
+            if unit.method != "initialize" and lane is self._requests:
+                await self._initialized.wait()
+            try:
+                await self._post(unit)
+            except HTTP_ERRORS as exc:
+                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+
+    async def _emit(self, frames: list[LinkFrame]) -> None:
+        if frames:
+            await self._frames_send.send(frames)
+
+    # -- POST -------------------------------------------------------------------
+
+    async def _post(self, unit: Unit) -> None:
+        """One message to the server, and what its answer brings."""
+        request = unit.id
+        with trio.CancelScope() as scope:
+            if request is not None:
+                self._streams[request] = scope
+            try:
+                await self._exchange(unit)
+            finally:
+                if request is not None:
+                    self._streams.pop(request, None)
+        if unit.method == "notifications/initialized":
+            self._initialized.set()
+            if self._mode == rules.STREAMABLE:
+                assert self._tasks is not None
+                self._tasks.start_soon(self._listen)
+
+    async def _exchange(self, unit: Unit, *, again: bool = False) -> None:
+        """POST one message; ``again``: it met a 404 and a new session was opened."""
+        assert self._client is not None
+        initialize = unit.method == "initialize"
+        if initialize:
+            self._initialize = unit
+        headers = self._request_headers(rules.ACCEPT_POST)
+        headers["content-type"] = "application/json"
+        async with self._client.stream(
+            "POST", self._endpoint, content=unit, headers=headers
+        ) as response:
+            if initialize and self._mode != rules.SSE:
+                self._session_id = response.headers.get(rules.SESSION_HEADER, self._session_id)
+            outcome = rules.outcome_of(
+                response.status_code,
+                response.headers.get("content-type", ""),
+                has_session=rules.SESSION_HEADER in headers,
+                initialize=initialize,
+                detecting=self._mode == rules.DETECT,
+            )
+            if self._mode == rules.SSE:  # (every answer comes on the stream)
+                outcome = rules.ACCEPTED if 200 <= response.status_code < 300 else outcome
+            if outcome == rules.FALLBACK:
+                await response.aclose()
+                await self._fall_back(unit)
+                return
+            if initialize and self._mode == rules.DETECT:
+                self._mode = rules.STREAMABLE
+            if outcome == rules.EXPIRED:
+                if again:
+                    raise _Ended("the server ended a new HTTP session at once: 404 Not Found")
+                await response.aclose()
+                await self._renew(headers[rules.SESSION_HEADER])
+                await self._exchange(unit, again=True)
+                return
+            if outcome == rules.JSON:
+                await self._emit(await self._body(response, unit))
+            elif outcome == rules.STREAM:
+                await self._stream(response, unit)
+            elif outcome == rules.FAILED:
+                await self._failed(unit, await _status(response))
+            elif unit.id is not None and self._mode != rules.SSE:
+                await self._failed(unit, f"HTTP {response.status_code} and no answer")
+
+    async def _fall_back(self, unit: Unit) -> None:
+        """An initialize refused as an old server refuses it: HTTP+SSE."""
+        self._log.info("server.http_fallback", url=self._url, transport="sse")
+        self._mode = rules.SSE
+        assert self._tasks is not None
+        await self._tasks.start(self._legacy_stream)
+        await self._exchange(unit)
+
+    async def _failed(self, unit: Unit, detail: str) -> None:
+        if unit.method == "initialize":
+            raise _Ended(f"initialize was answered with {detail}")
+        if unit.id is not None:
+            await self._emit([Failed(unit.id, detail)])
+        else:
+            self._log.warning("server.message_refused", method=unit.method, detail=detail)
+
+    async def _body(self, response: httpx2.Response, unit: Unit) -> list[LinkFrame]:
+        """A JSON answer: its message (a batch's, each), unparsed if it is one."""
+        limit = self._max * HARD_LIMIT_FACTOR
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                return (
+                    [] if unit.id is None else [Failed(unit.id, f"an answer of over {limit} bytes")]
+                )
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if initialize_version := self._version_of(unit, body):
+            self._version = initialize_version
+        if body.lstrip()[:1] != b"[":
+            return [self._frame(body)]
+        try:
+            return [self._frame(orjson.dumps(item)) for item in orjson.loads(body)]
+        except orjson.JSONDecodeError:
+            return [self._frame(body)]  # (the rules say what is wrong with it)
+
+    async def _stream(self, response: httpx2.Response, unit: Unit) -> None:
+        """A POST's SSE stream: its messages, related to its request; if it
+        ends before the answer and gave event ids, it is polled again (GET,
+        ``Last-Event-ID``), as the spec asks."""
+        answered, last_id, retry = await self._read_events(response, unit)
+        resumes = 0
+        while not answered and unit.id is not None:
+            if last_id is None or resumes >= MAX_RESUMES:
+                await self._failed(unit, "a stream that ended before its answer")
+                return
+            resumes += 1
+            await trio.sleep(retry)
+            assert self._client is not None
+            headers = self._request_headers(rules.ACCEPT_STREAM)
+            headers[rules.LAST_EVENT_HEADER] = last_id
+            async with self._client.stream("GET", self._endpoint, headers=headers) as again:
+                if again.status_code == 404 and rules.SESSION_HEADER in headers:
+                    await self._renew(headers[rules.SESSION_HEADER])
+                    await self._failed(unit, "a session the server ended before its answer")
+                    return
+                if not 200 <= again.status_code < 300:
+                    status = await _status(again)
+                    await self._failed(unit, f"a stream cut before its answer ({status} to a poll)")
+                    return
+                answered, newer, retry = await self._read_events(again, unit, last_id, retry)
+                if newer != last_id:  # (it moved on: count only polls that bring nothing)
+                    resumes, last_id = 0, newer
+
+    async def _read_events(
+        self,
+        response: httpx2.Response,
+        unit: Unit,
+        last_id: str | None = None,
+        retry: float = RECONNECT_DELAY,
+    ) -> tuple[bool, str | None, float]:
+        """Hand on a POST stream's messages; whether its answer came, the last
+        event id (``last_id`` until one comes), the delay the server asked for
+        before polling again."""
+        answered = False
+        try:
+            async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                if event.id:
+                    last_id = event.id
+                if event.retry is not None:
+                    retry = event.retry / 1000
+                if event.event != "message" or not event.data:
+                    continue  # (a priming event: an id and no data)
+                data = event.data.encode()
+                if rules.may_be_request(data):
+                    related = unit.id is not None and len(data) <= self._max
+                    await self._emit([Related(data, unit.id) if related else self._frame(data)])
+                else:
+                    answered = True
+                    if version := self._version_of(unit, data):
+                        self._version = version
+                    await self._emit([self._frame(data)])
+        except httpx2.TransportError as exc:
+            if last_id is None:
+                if unit.id is None:
+                    raise
+                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+        return answered, last_id, retry
+
+    # -- a new session --------------------------------------------------------------
+
+    async def _renew(self, stale: str) -> None:
+        """The server ended the session (a 404 to ``stale``, its id): open a new
+        one, as the spec asks: the Upstream's initialize again, without the
+        id, then ``notifications/initialized``. Every task that met the 404
+        waits for one renewal, then POSTs again with the new id. What the
+        server held for the broker is asked again (``Renewed``); what was in
+        flight in the old session is lost with it (its streams end)."""
+        async with self._renewing:
+            if self._session_id != stale:
+                return  # (another task met the 404 first)
+            if self._initialize is None:
+                raise _Ended("the server ended the HTTP session before its initialize")
+            self._log.info("server.http_session_renewed")
+            answer, session_id = await self._reinitialize(self._initialize)
+            if not _is_result(answer):
+                detail = answer[:ERROR_BODY].decode(errors="replace")
+                raise _Ended(f"a new HTTP session was refused ({detail})")
+            self._session_id = session_id
+            self._version = self._version_of(self._initialize, answer) or self._version
+            notice = Unit(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            notice.method = "notifications/initialized"
+            await self._exchange(notice, again=True)
+            await self._emit([Renewed()])
+
+    async def _reinitialize(self, initialize: Unit) -> tuple[bytes, str | None]:
+        """POST the initialize with no session id: its answer, and the new id."""
+        assert self._client is not None
+        headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json"}
+        async with self._client.stream(
+            "POST", self._endpoint, content=initialize, headers=headers
+        ) as response:
+            session_id = response.headers.get(rules.SESSION_HEADER)
+            media = response.headers.get("content-type", "")
+            outcome = rules.outcome_of(
+                response.status_code, media, has_session=False, initialize=True, detecting=False
+            )
+            if outcome == rules.JSON:
+                return await response.aread(), session_id
+            if outcome == rules.STREAM:
+                async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                    data = event.data.encode()
+                    if event.event == "message" and data and not rules.may_be_request(data):
+                        return data, session_id
+            raise _Ended(f"a new HTTP session was refused ({await _status(response)})")
+
+    # -- the GET stream -----------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Streamable HTTP's GET stream: the server's messages unrelated to any
+        request. Polled again when it ends (``Last-Event-ID``); none if the
+        server offers none (405)."""
+        assert self._client is not None
+        while True:
+            headers = self._request_headers(rules.ACCEPT_STREAM)
+            if self._last_event_id is not None:
+                headers[rules.LAST_EVENT_HEADER] = self._last_event_id
+            retry = RECONNECT_DELAY
+            try:
+                async with self._client.stream("GET", self._endpoint, headers=headers) as response:
+                    status = response.status_code
+                    if status == 404 and rules.SESSION_HEADER in headers:
+                        await self._renew(headers[rules.SESSION_HEADER])
+                        self._last_event_id = None  # (the old session's)
+                        continue
+                    if not 200 <= status < 300:
+                        if status != 405:
+                            self._log.info("server.no_get_stream", status=status)
+                        return
+                    async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                        if event.id:
+                            self._last_event_id = event.id
+                        if event.retry is not None:
+                            retry = event.retry / 1000
+                        if event.event == "message" and event.data:
+                            await self._emit([self._frame(event.data.encode())])
+            except (httpx2.ReadError, httpx2.RemoteProtocolError) as exc:
+                self._log.info("server.get_stream_broken", error=_describe(exc))
+            except HTTP_ERRORS as exc:
+                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+            await trio.sleep(retry)
+
+    async def _legacy_stream(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """HTTP+SSE: the one stream, whose first event says where to POST.
+        Its end is the link's end (the old transport cannot resume)."""
+        assert self._client is not None
+        started = False
+        try:
+            headers = self._request_headers(rules.ACCEPT_STREAM)
+            async with self._client.stream("GET", self._url, headers=headers) as response:
+                if not 200 <= response.status_code < 300:
+                    raise _Ended(f"GET {self._url} was answered with {await _status(response)}")
+                async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                    if not started:
+                        if event.event != "endpoint":
+                            raise _Ended(
+                                f"its SSE stream began with {event.event!r}, not 'endpoint'"
+                            )
+                        self._endpoint = urljoin(self._url, event.data.strip())
+                        if urlsplit(self._endpoint)[:2] != urlsplit(self._url)[:2]:
+                            raise _Ended(f"its endpoint {self._endpoint} is on another origin")
+                        started = True
+                        task_status.started()
+                    elif event.event == "message" and event.data:
+                        await self._emit([self._frame(event.data.encode())])
+        except HTTP_ERRORS as exc:
+            raise _Ended(f"{_describe(exc)} at {self._url}") from exc
+        raise _Ended("the server closed its SSE stream")
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _request_headers(self, accept: str) -> dict[str, str]:
+        headers = {"accept": accept}
+        if self._session_id is not None:
+            headers[rules.SESSION_HEADER] = self._session_id
+        if self._version is not None and self._mode == rules.STREAMABLE:
+            headers[rules.VERSION_HEADER] = self._version
+        return headers
+
+    def _lane(self, unit: Unit) -> trio.MemorySendChannel[Unit]:
+        return self._notices_send if unit.id is None else self._requests_send
+
+    def _cancelling(self, unit: Unit) -> None:
+        """A cancellation on its way: close the stream of the request it cancels
+        (the server is told by the notification; a closed stream alone is not
+        a cancellation)."""
+        if unit.cancels is not None:
+            scope = self._streams.get(unit.cancels)
+            if scope is not None:
+                scope.cancel()
+
+    def _frame(self, data: bytes) -> LinkFrame:
+        if len(data) <= self._max:
+            return data
+        return Oversize(len(data), data[:KEPT_ENDS], data[-KEPT_ENDS:])
+
+    def _version_of(self, unit: Unit, data: bytes) -> str | None:
+        """The protocol version the initialize's answer chose (sent from then on)."""
+        if unit.method != "initialize":
+            return None
+        try:
+            version = orjson.loads(data)["result"]["protocolVersion"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return None
+        return version if isinstance(version, str) else None
+
+    async def _delete_session(self, client: httpx2.AsyncClient) -> None:
+        """End the server's session (the spec asks it of a client that leaves)."""
+        if self._session_id is None or self._mode != rules.STREAMABLE:
+            return
+        try:
+            response = await client.delete(self._endpoint, headers=self._request_headers("*/*"))
+        except httpx2.TransportError:
+            return  # (gone already)
+        if response.status_code not in (200, 202, 204, 404, 405):
+            self._log.info("server.session_delete_refused", status=response.status_code)
+
+
+async def launch_http(
+    config: ServerConfig, context: LinkContext, auth: httpx2.Auth | None = None
+) -> HttpLink:
+    """Open a link to an HTTP server as configured. ``auth`` is where OAuth
+    (or any ``httpx2.Auth``) goes: every request of the link passes through it.
+
+    Nothing is sent before the Upstream's initialize but, for ``"type": "sse"``,
+    the GET that opens the stream (a refused connection is an ``OSError`` to
+    retry with backoff, like a process that could not start)."""
+    url = config.url or ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LaunchError(f"has a url that is not a valid http(s):// URL ({url})")
+    try:
+        mode = rules.mode_of(config.type)
+    except ValueError as exc:
+        raise LaunchError(f"has {exc}") from None
+    link = HttpLink(url, mode, configured_headers(config.headers), context)
+    await context.nursery.start(link._run, auth)
+    return link
+
+
+async def _status(response: httpx2.Response) -> str:
+    """``HTTP 500 Internal Server Error``, and the start of the body if it says more."""
+    text = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+    try:
+        body = (await response.aread())[:ERROR_BODY].decode(errors="replace").strip()
+    except httpx2.HTTPError:
+        body = ""
+    return f"{text}: {body}" if body else text
+
+
+def _describe(exc: BaseException) -> str:
+    """One place where httpx2's errors become words (as actors/errors.py does)."""
+    if isinstance(exc, httpx2.ConnectTimeout):
+        return f"no connection within {CONNECT_TIMEOUT:g} s"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    if isinstance(exc, httpx2.ConnectError):
+        return f"could not connect ({exc or 'refused'})"
+    return (
+        f"connection lost ({type(exc).__name__}: {exc})"
+        if str(exc)
+        else f"connection lost ({type(exc).__name__})"
+    )
+
+
+def _is_result(answer: bytes) -> bool:
+    try:
+        message = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and "result" in message
+
+
+def _first(group: BaseException) -> BaseException:
+    while isinstance(group, BaseExceptionGroup) and group.exceptions:
+        group = group.exceptions[0]
+    return group

@@ -1,0 +1,125 @@
+"""The client side of MCP over HTTP, as rules: what the HTTP link must decide.
+
+Two transports reach a server by ``"url": "http(s)://..."``
+(modelcontextprotocol, docs/specification/2025-11-25/basic/transports.mdx
+and 2024-11-05):
+
+- **Streamable HTTP**: every message is a POST to one endpoint; a request's
+  answer comes back as the POST's JSON body or on the POST's own SSE stream
+  (after the progress, log messages and requests to the client that relate
+  to it); a GET opens a stream of unrelated server messages. The server may
+  give an ``Mcp-Session-Id`` with its initialize answer, which every later
+  request carries, with ``MCP-Protocol-Version``; a 404 to a request that
+  carries the session id means the session is gone.
+- **HTTP+SSE** (2024-11-05): a GET opens the stream, whose first event
+  (``endpoint``) says where to POST; every server message comes on that stream.
+
+Which one: the config's ``type`` (``"http"``/``"streamable-http"``, or
+``"sse"``), or, with none, the spec's fallback: POST the initialize, and on
+400, 404 or 405 GET the URL for an ``endpoint`` event.
+
+This module holds the decisions (:func:`outcome_of`, :func:`mode_of`,
+:func:`expand`); actors/links/http.py does the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+STREAMABLE = "streamable-http"
+SSE = "sse"
+DETECT = "detect"  # no type given: Streamable HTTP, falling back to HTTP+SSE
+
+ACCEPT_POST = "application/json, text/event-stream"
+ACCEPT_STREAM = "text/event-stream"
+SESSION_HEADER = "mcp-session-id"
+VERSION_HEADER = "mcp-protocol-version"
+LAST_EVENT_HEADER = "last-event-id"
+FALLBACK_STATUSES = frozenset({400, 404, 405})  # an initialize POST refused so: try HTTP+SSE
+
+# What the answer to a POST is (outcome_of).
+ACCEPTED = "accepted"  # 202: nothing to read (a notification's or response's)
+JSON = "json"  # one JSON-RPC message (or a batch) in the body
+STREAM = "stream"  # an SSE stream of messages, the answer last
+EXPIRED = "expired"  # 404 with a session id: the session is gone
+FALLBACK = "fallback"  # the initialize was refused as an old server would: try HTTP+SSE
+FAILED = "failed"  # any other status or content: the request failed
+
+_TYPES = {
+    None: DETECT,
+    "http": STREAMABLE,
+    "streamable-http": STREAMABLE,
+    "streamableHttp": STREAMABLE,
+    "sse": SSE,
+}
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class MissingVariable(Exception):
+    """A ``${NAME}`` in the config names a variable the daemon's environment lacks."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def mode_of(config_type: str | None) -> str:
+    """The transport a config's ``type`` asks for (:data:`DETECT` if none);
+    ValueError if it names one that does not go over HTTP (``"stdio"``, ``"ws"``)."""
+    mode = _TYPES.get(config_type)
+    if mode is None:
+        raise ValueError(f'"type": {config_type!r} does not go with an http(s):// url')
+    return mode
+
+
+def outcome_of(
+    status: int, content_type: str, *, has_session: bool, initialize: bool, detecting: bool
+) -> str:
+    """What the answer to a POST is, from its status and ``Content-Type``.
+
+    ``has_session``: the POST carried an ``Mcp-Session-Id``; ``initialize``: it
+    was the initialize request; ``detecting``: no type was configured, so an
+    old server's refusal of the initialize means HTTP+SSE.
+    """
+    if status == 404 and has_session and not initialize:
+        return EXPIRED
+    if initialize and detecting and status in FALLBACK_STATUSES:
+        return FALLBACK
+    if status == 202:
+        return ACCEPTED
+    if not 200 <= status < 300:
+        return FAILED
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "text/event-stream":
+        return STREAM
+    if media == "application/json":
+        return JSON
+    if status == 204 or (status == 200 and not media):
+        return ACCEPTED  # (an empty answer to a notification, from a lenient server)
+    return FAILED
+
+
+def expand(text: str, environ: Mapping[str, str]) -> str:
+    """``text`` with each ``${NAME}`` replaced by that environment variable
+    (raises :class:`MissingVariable` naming the first one that is not set)."""
+    if "${" not in text:
+        return text
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise MissingVariable(name)
+        return environ[name]
+
+    return _VARIABLE.sub(value, text)
+
+
+def may_be_request(data: bytes) -> bool:
+    """Whether a message on a POST's stream may be a request of the server's
+    (it has a ``"method"``), to hand up with the request it came for
+    (broker/wire/frames.py ``Related``); notifications among them cost nothing
+    more, they are parsed anyway. Cheap and one-sided: an answer whose result
+    holds the text ``"method"`` is taken for one too, and is parsed."""
+    return b'"method"' in data

@@ -1,0 +1,179 @@
+"""The rules of servers reached by HTTP, without I/O: what a POST's answer
+means (broker/wire/http_upstream.py), ``${VAR}`` in headers, and a server's
+request that came on the stream of one request (``related``), which goes to
+that request's session, with no gate (broker/upstream.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker import jsonrpc
+from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND
+from broker.upstream import Deliver, SendUpstream, UpstreamProtocol, Warn
+from broker.wire import http_upstream as rules
+from tests.test_turns import A, B, C, ask, call, protocol
+
+
+def outcome(status: int, content_type: str = "", **flags: bool) -> str:
+    defaults = {"has_session": True, "initialize": False, "detecting": False}
+    return rules.outcome_of(status, content_type, **{**defaults, **flags})
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "flags", "expected"),
+    [
+        (202, "", {}, rules.ACCEPTED),
+        (200, "application/json", {}, rules.JSON),
+        (200, "application/json; charset=utf-8", {}, rules.JSON),
+        (200, "Text/Event-Stream", {}, rules.STREAM),
+        (200, "", {}, rules.ACCEPTED),  # an empty answer to a notification
+        (204, "", {}, rules.ACCEPTED),
+        (200, "text/html", {}, rules.FAILED),
+        (500, "application/json", {}, rules.FAILED),
+        (401, "", {}, rules.FAILED),
+        # 404 means the session is gone only if the POST carried one ...
+        (404, "", {}, rules.EXPIRED),
+        (404, "", {"has_session": False}, rules.FAILED),
+        # ... and not for the initialize that opens a new one.
+        (404, "", {"initialize": True}, rules.FAILED),
+        # The spec's fallback: only for an initialize, only with no type configured.
+        (405, "", {"initialize": True, "detecting": True}, rules.FALLBACK),
+        (400, "", {"initialize": True, "detecting": True}, rules.FALLBACK),
+        (404, "", {"initialize": True, "detecting": True}, rules.FALLBACK),
+        (405, "", {"initialize": True}, rules.FAILED),
+        (401, "", {"initialize": True, "detecting": True}, rules.FAILED),
+    ],
+)
+def test_what_a_posts_answer_means(
+    status: int, content_type: str, flags: dict[str, bool], expected: str
+) -> None:
+    assert outcome(status, content_type, **flags) == expected
+
+
+@pytest.mark.parametrize(
+    ("config_type", "mode"),
+    [
+        (None, rules.DETECT),
+        ("http", rules.STREAMABLE),
+        ("streamable-http", rules.STREAMABLE),
+        ("streamableHttp", rules.STREAMABLE),
+        ("sse", rules.SSE),
+    ],
+)
+def test_the_type_picks_the_transport(config_type: str | None, mode: str) -> None:
+    assert rules.mode_of(config_type) == mode
+
+
+@pytest.mark.parametrize("config_type", ["stdio", "ws"])
+def test_a_type_that_is_not_http_is_refused(config_type: str) -> None:
+    with pytest.raises(ValueError, match=f"{config_type!r} does not go with an http"):
+        rules.mode_of(config_type)
+
+
+def test_variables_are_expanded_and_a_missing_one_is_named() -> None:
+    env = {"TOKEN": "t0k", "USER_1": "me"}
+    assert rules.expand("Bearer ${TOKEN}", env) == "Bearer t0k"
+    assert rules.expand("${USER_1}:${TOKEN}", env) == "me:t0k"
+    assert rules.expand("no variables, $TOKEN, ${not a name}", env) == (
+        "no variables, $TOKEN, ${not a name}"
+    )
+    assert rules.expand("${TOKEN}", {"TOKEN": ""}) == ""
+    with pytest.raises(rules.MissingVariable) as missing:
+        rules.expand("Bearer ${TOKEN} ${NOPE}", env)
+    assert missing.value.name == "NOPE"
+
+
+def test_messages_that_may_be_requests_are_told_from_answers() -> None:
+    assert rules.may_be_request(b'{"jsonrpc":"2.0","id":1,"method":"sampling/createMessage"}')
+    assert rules.may_be_request(b'{"jsonrpc":"2.0","method":"notifications/progress"}')
+    assert not rules.may_be_request(b'{"jsonrpc":"2.0","id":1,"result":{}}')
+
+
+# -- a server's request related to one request (broker/upstream.py) -------------------
+
+
+def related(
+    proto: UpstreamProtocol, upstream_id: Any, method: str = "sampling/createMessage"
+) -> Any:
+    message = {"jsonrpc": "2.0", "id": "srv-1", "method": method, "params": {}}
+    return proto.server_message(message, 0.0, related=upstream_id)
+
+
+def upstream_ids(proto: UpstreamProtocol, *sessions: str) -> list[int]:
+    ids = []
+    for session in sessions:
+        [send] = call(proto, session)
+        assert isinstance(send, SendUpstream)
+        ids.append(send.message["id"])
+    return ids
+
+
+def test_a_related_request_goes_to_the_session_of_its_request_among_many() -> None:
+    proto = protocol("auto")
+    a, b, c = upstream_ids(proto, A, B, C)
+    for upstream_id, session in ((b, B), (a, A), (c, C), (b, B)):
+        [deliver] = related(proto, upstream_id)
+        assert isinstance(deliver, Deliver) and deliver.session == session
+    assert not proto.turns.on  # the gate learnt nothing: there was nothing to guess
+    # The same request, unrelated (the GET stream): the rules of stdio, refused.
+    reply, warn = ask(proto)
+    assert isinstance(reply, SendUpstream) and isinstance(warn, Warn)
+    assert "3 clients have requests in progress" in reply.message["error"]["message"]
+    assert proto.turns.on  # auto: from now on, one session at a time
+
+
+def test_a_related_request_for_a_session_without_the_capability_asks_no_one_else() -> None:
+    proto = protocol("concurrent")
+    proto.attach(B, {})
+    _, b = upstream_ids(proto, A, B)
+    reply, warn = related(proto, b)
+    assert isinstance(reply, SendUpstream) and isinstance(warn, Warn)
+    assert reply.message["error"]["code"] == METHOD_NOT_FOUND
+
+
+def test_a_related_request_for_a_request_no_longer_in_flight_has_no_cause() -> None:
+    proto = protocol("concurrent")
+    a, _ = upstream_ids(proto, A, B)
+    proto.server_message(jsonrpc.result_response(a, {}))  # answered
+    reply, warn = related(proto, a)
+    assert isinstance(reply, SendUpstream) and isinstance(warn, Warn)
+    assert reply.message["error"]["code"] == INTERNAL_ERROR
+    assert "no client request is in progress" in reply.message["error"]["message"]
+    [roots] = related(proto, a, "roots/list")  # roots: those of no client
+    assert isinstance(roots, SendUpstream) and roots.message["result"] == {"roots": []}
+    reply, _ = related(proto, "mcpbroker-3")  # (one of the broker's own: no session)
+    assert isinstance(reply, SendUpstream) and reply.message["error"]["code"] == INTERNAL_ERROR
+
+
+def test_a_failed_answer_is_an_error_naming_the_server_for_its_caller_only() -> None:
+    proto = protocol("concurrent")
+    a, b = upstream_ids(proto, A, B)
+    [failed] = proto.fail_now(a, "HTTP 500 Internal Server Error")
+    assert isinstance(failed, Deliver) and failed.session == A
+    error = failed.message["error"]
+    assert error["message"] == "MCP server 's' answered with HTTP 500 Internal Server Error"
+    assert error["data"] == {"server": "s"}
+    assert proto.fail_now(a, "again") == []  # (answered once; nothing is answered twice)
+    assert proto.requests.get(b) is not None and proto.requests.get(a) is None
+
+
+def test_a_renewed_session_is_asked_again_for_what_the_old_one_held() -> None:
+    proto = UpstreamProtocol("s")
+    init = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"resources": {"subscribe": True}, "logging": {}},
+        "serverInfo": {"name": "s"},
+    }
+    proto.server_message(jsonrpc.result_response("mcpbroker-initialize", init))
+    proto.attach(A, {})
+    subscribe = {"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe"}
+    proto.client_request(A, {**subscribe, "params": {"uri": "file:///x"}})
+    proto.client_log_level(A, "debug")
+    again = [action.message for action in proto.renewed()]
+    assert [(m["method"], m["params"]) for m in again] == [
+        ("resources/subscribe", {"uri": "file:///x"}),
+        ("logging/setLevel", {"level": "debug"}),
+    ]
+    assert all(isinstance(m["id"], str) for m in again)  # the broker's own requests
