@@ -84,7 +84,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
-from broker.wire.frames import Failed, LinkFrame, Oversize, Related, Renewed
+from broker.wire.frames import Failed, LinkFrame, OnStream, Oversize, Renewed
 
 INBOX_SIZE = 256
 # Bytes of client requests the inbox may hold (each item is counted as the
@@ -129,7 +129,7 @@ class Upstream:
         self.config = config
         self.settings = settings
         self._log = get_logger(server=name)
-        self._launch: Launcher = launch or launcher_for(config)
+        self._launch: Launcher = launch or launcher_for(config, name)
         self._timeouts = TimeoutPolicy.for_server(config, settings)
         self._timeouts_changed = trio.Event()  # set by reconfigure (_expire_requests)
         self._inbox_send, self._inbox = trio.open_memory_channel[InboxItem](INBOX_SIZE)
@@ -824,7 +824,7 @@ class Upstream:
                 size = SMALL_MESSAGE
             else:
                 related = None
-                if isinstance(line, Related):  # it came for this request (HTTP)
+                if isinstance(line, OnStream):  # it came for this request (HTTP)
                     related = line.request
                     line = line.frame
                 try:

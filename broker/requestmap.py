@@ -226,6 +226,7 @@ class RequestMap:
         entry.client_id = client_id
         self._by_client[key] = upstream_id
         return True
+
     def get(self, upstream_id: int | str) -> InFlight | None:
         """The request in flight with this upstream id, if there is one."""
         return self._by_upstream.get(upstream_id) if type(upstream_id) is int else None

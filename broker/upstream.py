@@ -456,7 +456,7 @@ class UpstreamProtocol:
     ) -> list[Action]:
         """Everything a decoded line from the server leads to. ``related``: the
         upstream id of the request on whose answer's stream it came, if the
-        link can tell (Streamable HTTP: broker/wire/frames.py ``Related``)."""
+        link can tell (Streamable HTTP: broker/wire/frames.py ``OnStream``)."""
         kind = jsonrpc.classify(message)
         if kind is Kind.RESPONSE:
             return self._response(message)

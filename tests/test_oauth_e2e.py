@@ -17,12 +17,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import trio
 
 from actors.oauth import BearerTokens, TokenStore
-from tests.conftest import MCPBROKER, REPO
+from tests.conftest import MCPBROKER, REPO, running_daemon, shim_client, text_of
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -197,3 +198,31 @@ async def test_logout_forgets(tmp_path: Path) -> None:
             code, out, _ = await run_auth(config, tokens, "--logout")
             assert code == 0 and "forgot" in out
             assert TokenStore(str(tokens)).load("remote") is None
+
+
+async def test_the_daemon_uses_the_grant_on_its_http_link(
+    tmp_path: Path, socket_path: str, monkeypatch: Any
+) -> None:
+    """Before `mcpbroker auth` the server's 401 is reported with what to do;
+    after it, shim clients call the server with the broker's token."""
+    tokens = tmp_path / "oauth.json"
+    monkeypatch.setenv("MCPBROKER_TOKENS", str(tokens))
+    with trio.fail_after(90):
+        async with oauth_server() as url:
+            servers = {"remote": {"url": url, "restartDelay": 0.1, "restartAttempts": 1}}
+            async with running_daemon(servers, socket_path, wait=()) as daemon:
+                with trio.fail_after(20):
+                    while "mcpbroker auth" not in (
+                        daemon.upstreams["remote"].statistics().last_error or ""
+                    ):
+                        await trio.sleep(0.05)
+            code, _, errors = await run_auth(write_config(tmp_path, url), tokens)
+            assert code == 0, errors
+            grant = TokenStore(str(tokens)).load("remote")
+            assert grant is not None
+            async with (
+                running_daemon(servers, socket_path),
+                shim_client(socket_path, "remote") as client,
+            ):
+                whoami = await client.call_tool("whoami", {})
+                assert text_of(whoami) == grant.client.client_id

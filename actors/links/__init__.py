@@ -20,8 +20,9 @@ from actors.links.link import Launcher, LaunchError, LinkContext
 from broker.config import ServerConfig
 
 
-def launcher_for(config: ServerConfig) -> Launcher:
-    """How to open a link to a configured server, by what its config names."""
+def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
+    """How to open a link to a configured server (``name`` in the config), by
+    what its config names."""
     if config.command is not None:
         from actors.links.stdio import launch_stdio
 
@@ -33,8 +34,11 @@ def launcher_for(config: ServerConfig) -> Launcher:
         return functools.partial(launch_websocket, config)
     if url.startswith(("http://", "https://")):
         from actors.links.http import launch_http
+        from actors.oauth import BearerTokens, TokenStore
 
-        return functools.partial(launch_http, config)
+        # The grant `mcpbroker auth NAME` stored, if any, on every request
+        # (refreshed before it lapses): docs/oauth.md.
+        return functools.partial(launch_http, config, auth=BearerTokens(name, TokenStore()))
     return functools.partial(_unreachable, url)
 
 

@@ -17,7 +17,7 @@ that wait for it. What comes back (a POST's JSON body, its stream's events,
 the GET stream's) is handed to :meth:`HttpLink.receive` in order per stream.
 
 **Whose request it is.** A message with a ``method`` that comes on a POST's
-stream is handed up as ``Related(frame, request)``: a request of the
+stream is handed up as ``OnStream(frame, request)``: a request of the
 server's there belongs to the session whose request that POST carried
 (docs/rules/server-requests.md). The GET stream's messages are plain frames.
 
@@ -53,7 +53,7 @@ from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.wire import http_upstream as rules
-from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, Oversize, Related, Renewed
+from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, OnStream, Oversize, Renewed
 
 MAX_STREAMS = 64  # requests whose POST is open at once (each holds a connection)
 NOTICE_TASKS = 4  # POSTs of notifications and answers at once
@@ -382,7 +382,7 @@ class HttpLink:
                 data = event.data.encode()
                 if rules.may_be_request(data):
                     related = unit.id is not None and len(data) <= self._max
-                    await self._emit([Related(data, unit.id) if related else self._frame(data)])
+                    await self._emit([OnStream(data, unit.id) if related else self._frame(data)])
                 else:
                     answered = True
                     if version := self._version_of(unit, data):
@@ -581,6 +581,8 @@ async def launch_http(
 async def _status(response: httpx2.Response) -> str:
     """``HTTP 500 Internal Server Error``, and the start of the body if it says more."""
     text = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+    if response.status_code == 401:
+        text += " (it asks for authorization: run `mcpbroker auth` with this server's name)"
     try:
         body = (await response.aread())[:ERROR_BODY].decode(errors="replace").strip()
     except httpx2.HTTPError:

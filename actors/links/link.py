@@ -60,7 +60,7 @@ class Link(Protocol):
         """The next frames the server sent (at least one); ``[]`` once its side
         has ended (exited, closed the connection). A link that knows more than
         the bytes says it with the frame (broker/wire/frames.py): a message
-        ``Related`` to the request on whose stream it came, an answer that
+        ``OnStream`` to the request on whose stream it came, an answer that
         ``Failed`` to come, a session with the server ``Renewed``."""
 
     async def ended(self) -> str:

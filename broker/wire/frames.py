@@ -54,7 +54,7 @@ class Oversize:
 
 
 @attrs.frozen
-class Related:
+class OnStream:
     """A message that came on the stream of the server's answer to one request
     (Streamable HTTP: a POST's SSE stream), and so belongs to that request's
     session: ``frame`` its bytes, ``request`` that request's upstream id.
@@ -82,7 +82,7 @@ class Renewed:
 
 
 Frame = bytes | Oversize
-LinkFrame = Frame | Related | Failed | Renewed
+LinkFrame = Frame | OnStream | Failed | Renewed
 """What an upstream link hands the rules: frames, and what only some links know."""
 
 

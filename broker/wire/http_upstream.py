@@ -119,7 +119,7 @@ def expand(text: str, environ: Mapping[str, str]) -> str:
 def may_be_request(data: bytes) -> bool:
     """Whether a message on a POST's stream may be a request of the server's
     (it has a ``"method"``), to hand up with the request it came for
-    (broker/wire/frames.py ``Related``); notifications among them cost nothing
+    (broker/wire/frames.py ``OnStream``); notifications among them cost nothing
     more, they are parsed anyway. Cheap and one-sided: an answer whose result
     holds the text ``"method"`` is taken for one too, and is parsed."""
     return b'"method"' in data
