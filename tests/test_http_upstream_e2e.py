@@ -197,12 +197,11 @@ async def test_headers_take_a_token_from_the_environment(
 async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.05)
     port = free_port()
     with trio.fail_after(60):
         async with (
             http_server("streamable-http", port) as (url, first),
-            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, "restartDelay": 0.05}}, socket_path) as daemon,
             shim_client(socket_path, "web") as a,
             shim_client(socket_path, "web") as b,
         ):
@@ -219,7 +218,7 @@ async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
             for error in errors:
                 assert error.code == jsonrpc.CONNECTION_CLOSED, error
                 assert "'web'" in error.message, error
-                assert error.data == {"server": "web"}, error
+                assert error.data == {"server": "web", "retryable": True}, error
             with pytest.raises(MCPError) as down:  # down: answered at once
                 await a.call_tool("pid", {})
             assert "'web'" in down.value.error.message
@@ -293,7 +292,6 @@ async def test_an_http_error_fails_that_call_only_and_a_cancelled_call_is_cancel
 async def test_a_bug_in_the_link_restarts_that_server_only(
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.05)
     real = actors.links.http.HttpLink._listen
     bugs = [RuntimeError("a bug")]
 
@@ -306,7 +304,9 @@ async def test_a_bug_in_the_link_restarts_that_server_only(
     with trio.fail_after(60):
         async with (
             http_server("streamable-http") as (url, process),
-            running_daemon({"web": {"url": url}}, socket_path, wait=()) as daemon,
+            running_daemon(
+                {"web": {"url": url, "restartDelay": 0.05}}, socket_path, wait=()
+            ) as daemon,
         ):
             upstream = daemon.upstreams["web"]
             while upstream.statistics().restarts == 0:
@@ -356,8 +356,8 @@ async def test_a_stream_closed_before_its_answer_is_polled_again(socket_path: st
 async def test_an_http_url_that_cannot_work_is_said_once_and_not_retried(
     url: str, type_: str | None, why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(actors.upstream, "BACKOFF_INITIAL", 0.01)
-    upstream = Upstream("bad", ServerConfig(url=url, type=type_), BrokerSettings())
+    settings = BrokerSettings(restart_delay=0.01)
+    upstream = Upstream("bad", ServerConfig(url=url, type=type_), settings)
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             await nursery.start(upstream.run)

@@ -38,7 +38,7 @@ class Scripts(dict[str, ScriptedServer]):
 def scripts(nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> Scripts:
     found = Scripts()
 
-    def launcher_for(config: Any) -> Any:
+    def launcher_for(config: Any, name: str = "") -> Any:
         if config.command not in found:
             found[config.command] = ScriptedServer(nursery, label=config.command)
         return found[config.command].launch
