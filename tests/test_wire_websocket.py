@@ -146,3 +146,13 @@ def test_the_token_file_must_hold_one_token(tmp_path: pytest.TempPathFactory) ->
         policy_for("127.0.0.1", BrokerSettings(token_file=str(path)))
     with pytest.raises(StartError, match="cannot read"):
         policy_for("127.0.0.1", BrokerSettings(token_file=str(path) + ".missing"))
+
+
+def test_an_origin_naming_the_listener_itself_is_same_origin() -> None:
+    """A page at the listener's own address would be one the daemon served (it
+    serves none); any other port or name is another origin."""
+    for origin in ("http://127.0.0.1:8767", "HTTP://127.0.0.1:8767/", "ws://127.0.0.1:8767"):
+        assert isinstance(check(host="127.0.0.1:8767", headers={"Origin": origin}), Accept)
+    for origin in ("http://127.0.0.1:8768", "http://localhost:8767", "http://127.0.0.1"):
+        refusal = check(host="127.0.0.1:8767", headers={"Origin": origin})
+        assert isinstance(refusal, Reject) and refusal.status == 403

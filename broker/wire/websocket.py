@@ -106,17 +106,29 @@ def check_access(host: str, fields: dict[str, str], policy: Policy) -> Reject | 
     """Host, Origin and token (the module's docstring), for any request by URL
     (the Streamable HTTP listener's too); None: allowed. ``fields`` by
     lower-case name, as :func:`fields_of` gives them."""
-    host = _host_name(host)
+    authority, host = host.lower(), _host_name(host)
     if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
         return Reject(403, f"Host {host!r} is not allowed (see broker.allowedHosts)")
     origin = fields.get("origin")
-    if origin is not None and origin not in policy.allowed_origins:
+    if (
+        origin is not None
+        and origin not in policy.allowed_origins
+        and not _same_origin(origin, authority)
+    ):
         return Reject(403, f"Origin {origin!r} is not allowed (see broker.allowedOrigins)")
     if policy.token is not None and not _token_matches(fields.get("authorization"), policy.token):
         return Reject(
             401, "A bearer token is required", (("WWW-Authenticate", 'Bearer realm="mcpbroker"'),)
         )
     return None
+
+
+def _same_origin(origin: str, authority: str) -> bool:
+    """An Origin naming the listener itself (the Host it was reached by): a
+    page there would be one the daemon served, and it serves none, so this
+    is a client that sends its own address (the conformance suite does)."""
+    scheme, _, rest = origin.lower().partition("://")
+    return scheme in ("http", "https", "ws", "wss") and rest.rstrip("/") == authority
 
 
 def route_of(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
