@@ -11,27 +11,17 @@ Standard library only, like ``mcpbroker status``.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from typing import Any
+
+from cli.control import ask
 
 # A reload answers at once (the servers start and stop in the background).
 TIMEOUT = 30.0
 
 
 def request_reload(socket_path: str, timeout: float = TIMEOUT) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path)
-        sock.sendall(b'{"mcpbroker":{"command":"reload"}}\n')
-        data = b""
-        while b"\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    answer: dict[str, Any] = json.loads(data)
-    return answer
+    return ask(socket_path, "reload", timeout)
 
 
 def main(socket_path: str, as_json: bool = False) -> int:

@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import sys
 import time
 from typing import Any
 
+from cli.control import ask
+
 
 def fetch_status(socket_path: str, timeout: float = 5.0) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path)
-        sock.sendall(b'{"mcpbroker":{"command":"status"}}\n')
-        data = b""
-        while b"\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    status: dict[str, Any] = json.loads(data)
-    return status
+    return ask(socket_path, "status", timeout)
 
 
 def main(socket_path: str, as_json: bool, watch: float | None = None) -> int:
