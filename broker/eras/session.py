@@ -296,7 +296,10 @@ class ModernSessionProtocol(SessionProtocol):
         if self.state in (SessionState.ERROR, SessionState.CLOSED):
             self._refuse()
         try:
-            for message in delivery:
+            # (Any: a compiled build checks no item's type; a delivery holds
+            # what the upstream made, and anything else is passed over below.)
+            items: list[Any] = delivery
+            for message in items:
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
                 if type(message) is Answer:
@@ -339,11 +342,12 @@ class ModernSessionProtocol(SessionProtocol):
     def _server_asks(self, request: Message) -> list[Message]:
         """A server's question: on the one call this session has at that server,
         an input_required answer to it; else an error back to the server."""
-        server = server_of(request.get("id"))
+        id = request.get("id")
+        server = server_of(id)
         waiting = [first for first, at in self.call_servers.items() if at == server]
         if server is None or len(waiting) != 1:
             error = jsonrpc.error_response(
-                request.get("id"),
+                id if jsonrpc.is_valid_id(id) else None,
                 INTERNAL_ERROR,
                 "mcpbroker: a 2026-07-28 client is asked only during its one call at this server",
             )
