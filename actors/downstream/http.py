@@ -2,10 +2,10 @@
 
 Hosts that connect by URL reach the daemon at ``http://HOST:PORT/mcp`` (every
 server, aggregated) or ``http://HOST:PORT/mcp/NAME`` (one server, as it is).
-The HTTP server is hypercorn's Trio worker (``hypercorn.trio.serve``) running
-the small ASGI application below; the rules (verbs, statuses, session ids,
-which stream a message goes on, the events kept for replay) are
-broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
+The HTTP server is actors/downstream/http_server.py (h11 on Trio's sockets,
+one task per connection) running the small ASGI-shaped application below;
+the rules (verbs, statuses, session ids, which stream a message goes on,
+the events kept for replay) are broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
 
 One MCP session (``Mcp-Session-Id``) is one broker :class:`~actors.session.Session`
 over an :class:`HttpConnection`, whatever number of HTTP requests it spans:
@@ -19,16 +19,13 @@ there. A session that no request or stream has used for
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
+from actors.downstream.http_server import HttpServer
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
@@ -42,7 +39,6 @@ MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
 INBOX_SIZE = 16  # POST bodies waiting for the session's reader
 KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
 REAP_SECONDS = 30.0  # how often idle sessions are looked for
-SHUTDOWN_SECONDS = 2.0
 
 # What the listener does with a new session: run it until it ends.
 OpenSession = Callable[["HttpConnection", tuple[str, ...] | None, bool], Awaitable[None]]
@@ -175,11 +171,6 @@ class HttpListener:
                 session.end(f"idle for more than {self.idle_seconds:g} s")
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
         headers = scope["headers"]
         host = next((v.decode("latin-1") for k, v in headers if k.lower() == b"host"), "")
         target = wire.check_request(
@@ -437,40 +428,6 @@ async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-class _ToStructlog(logging.Handler):
-    """Hypercorn's own log lines (warnings and errors) into the daemon's log."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        error = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
-        get_logger().warning("http.server", detail=record.getMessage(), error=error)
-
-
-def _hypercorn_config(host: str, port: int) -> HypercornConfig:
-    config = HypercornConfig()
-    shown = f"[{host}]" if ":" in host else host
-    config.bind = [f"{shown}:{port}"]
-    config.accesslog = None
-    errors = logging.getLogger("mcpbroker.http")
-    errors.setLevel(logging.WARNING)
-    errors.propagate = False
-    if not errors.handlers:
-        errors.addHandler(_ToStructlog())
-    config.errorlog = errors
-    config.include_server_header = False
-    config.graceful_timeout = SHUTDOWN_SECONDS
-    return config
-
-
 async def serve_http(
     host: str,
     port: int,
@@ -488,8 +445,5 @@ async def serve_http(
     listener = HttpListener(policy, servers, max_message_bytes, max_queued_bytes, open_session)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
-        config = _hypercorn_config(host, port)
-        binds = await nursery.start(
-            partial(hypercorn_serve, cast(Any, listener), config, mode="asgi")
-        )
-        task_status.started(int(binds[0].rpartition(":")[2]))
+        bound = await nursery.start(HttpServer(listener).serve, host, port)
+        task_status.started(bound)
