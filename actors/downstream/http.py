@@ -325,29 +325,31 @@ class HttpListener:
         new: bool,
     ) -> None:
         """Answer a POST with one JSON body once its answers are in (a new
-        session's id goes with it only if the session did initialize)."""
+        session's id goes with it only if the session did initialize).
+
+        No task watches for the client leaving meanwhile (one per request
+        halved the throughput): the answer comes, or the broker's request
+        timeout answers for it, and writing it to a client that left closes
+        the connection."""
         writer = object()
         session.streams.attach(number, writer)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                events: list[wire.Event] = []
-                while not session.closed:
-                    waker = session.waker(number)
-                    stream = session.streams.streams.get(number)
-                    if stream is None or not stream.waiting:
-                        events = session.streams.take(number)
-                        break
-                    await waker.wait()
-                if not events:
-                    await self._refuse(send, _ENDED, None)
-                else:
-                    body = events[0].data
-                    if len(events) > 1:
-                        body = b"[" + b",".join(event.data for event in events) + b"]"
-                    initialized = not new or session.streams.version is not None
-                    await _respond(send, 200, body, fields if initialized else [])
-                nursery.cancel_scope.cancel()
+            events: list[wire.Event] = []
+            while not session.closed:
+                waker = session.waker(number)
+                stream = session.streams.streams.get(number)
+                if stream is None or not stream.waiting:
+                    events = session.streams.take(number)
+                    break
+                await waker.wait()
+            if not events:
+                await self._refuse(send, _ENDED, None)
+            else:
+                body = events[0].data
+                if len(events) > 1:
+                    body = b"[" + b",".join(event.data for event in events) + b"]"
+                initialized = not new or session.streams.version is not None
+                await _respond(send, 200, body, fields if initialized else [])
         finally:
             session.streams.detach(number, writer)
 
