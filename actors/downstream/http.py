@@ -223,7 +223,7 @@ class HttpListener:
             fields = [(b"mcp-session-id", session.id.encode())]
             if mode:
                 priming = session.streams.priming(number)
-                await self._stream(session, number, receive, send, fields, [], priming)
+                await self._stream(session, number, receive, send, fields, [], priming, False)
             else:
                 await self._answer(session, number, receive, send, fields, new)
         finally:
@@ -251,7 +251,7 @@ class HttpListener:
             priming = session.streams.priming(number)
         session.busy += 1
         try:
-            await self._stream(session, number, receive, send, [], replay, priming)
+            await self._stream(session, number, receive, send, [], replay, priming, True)
         finally:
             session.busy -= 1
             session.last_active = trio.current_time()
@@ -275,10 +275,16 @@ class HttpListener:
         fields: list[tuple[bytes, bytes]],
         replay: list[wire.Event],
         priming: bytes | None,
+        watch: bool,
     ) -> None:
         """Write stream ``number`` as SSE until it is done (a POST's: its
         answers written), the session ends, the client leaves, or another
-        GET takes the stream over."""
+        GET takes the stream over.
+
+        A GET stream (``watch``) has a task watching for the client leaving;
+        a POST's stream ends with its answers, so a client that left is found
+        by the next write (an answer, progress, or the keep-alive comment),
+        which raises (ASGI's OSError) and ends the response."""
         writer = object()
         if session.streams.attach(number, writer) is not None:
             session.wake(number)  # the response writing it until now stops
@@ -287,18 +293,26 @@ class HttpListener:
             (b"cache-control", b"no-cache"),
             *fields,
         ]
+        first = (priming or b"") + b"".join(event.data for event in replay)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if not watch:
+                await self._write_stream(session, number, writer, send, first)
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                first = (priming or b"") + b"".join(event.data for event in replay)
-                if first:
-                    await _body(send, first)
-                await self._pump(session, number, writer, send)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._write_stream(session, number, writer, send, first)
                 nursery.cancel_scope.cancel()
         finally:
             session.streams.detach(number, writer)
+
+    async def _write_stream(
+        self, session: HttpConnection, number: int, writer: object, send: Send, first: bytes
+    ) -> None:
+        if first:
+            await _body(send, first)
+        await self._pump(session, number, writer, send)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> None:
         streams = session.streams

@@ -46,7 +46,12 @@ _DISCONNECT = {"type": "http.disconnect"}
 
 
 class _Gone(Exception):
-    """The client closed or broke the connection."""
+    """The client sent nothing for too long."""
+
+
+class ClientGone(OSError):
+    """Raised by ``send`` once the client has closed or broken the connection
+    (as ASGI asks of a server: an OSError of its own)."""
 
 
 class _Exchange:
@@ -141,12 +146,12 @@ class _Exchange:
 
     async def write(self, data: bytes) -> None:
         if self.gone:
-            await trio.lowlevel.checkpoint()
-            return
+            raise ClientGone("the client closed the connection")
         try:
             await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.gone = True  # the task watching for http.disconnect ends the response
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.gone = True
+            raise ClientGone("the client closed the connection") from exc
         except BaseException:
             self.usable = False  # cut short (cancelled): the rest of it never goes
             raise
@@ -178,7 +183,7 @@ class HttpServer:
                 await self._refuse(exchange, 503, b"Too many HTTP connections")
                 return
             await self._requests(exchange)
-        except _Gone:
+        except (_Gone, ClientGone):
             pass
         finally:
             self.connections -= 1
@@ -218,11 +223,13 @@ class HttpServer:
         }
         try:
             await self._app(scope, exchange.receive, exchange.send)
-        except Exception:
+        except Exception as exc:
+            exchange.usable = False
+            if _only_gone(exc):
+                return
             # A bug in answering one request ends that connection, not the daemon.
             self._log.exception("http.request_failed", method=scope["method"], path=scope["path"])
-            exchange.usable = False
-            if exchange.h11.our_state is h11.SEND_RESPONSE and exchange.head is None:
+            if exchange.h11.our_state is h11.SEND_RESPONSE:  # (nothing of its answer went)
                 await self._refuse(exchange, 500, b"Internal server error")
 
     async def _refuse(self, exchange: _Exchange, status: int, text: str | bytes) -> None:
@@ -241,3 +248,10 @@ class HttpServer:
             + connection.send(h11.Data(data=body))
             + connection.send(h11.EndOfMessage())
         )
+
+
+def _only_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says only that the client left (maybe in a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(ClientGone)[1] is None
+    return isinstance(exc, ClientGone)
