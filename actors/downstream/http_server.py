@@ -57,8 +57,9 @@ class ClientGone(OSError):
 class _Exchange:
     """One connection: the h11 state, its socket, and the request being answered."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, idle_seconds: float) -> None:
         self.stream = stream
+        self.idle_seconds = idle_seconds
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.head: bytes | None = None  # a response's head, sent with its first body
         self.gone = False  # the client left: nothing more is written
@@ -71,7 +72,7 @@ class _Exchange:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            with trio.move_on_after(IDLE_SECONDS):
+            with trio.move_on_after(self.idle_seconds):
                 self.h11.receive_data(await self._receive())
                 continue
             raise _Gone("the client sent nothing for too long")
@@ -160,8 +161,15 @@ class _Exchange:
 class HttpServer:
     """Serves an ASGI-shaped ``app`` over HTTP/1.1 on Trio's sockets."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(
+        self,
+        app: App,
+        idle_seconds: float = IDLE_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self._app = app
+        self.idle_seconds = idle_seconds
+        self.max_connections = max_connections
         self.connections = 0
         self._log = get_logger(listener="http")
 
@@ -175,11 +183,11 @@ class HttpServer:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
-        exchange = _Exchange(stream)
+        exchange = _Exchange(stream, self.idle_seconds)
         with contextlib.suppress(OSError):  # (it may have gone already)
             exchange.peer = stream.socket.getpeername()
         try:
-            if self.connections > MAX_CONNECTIONS:
+            if self.connections > self.max_connections:
                 await self._refuse(exchange, 503, b"Too many HTTP connections")
                 return
             await self._requests(exchange)
