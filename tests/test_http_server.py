@@ -25,6 +25,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         )
         await send({"type": "http.response.body", "body": b""})
         return
+    if scope["path"] == "/forever":  # until a write finds the client gone
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while True:
+            await send({"type": "http.response.body", "body": b"x" * 1000, "more_body": True})
+            await trio.sleep(0.01)
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for piece in (b"a", b"b", b"c"):
@@ -47,8 +52,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def serving(**kwargs: Any) -> AsyncIterator[int]:
-    server = HttpServer(app, **kwargs)
+async def serving(server: HttpServer | None = None, **kwargs: Any) -> AsyncIterator[int]:
+    server = server or HttpServer(app, **kwargs)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(server.serve, "127.0.0.1", 0)
         yield port
@@ -163,3 +168,19 @@ async def test_connections_past_the_bound_get_503() -> None:
             again = await trio.open_tcp_stream("127.0.0.1", port)
             await again.send_all(post("/", b"room"))
             assert (await read_until(again, b"room")).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_client_leaving_a_stream_ends_its_response_and_connection() -> None:
+    server = HttpServer(app)
+    with trio.fail_after(10):
+        async with serving(server) as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
+            await read_until(stream, b"xxxx")
+            assert server.connections == 1
+            await stream.aclose()
+            while server.connections:  # the next write finds it gone
+                await trio.sleep(0.01)
+            other = await trio.open_tcp_stream("127.0.0.1", port)  # and serving goes on
+            await other.send_all(post("/", b"still"))
+            assert (await read_until(other, b"still")).startswith(b"HTTP/1.1 200")
