@@ -58,8 +58,8 @@ class Client:
 
     def receive(self) -> bool:
         """Read what came; whether a whole response has. A connection the
-        server closed (hypercorn closes one after 1000 requests) is opened
-        again and the request sent again."""
+        server closed (an idle one, or hypercorn's after 1000 requests, when
+        it served --http) is opened again and the request sent again."""
         data = self.sock.recv(65536)
         if data:
             return self.feed(data)

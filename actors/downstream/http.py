@@ -2,10 +2,10 @@
 
 Hosts that connect by URL reach the daemon at ``http://HOST:PORT/mcp`` (every
 server, aggregated) or ``http://HOST:PORT/mcp/NAME`` (one server, as it is).
-The HTTP server is hypercorn's Trio worker (``hypercorn.trio.serve``) running
-the small ASGI application below; the rules (verbs, statuses, session ids,
-which stream a message goes on, the events kept for replay) are
-broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
+The HTTP server is actors/downstream/http_server.py (h11 on Trio's sockets,
+one task per connection) running the small ASGI-shaped application below;
+the rules (verbs, statuses, session ids, which stream a message goes on,
+the events kept for replay) are broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
 
 One MCP session (``Mcp-Session-Id``) is one broker :class:`~actors.session.Session`
 over an :class:`HttpConnection`, whatever number of HTTP requests it spans:
@@ -19,16 +19,13 @@ there. A session that no request or stream has used for
 
 from __future__ import annotations
 
-import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
+from actors.downstream.http_server import HttpServer
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
@@ -42,7 +39,6 @@ MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
 INBOX_SIZE = 16  # POST bodies waiting for the session's reader
 KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
 REAP_SECONDS = 30.0  # how often idle sessions are looked for
-SHUTDOWN_SECONDS = 2.0
 
 # What the listener does with a new session: run it until it ends.
 OpenSession = Callable[["HttpConnection", tuple[str, ...] | None, bool], Awaitable[None]]
@@ -175,11 +171,6 @@ class HttpListener:
                 session.end(f"idle for more than {self.idle_seconds:g} s")
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
         headers = scope["headers"]
         host = next((v.decode("latin-1") for k, v in headers if k.lower() == b"host"), "")
         target = wire.check_request(
@@ -232,7 +223,7 @@ class HttpListener:
             fields = [(b"mcp-session-id", session.id.encode())]
             if mode:
                 priming = session.streams.priming(number)
-                await self._stream(session, number, receive, send, fields, [], priming)
+                await self._stream(session, number, receive, send, fields, [], priming, False)
             else:
                 await self._answer(session, number, receive, send, fields, new)
         finally:
@@ -260,7 +251,7 @@ class HttpListener:
             priming = session.streams.priming(number)
         session.busy += 1
         try:
-            await self._stream(session, number, receive, send, [], replay, priming)
+            await self._stream(session, number, receive, send, [], replay, priming, True)
         finally:
             session.busy -= 1
             session.last_active = trio.current_time()
@@ -284,10 +275,16 @@ class HttpListener:
         fields: list[tuple[bytes, bytes]],
         replay: list[wire.Event],
         priming: bytes | None,
+        watch: bool,
     ) -> None:
         """Write stream ``number`` as SSE until it is done (a POST's: its
         answers written), the session ends, the client leaves, or another
-        GET takes the stream over."""
+        GET takes the stream over.
+
+        A GET stream (``watch``) has a task watching for the client leaving;
+        a POST's stream ends with its answers, so a client that left is found
+        by the next write (an answer, progress, or the keep-alive comment),
+        which raises (ASGI's OSError) and ends the response."""
         writer = object()
         if session.streams.attach(number, writer) is not None:
             session.wake(number)  # the response writing it until now stops
@@ -296,18 +293,26 @@ class HttpListener:
             (b"cache-control", b"no-cache"),
             *fields,
         ]
+        first = (priming or b"") + b"".join(event.data for event in replay)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if not watch:
+                await self._write_stream(session, number, writer, send, first)
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                first = (priming or b"") + b"".join(event.data for event in replay)
-                if first:
-                    await _body(send, first)
-                await self._pump(session, number, writer, send)
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._write_stream(session, number, writer, send, first)
                 nursery.cancel_scope.cancel()
         finally:
             session.streams.detach(number, writer)
+
+    async def _write_stream(
+        self, session: HttpConnection, number: int, writer: object, send: Send, first: bytes
+    ) -> None:
+        if first:
+            await _body(send, first)
+        await self._pump(session, number, writer, send)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> None:
         streams = session.streams
@@ -334,29 +339,31 @@ class HttpListener:
         new: bool,
     ) -> None:
         """Answer a POST with one JSON body once its answers are in (a new
-        session's id goes with it only if the session did initialize)."""
+        session's id goes with it only if the session did initialize).
+
+        No task watches for the client leaving meanwhile (one per request
+        halved the throughput): the answer comes, or the broker's request
+        timeout answers for it, and writing it to a client that left closes
+        the connection."""
         writer = object()
         session.streams.attach(number, writer)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                events: list[wire.Event] = []
-                while not session.closed:
-                    waker = session.waker(number)
-                    stream = session.streams.streams.get(number)
-                    if stream is None or not stream.waiting:
-                        events = session.streams.take(number)
-                        break
-                    await waker.wait()
-                if not events:
-                    await self._refuse(send, _ENDED, None)
-                else:
-                    body = events[0].data
-                    if len(events) > 1:
-                        body = b"[" + b",".join(event.data for event in events) + b"]"
-                    initialized = not new or session.streams.version is not None
-                    await _respond(send, 200, body, fields if initialized else [])
-                nursery.cancel_scope.cancel()
+            events: list[wire.Event] = []
+            while not session.closed:
+                waker = session.waker(number)
+                stream = session.streams.streams.get(number)
+                if stream is None or not stream.waiting:
+                    events = session.streams.take(number)
+                    break
+                await waker.wait()
+            if not events:
+                await self._refuse(send, _ENDED, None)
+            else:
+                body = events[0].data
+                if len(events) > 1:
+                    body = b"[" + b",".join(event.data for event in events) + b"]"
+                initialized = not new or session.streams.version is not None
+                await _respond(send, 200, body, fields if initialized else [])
         finally:
             session.streams.detach(number, writer)
 
@@ -437,40 +444,6 @@ async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
-class _ToStructlog(logging.Handler):
-    """Hypercorn's own log lines (warnings and errors) into the daemon's log."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        error = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
-        get_logger().warning("http.server", detail=record.getMessage(), error=error)
-
-
-def _hypercorn_config(host: str, port: int) -> HypercornConfig:
-    config = HypercornConfig()
-    shown = f"[{host}]" if ":" in host else host
-    config.bind = [f"{shown}:{port}"]
-    config.accesslog = None
-    errors = logging.getLogger("mcpbroker.http")
-    errors.setLevel(logging.WARNING)
-    errors.propagate = False
-    if not errors.handlers:
-        errors.addHandler(_ToStructlog())
-    config.errorlog = errors
-    config.include_server_header = False
-    config.graceful_timeout = SHUTDOWN_SECONDS
-    return config
-
-
 async def serve_http(
     host: str,
     port: int,
@@ -488,8 +461,5 @@ async def serve_http(
     listener = HttpListener(policy, servers, max_message_bytes, max_queued_bytes, open_session)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
-        config = _hypercorn_config(host, port)
-        binds = await nursery.start(
-            partial(hypercorn_serve, cast(Any, listener), config, mode="asgi")
-        )
-        task_status.started(int(binds[0].rpartition(":")[2]))
+        bound = await nursery.start(HttpServer(listener).serve, host, port)
+        task_status.started(bound)
