@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import trio
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client, text_of
 from tests.test_eras_e2e import modern_client
@@ -76,3 +77,26 @@ async def test_auto_falls_back_to_initialize_on_a_legacy_only_server(socket_path
     with trio.fail_after(60):
         async with running_daemon({"d": demo}, socket_path) as daemon:
             assert daemon.upstreams["d"].identity.protocol_version != MODERN
+
+
+async def test_a_legacy_only_server_forced_modern_fails_its_handshake(socket_path: str) -> None:
+    """``"era": "modern"`` on the demo server (legacy only): never opened with
+    initialize; the handshake fails, saying why, and a client is told."""
+    demo = {
+        "command": sys.executable,
+        "args": ["-m", "tools.demo_server"],
+        "cwd": str(REPO),
+        "era": "modern",
+    }
+    with trio.fail_after(60):
+        async with running_daemon({"d": demo}, socket_path, wait=()) as daemon:
+            upstream = daemon.upstreams["d"]
+            while "not modern" not in (upstream.statistics().last_error or ""):
+                await trio.sleep(0.05)
+            assert upstream.identity is None
+            with pytest.RaisesGroup(
+                pytest.RaisesExc(MCPError, match=r"not running \(it .*is not modern"),
+                flatten_subgroups=True,
+            ):
+                async with shim_client(socket_path, "d"):
+                    pass  # (initialize is refused: the view's one server is down)
