@@ -271,15 +271,18 @@ class UpstreamProtocol:
             return [self._list_tools()]
         return [Ready(self.identity)]
 
-    def _stamp(self, request: Message, capabilities: dict[str, Any] | None) -> None:
+    def _stamp(self, request: Message, session: Hashable | None) -> None:
         """Give a request for a modern server, in place, the ``_meta`` every
         modern request carries: the version, and the capabilities of the
-        client it is for (the broker's own for its own requests)."""
+        client it is for (the broker's own for its own requests, ``None``),
+        with the log level that client set, if it set one."""
         assert self.identity is not None
+        capabilities = None if session is None else self.sessions.get(session)
         stamped = to_modern_request(
             request,
             self.identity.protocol_version,
             BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
+            log_level=None if session is None else self.fanout.level_of(session),
         )
         request["params"] = stamped["params"]
 
@@ -426,7 +429,7 @@ class UpstreamProtocol:
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         if self.modern:
-            self._stamp(request, self.sessions.get(session))
+            self._stamp(request, session)
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:

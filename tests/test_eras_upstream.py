@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from broker import jsonrpc
-from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from broker.eras.versions import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, PROTOCOL_VERSION_KEY
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, HandshakeError
 from broker.states import ServerState
 from broker.upstream import (
@@ -154,3 +154,14 @@ def test_the_era_key_is_checked() -> None:
     assert parse_config({"mcpServers": {"m": {"command": "x"}}}).servers["m"].era == "legacy"
     with pytest.raises(ConfigError, match=r'"mcpServers.m.era" must be'):
         parse_config({"mcpServers": {"m": {"command": "x", "era": "2026"}}})
+
+
+def test_a_clients_log_level_is_stamped_on_its_requests_to_a_modern_server() -> None:
+    proto = modern_protocol()
+    proto.attach("a", {})
+    proto.attach("b", {})
+    assert proto.client_log_level("a", "warning") == []  # (no logging/setLevel upstream)
+    (sent,) = proto.client_request("a", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert isinstance(sent, SendUpstream) and meta_of(sent.message)[LOG_LEVEL_KEY] == "warning"
+    (sent,) = proto.client_request("b", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert isinstance(sent, SendUpstream) and LOG_LEVEL_KEY not in meta_of(sent.message)
