@@ -102,6 +102,9 @@ STARTUP_TIMEOUT = 30.0
 # How long after its start an instance that warms up (per-session, pool) may
 # take to offer the tools the catalog shows before it is taken as ready anyway.
 WARM_UP_TIMEOUT = 10.0
+# Seconds a server of "era": "auto" has to answer the server/discover probe
+# before it is opened with initialize (docs/eras.md).
+PROBE_TIMEOUT = 5.0
 STDERR_TAIL = 5  # a server's last stderr lines, kept for the report of a crash loop
 # Bytes of the broker's own messages (ping replies, cancellations) that may wait
 # for a server beyond the backlog's limit (client requests stop at the limit,
@@ -162,6 +165,7 @@ class Upstream:
             warm_up=warm_up,
             expected_tools=expected_tools,
             state=ServerState.IDLE if lazy else ServerState.STARTING,
+            era=config.era,
         )
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
@@ -693,6 +697,8 @@ class Upstream:
             if self._protocol.warm_up:
                 tasks.start_soon(self._watch_warm_up)
             self._send_nowait([self._protocol.start()])
+            if self._protocol.probing:
+                tasks.start_soon(self._watch_probe)
             reason = await self._read(link)
             tasks.cancel_scope.cancel()
         self._link_nursery = None
@@ -727,6 +733,11 @@ class Upstream:
             self._apply(actions)
             if self._protocol.released:
                 self._send_nowait(self._protocol.take_released())
+
+    async def _watch_probe(self) -> None:
+        """A server silent to the probe is opened with initialize (legacy)."""
+        await trio.sleep(PROBE_TIMEOUT)
+        self._apply(self._protocol.probe_expired())
 
     async def _watch_warm_up(self) -> None:
         """An instance that lists its tools before it is ready waits that long at

@@ -37,6 +37,8 @@ DEFAULT_MAX_IN_FLIGHT = 4096  # requests per session
 DEFAULT_MAX_SERVER_IN_FLIGHT = 16384  # requests per server instance
 DEFAULT_MAX_WAITING = 1024  # requests waiting for their turn, per server instance
 SERVER_REQUEST_MODES = ("auto", "exclusive", "concurrent")
+# Which protocol era a server is opened in (docs/eras.md, "Upstream").
+ERAS = ("auto", "legacy", "modern")
 
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
@@ -65,6 +67,9 @@ class ServerConfig:
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
     # Requests to clients: "auto", "exclusive" or "concurrent" (broker/turns.py).
     server_requests: str = "auto"
+    # The protocol era: "auto" probes server/discover, "legacy" opens with
+    # initialize, "modern" requires 2026-07-28 (docs/eras.md).
+    era: str = "legacy"
     # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
     # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
     oauth: dict[str, str] = attrs.field(factory=dict)
@@ -318,6 +323,7 @@ _SERVER_KEYS = {
     "pool": "pool",
     "timeout": "timeout",
     "serverRequests": "server_requests",
+    "era": "era",
     "oauth": "oauth",
     "restartDelay": "restart_delay",
     "restartMaxDelay": "restart_max_delay",
@@ -429,6 +435,8 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
             f'"{where}.serverRequests" must be "auto", "exclusive" or "concurrent", '
             f"not {server.server_requests!r}"
         )
+    if server.era not in ERAS:
+        raise ConfigError(f'"{where}.era" must be "auto", "legacy" or "modern", not {server.era!r}')
     _check_recovery(
         where,
         server.restart_delay,

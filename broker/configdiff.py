@@ -72,6 +72,8 @@ SERVER_EFFECTS: dict[str, Effect] = {
     # The gate's state (the holder, held requests, what auto learnt) is the
     # running process's; switching modes under it would be a guess.
     "server_requests": Effect.RESTART_SERVER,
+    # The era is decided when the connection opens (docs/eras.md).
+    "era": Effect.RESTART_SERVER,
     # Restarts and pings (broker/recovery.py): read at each end of a connection
     # and each ping, so the next one follows the new value.
     "restart_delay": Effect.LIVE,

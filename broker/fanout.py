@@ -44,6 +44,11 @@ class Fanout:
         rank = level_rank(level)
         return wanted is None or rank is None or rank >= wanted
 
+    def level_of(self, session: Hashable) -> str | None:
+        """The level a session set (None: it set none)."""
+        wanted = self._levels.get(session)
+        return None if wanted is None else LOG_LEVELS[wanted]
+
     def upstream_level(self) -> str | None:
         """The level the server should log at (None: nobody asked)."""
         return LOG_LEVELS[self._sent_level] if self._sent_level is not None else None

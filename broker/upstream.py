@@ -44,6 +44,15 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
+from broker.eras.bridge import to_modern_request
+from broker.eras.probe import (
+    Incompatible,
+    Legacy,
+    Modern,
+    Reprobe,
+    discover_request,
+    read_probe_answer,
+)
 from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
@@ -57,6 +66,7 @@ from broker.jsonrpc import (
     RequestId,
 )
 from broker.lifecycle import (
+    BROKER_CLIENT_CAPABILITIES,
     HandshakeError,
     ServerIdentity,
     initialize_request,
@@ -80,6 +90,7 @@ from broker.wire.envelope import Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
 HANDSHAKE_ID = "mcpbroker-initialize"
+PROBE_ID = "mcpbroker-discover"
 DEFAULT_MAX_IN_FLIGHT = 16384
 LIST_CHANGED = frozenset(
     {
@@ -145,8 +156,14 @@ class UpstreamProtocol:
         warm_up: bool = False,
         expected_tools: frozenset[str] | None = None,
         state: ServerState = ServerState.INITIALIZING,
+        era: str = "legacy",
     ) -> None:
         self.name = name
+        # "auto", "legacy" or "modern" (broker/config.py); what this connection
+        # speaks is decided by its opening (:meth:`start`): ``modern``.
+        self.era = era
+        self.modern = False
+        self._probes = 0  # server/discover probes sent, while the era is undecided
         self.numbering = numbering
         self.max_in_flight = max_in_flight
         self.warm_up = warm_up
@@ -185,6 +202,7 @@ class UpstreamProtocol:
             warm_up=self.warm_up,
             expected_tools=self.expected_tools,
             state=self.state,
+            era=self.era,
         )
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
@@ -207,8 +225,66 @@ class UpstreamProtocol:
         self.turns.limit = max_waiting
 
     def start(self) -> Message:
-        """The first message to write to a freshly started server."""
-        return initialize_request(HANDSHAKE_ID)
+        """The first message to write to a freshly started server: the
+        ``server/discover`` probe unless the server is configured legacy
+        (docs/eras.md), ``initialize`` then."""
+        if self.era == "legacy":
+            return initialize_request(HANDSHAKE_ID)
+        self._probes = 1
+        return discover_request(PROBE_ID)
+
+    @property
+    def probing(self) -> bool:
+        """The era is not decided yet: the probe awaits its answer."""
+        return self._probes > 0 and self.state is ServerState.INITIALIZING
+
+    def probe_expired(self) -> list[Action]:
+        """The actor's clock ran out on the probe: a server of ``"era": "auto"``
+        is opened with ``initialize`` (a forced modern one waits for the
+        startup timeout, the only verdict left)."""
+        if not self.probing or self.era != "auto":
+            return []
+        self._probes = 0
+        return [SendUpstream(initialize_request(HANDSHAKE_ID))]
+
+    def _probed(self, message: Message) -> list[Action]:
+        """The server answered the probe: open the connection in its era."""
+        verdict = read_probe_answer(message, first=self._probes == 1)
+        if isinstance(verdict, Reprobe):
+            self._probes += 1
+            return [SendUpstream(discover_request(PROBE_ID, verdict.version))]
+        if isinstance(verdict, Incompatible):
+            raise HandshakeError(verdict.message)
+        self._probes = 0
+        if isinstance(verdict, Legacy):
+            if self.era == "modern":
+                raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
+            return [SendUpstream(initialize_request(HANDSHAKE_ID))]
+        assert isinstance(verdict, Modern)
+        self.modern = True
+        self.identity = verdict.identity
+        # No notifications/initialized, and nothing renewed: subscriptions and
+        # log levels are not the modern era's (docs/eras.md, "Not yet").
+        warming = self.warm_up and "tools" in self.identity.capabilities
+        self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
+        if warming:
+            return [self._list_tools()]
+        return [Ready(self.identity)]
+
+    def _stamp(self, request: Message, session: Hashable | None) -> None:
+        """Give a request for a modern server, in place, the ``_meta`` every
+        modern request carries: the version, and the capabilities of the
+        client it is for (the broker's own for its own requests, ``None``),
+        with the log level that client set, if it set one."""
+        assert self.identity is not None
+        capabilities = None if session is None else self.sessions.get(session)
+        stamped = to_modern_request(
+            request,
+            self.identity.protocol_version,
+            BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
+            log_level=None if session is None else self.fanout.level_of(session),
+        )
+        request["params"] = stamped["params"]
 
     # -- from clients -------------------------------------------------------
 
@@ -257,7 +333,11 @@ class UpstreamProtocol:
     def ping(self) -> Message:
         """A ``ping`` of the broker's own (liveness, broker/recovery.py): its
         answer, like any message from the server, is a sign of life, and is
-        dropped (its id, a string, is never a client's upstream id)."""
+        dropped (its id, a string, is never a client's upstream id). A modern
+        server has no ``ping``: it is asked ``server/discover``, which every
+        modern server answers."""
+        if self.modern:
+            return self._own_request("server/discover", {})
         return self._own_request("ping", {})
 
     def _check_tool(self, request: Message, params: dict[str, Any]) -> None:
@@ -348,6 +428,8 @@ class UpstreamProtocol:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
+        if self.modern:
+            self._stamp(request, session)
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
@@ -365,14 +447,17 @@ class UpstreamProtocol:
 
     def _log_level_actions(self, level: str | None) -> list[Action]:
         has_logging = self.identity is not None and "logging" in self.identity.capabilities
-        if level is None or not has_logging or self.state not in _UP:
+        if level is None or not has_logging or self.state not in _UP or self.modern:
             return []
         return [SendUpstream(self._own_request("logging/setLevel", {"level": level}))]
 
     def _own_request(self, method: str, params: dict[str, Any]) -> Message:
         """A request of the broker's own; its answer matches no client and is dropped."""
         id = f"mcpbroker-{next(self._own_ids)}"
-        return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+        request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+        if self.modern:
+            self._stamp(request, None)
+        return request
 
     def attach(self, session: Hashable, capabilities: dict[str, Any]) -> None:
         """A session uses this server from now on (it declared these capabilities)."""
@@ -583,8 +668,11 @@ class UpstreamProtocol:
         return Deliver(entry.session, error)
 
     def _response(self, message: Message) -> list[Action]:
-        if self.state is ServerState.INITIALIZING and message.get("id") == HANDSHAKE_ID:
-            return self._handshake_done(message)
+        if self.state is ServerState.INITIALIZING:
+            if message.get("id") == HANDSHAKE_ID:
+                return self._handshake_done(message)
+            if message.get("id") == PROBE_ID and self._probes:
+                return self._probed(message)
         upstream_id = message.get("id")
         if upstream_id == self._listing and self._listing is not None:
             return self._tools_listed(message)
@@ -622,7 +710,10 @@ class UpstreamProtocol:
         """What the server must be asked again in a new session: the
         subscriptions and log level its sessions asked for. After a restart's
         handshake, and when the link opened a new session under the same
-        connection (broker/wire/frames.py ``Renewed``)."""
+        connection (broker/wire/frames.py ``Renewed``). Neither exists in the
+        modern era (docs/eras.md)."""
+        if self.modern:
+            return []
         actions: list[Action] = [
             SendUpstream(self._own_request("resources/subscribe", {"uri": uri}))
             for uri in self.fanout.subscribed_uris()

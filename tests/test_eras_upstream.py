@@ -1,0 +1,167 @@
+"""UpstreamProtocol's era: the server/discover probe, and requests to a modern server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker import jsonrpc
+from broker.eras.versions import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, PROTOCOL_VERSION_KEY
+from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, HandshakeError
+from broker.states import ServerState
+from broker.upstream import (
+    HANDSHAKE_ID,
+    PROBE_ID,
+    Deliver,
+    Ready,
+    SendUpstream,
+    UpstreamProtocol,
+)
+
+MODERN = "2026-07-28"
+DISCOVERED = {
+    "resultType": "complete",
+    "supportedVersions": [MODERN],
+    "capabilities": {"tools": {}, "logging": {}},
+    "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "m", "version": "1"}},
+}
+INIT_RESULT = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {"tools": {}},
+    "serverInfo": {"name": "old", "version": "1"},
+}
+
+
+def started(era: str) -> tuple[UpstreamProtocol, dict[str, Any]]:
+    proto = UpstreamProtocol("m", era=era)
+    return proto, proto.start()
+
+
+def modern_protocol() -> UpstreamProtocol:
+    proto, _ = started("auto")
+    (ready,) = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert isinstance(ready, Ready)
+    return proto
+
+
+def meta_of(message: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = message["params"]["_meta"]
+    return meta
+
+
+def test_a_legacy_server_is_opened_with_initialize_unprobed() -> None:
+    proto, first = started("legacy")
+    assert first["method"] == "initialize"
+    assert not proto.probing
+
+
+@pytest.mark.parametrize("era", ["auto", "modern"])
+def test_a_modern_answer_opens_a_modern_connection_without_initialize(era: str) -> None:
+    proto, first = started(era)
+    assert first["method"] == "server/discover" and first["id"] == PROBE_ID
+    assert meta_of(first)[PROTOCOL_VERSION_KEY] == MODERN
+    actions = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert actions == [Ready(proto.identity)]  # no notifications/initialized
+    assert proto.modern and proto.state is ServerState.READY
+    assert proto.identity is not None and proto.identity.protocol_version == MODERN
+    assert proto.identity.server_info == {"name": "m", "version": "1"}
+
+
+def test_auto_falls_back_to_initialize_on_an_error() -> None:
+    proto, _ = started("auto")
+    refused = jsonrpc.error_response(PROBE_ID, -32601, "Method not found")
+    (sent,) = proto.server_message(refused)
+    assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
+    assert not proto.probing
+    actions = proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT_RESULT))
+    assert isinstance(actions[-1], Ready) and not proto.modern
+
+
+def test_auto_falls_back_to_initialize_when_the_probe_times_out() -> None:
+    proto, _ = started("auto")
+    (sent,) = proto.probe_expired()
+    assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
+    assert proto.probe_expired() == []  # once
+    # A late answer to the probe changes nothing.
+    assert proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED)) == []
+    assert not proto.modern and proto.state is ServerState.INITIALIZING
+
+
+def test_a_forced_modern_server_that_is_legacy_fails_its_handshake() -> None:
+    proto, _ = started("modern")
+    assert proto.probe_expired() == []  # the startup timeout decides
+    with pytest.raises(HandshakeError, match="not modern"):
+        proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "Method not found"))
+
+
+def test_a_server_naming_another_modern_version_is_probed_again_then_refused() -> None:
+    proto, _ = started("auto")
+    wrong = jsonrpc.error_response(
+        PROBE_ID, -32022, "Unsupported", data={"supported": [MODERN], "requested": MODERN}
+    )
+    (sent,) = proto.server_message(wrong)
+    assert isinstance(sent, SendUpstream) and sent.message["method"] == "server/discover"
+    future = jsonrpc.error_response(PROBE_ID, -32022, "Unsupported", data={"supported": ["2099"]})
+    with pytest.raises(HandshakeError, match="2099"):
+        proto.server_message(future)
+
+
+def test_requests_to_a_modern_server_are_stamped_with_their_clients_capabilities() -> None:
+    proto = modern_protocol()
+    proto.attach("a", {"sampling": {}})
+    (sent,) = proto.client_request(
+        "a", {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t"}}
+    )
+    assert isinstance(sent, SendUpstream)
+    meta = meta_of(sent.message)
+    assert meta[PROTOCOL_VERSION_KEY] == MODERN
+    assert meta[CLIENT_CAPABILITIES_KEY] == {"sampling": {}}
+    assert sent.message["params"]["name"] == "t"
+    # The broker's own (no attached session): its own capabilities.
+    (sent,) = proto.client_request("internal", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert isinstance(sent, SendUpstream)
+    assert meta_of(sent.message)[CLIENT_CAPABILITIES_KEY] == BROKER_CLIENT_CAPABILITIES
+    # The answer comes back unchanged but for the client's id.
+    upstream_id = sent.message["id"]
+    answered = jsonrpc.result_response(upstream_id, {"resultType": "complete", "tools": []})
+    (delivered,) = proto.server_message(answered)
+    assert isinstance(delivered, Deliver) and delivered.message["id"] == 1
+    assert delivered.message["result"] == {"resultType": "complete", "tools": []}
+
+
+def test_a_modern_server_is_pinged_with_discover_and_never_asked_legacy_only_things() -> None:
+    proto = modern_protocol()
+    ping = proto.ping()
+    assert ping["method"] == "server/discover"
+    assert meta_of(ping)[PROTOCOL_VERSION_KEY] == MODERN
+    assert proto.client_log_level("a", "debug") == []  # no logging/setLevel
+    assert proto.renewed() == []
+
+
+def test_a_restarted_connection_is_probed_again() -> None:
+    proto = modern_protocol()
+    proto.server_gone("exited")
+    fresh = proto.restarted()
+    assert fresh.era == "auto" and not fresh.modern
+
+
+def test_the_era_key_is_checked() -> None:
+    from broker.config import ConfigError, parse_config
+
+    servers = {"m": {"command": "x", "era": "auto"}}
+    assert parse_config({"mcpServers": servers}).servers["m"].era == "auto"
+    assert parse_config({"mcpServers": {"m": {"command": "x"}}}).servers["m"].era == "legacy"
+    with pytest.raises(ConfigError, match=r'"mcpServers.m.era" must be'):
+        parse_config({"mcpServers": {"m": {"command": "x", "era": "2026"}}})
+
+
+def test_a_clients_log_level_is_stamped_on_its_requests_to_a_modern_server() -> None:
+    proto = modern_protocol()
+    proto.attach("a", {})
+    proto.attach("b", {})
+    assert proto.client_log_level("a", "warning") == []  # (no logging/setLevel upstream)
+    (sent,) = proto.client_request("a", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert isinstance(sent, SendUpstream) and meta_of(sent.message)[LOG_LEVEL_KEY] == "warning"
+    (sent,) = proto.client_request("b", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert isinstance(sent, SendUpstream) and LOG_LEVEL_KEY not in meta_of(sent.message)
