@@ -42,7 +42,7 @@ import trio
 import broker.upstream
 from actors.audit import AuditLog
 from actors.downstream.connection import Connection
-from actors.downstream.http import HttpConnection, serve_http
+from actors.downstream.http import serve_http
 from actors.downstream.metrics import serve_metrics
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import (
@@ -52,7 +52,7 @@ from actors.downstream.unix import (
     serve_unix,
     take_inherited_listener,
 )
-from actors.downstream.websocket import WebSocketConnection, policy_for, serve_websocket
+from actors.downstream.websocket import policy_for, serve_websocket
 from actors.logs import get_logger
 from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
 from actors.registry import Registry
@@ -207,10 +207,9 @@ class Daemon:
                         self._current_websocket_policy,
                         self.upstreams,
                         settings.max_message_bytes,
-                        self._serve_websocket,
+                        self._serve_by_url,
                     )
-                    shown = f"[{host}]" if ":" in host else host
-                    self.websocket_url = f"ws://{shown}:{port}/mcp"
+                    self.websocket_url = _url("ws", host, port, "/mcp")
                 if http_address is not None:
                     await self._start_http(nursery, *http_address)
                 if metrics is not None:
@@ -282,20 +281,13 @@ class Daemon:
             self.upstreams,
             settings.max_message_bytes,
             settings.max_queued_bytes,
-            self._serve_http,
+            self._serve_by_url,
         )
-        shown = f"[{host}]" if ":" in host else host
-        self.http_url = f"http://{shown}:{port}/mcp"
+        self.http_url = _url("http", host, port, "/mcp")
 
     def _current_http_policy(self) -> Policy:
         assert self._http_policy is not None
         return self._http_policy
-
-    async def _serve_http(
-        self, connection: HttpConnection, view: tuple[str, ...] | None, transparent: bool
-    ) -> None:
-        view = tuple(self.upstreams) if view is None else view
-        await self._serve_session(connection, view=view, transparent=transparent)
 
     async def _serve_metrics(self, nursery: trio.Nursery, host: str, port: int) -> None:
         # (imported here: prometheus_client takes 15 ms a daemon without metrics need not pay)
@@ -306,8 +298,7 @@ class Daemon:
         port = await nursery.start(
             serve_metrics, host, port, self._current_metrics_policy, partial(render, registry)
         )
-        shown = f"[{host}]" if ":" in host else host
-        self.metrics_url = f"http://{shown}:{port}/metrics"
+        self.metrics_url = _url("http", host, port, "/metrics")
 
     def _current_metrics_policy(self) -> Policy:
         assert self._metrics_policy is not None
@@ -490,9 +481,11 @@ class Daemon:
         connection = StreamConnection(stream, self.config.broker.max_message_bytes)
         await self._serve_session(connection, control=self._control)
 
-    async def _serve_websocket(
-        self, connection: WebSocketConnection, view: tuple[str, ...] | None, transparent: bool
+    async def _serve_by_url(
+        self, connection: Connection, view: tuple[str, ...] | None, transparent: bool
     ) -> None:
+        """A session whose view the URL's path chose (WebSocket, HTTP): ``/mcp``
+        (None) is every server, and a reload's new servers join it."""
         every = view is None
         view = tuple(self.upstreams) if view is None else view
         await self._serve_session(connection, view=view, transparent=transparent, every=every)
@@ -522,6 +515,12 @@ class Daemon:
                 self._sessions.discard(session)
                 self._session_ended.set()
                 self._session_ended = trio.Event()
+
+
+def _url(scheme: str, host: str, port: int, path: str) -> str:
+    """A listener's URL (an IPv6 host in brackets)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}{path}"
 
 
 def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:

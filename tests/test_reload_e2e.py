@@ -439,3 +439,31 @@ async def test_a_reload_reaches_websocket_sessions(socket_path: str) -> None:
                 async with ws_client(d.websocket_url + "/c") as on_c:
                     await on_c.initialize()
                     assert text(await on_c.call("echo", text="c")) == "c"
+
+
+async def test_a_reload_reaches_http_sessions(socket_path: str) -> None:
+    """An HTTP session on /mcp sees a server a reload adds, as a WebSocket
+    one does (both are views of every server), and /mcp/NEW opens."""
+    from broker.config import parse_config
+    from tests.conftest import running_daemon as daemon_in_process
+    from tests.conftest import text_of
+    from tests.test_http_e2e import http_session
+
+    broker = {"http": "127.0.0.1:0"}
+    with trio.fail_after(60):
+        async with daemon_in_process({"a": demo("a")}, socket_path, broker=broker) as d:
+            assert d.http_url is not None
+            async with http_session(d.http_url) as every:
+                assert [
+                    t.name for t in (await every.list_tools()).tools if t.name.startswith("c__")
+                ] == []
+                d.reload(
+                    parse_config({"mcpServers": {"a": demo("a"), "c": demo("c")}, "broker": broker})
+                )
+                await d.upstreams["c"].wait_ready()
+                with trio.fail_after(10):
+                    while "c__echo" not in {t.name for t in (await every.list_tools()).tools}:
+                        await trio.sleep(0.05)
+                assert text_of(await every.call_tool("c__echo", {"text": "hi"})) == "hi"
+                async with http_session(d.http_url + "/c") as on_c:
+                    assert text_of(await on_c.call_tool("echo", {"text": "c"})) == "c"

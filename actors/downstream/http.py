@@ -147,7 +147,7 @@ class HttpListener:
         idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self._policy = policy
-        self._names = tuple(servers)
+        self._servers = servers  # (read at each request: a reload may change them)
         self._limit = max_message_bytes
         self._max_queued_bytes = max_queued_bytes
         self._open_session = open_session
@@ -174,7 +174,7 @@ class HttpListener:
         headers = scope["headers"]
         host = next((v.decode("latin-1") for k, v in headers if k.lower() == b"host"), "")
         target = wire.check_request(
-            scope["method"], scope["path"], host, headers, self._names, self._policy()
+            scope["method"], scope["path"], host, headers, tuple(self._servers), self._policy()
         )
         if isinstance(target, wire.Refuse):
             return await self._refuse(send, target, scope)
