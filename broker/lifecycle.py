@@ -107,12 +107,17 @@ def read_initialize_result(response: Message) -> ServerIdentity:
     version = result.get("protocolVersion")
     if version not in LEGACY_VERSIONS:
         raise HandshakeError(f"server answered with unsupported protocol version {version!r}")
+    return identity_of(version, result, result.get("serverInfo"))
+
+
+def identity_of(version: str, result: dict[str, Any], server_info: Any) -> ServerIdentity:
+    """A server's identity from the result it said it in (``initialize``, or
+    ``server/discover``), each field taken only if it has the right type."""
     capabilities = result.get("capabilities")
-    info = result.get("serverInfo")
     instructions = result.get("instructions")
     return ServerIdentity(
         protocol_version=version,
         capabilities=capabilities if isinstance(capabilities, dict) else {},
-        server_info=info if isinstance(info, dict) else {},
+        server_info=server_info if isinstance(server_info, dict) else {},
         instructions=instructions if isinstance(instructions, str) else None,
     )

@@ -39,6 +39,7 @@ from broker.lifecycle import (
     BROKER_VERSION,
     LEGACY_VERSIONS,
     ServerIdentity,
+    identity_of,
 )
 
 
@@ -125,11 +126,4 @@ def _read_error(error: Any, first: bool) -> Verdict:
 def _identity(version: str, result: dict[str, Any]) -> ServerIdentity:
     meta = result.get("_meta")
     info = meta.get(SERVER_INFO_KEY) if isinstance(meta, dict) else None
-    capabilities = result.get("capabilities")
-    instructions = result.get("instructions")
-    return ServerIdentity(
-        protocol_version=version,
-        capabilities=capabilities if isinstance(capabilities, dict) else {},
-        server_info=info if isinstance(info, dict) else {},
-        instructions=instructions if isinstance(instructions, str) else None,
-    )
+    return identity_of(version, result, info)
