@@ -130,7 +130,12 @@ class AuthorizationNeeded(Exception):
 class BearerTokens(httpx2.Auth):
     """The stored grant of server ``name`` on every request to it (an
     ``httpx2.Auth``, one per link). With no grant stored, requests go as they
-    are (the server may not ask for any)."""
+    are (the server may not ask for any).
+
+    The grant is read from the file once, and again only when it may have
+    changed: on a 401 (``mcpbroker auth`` may have run since) and before a
+    refresh (another daemon may have refreshed it), so that requests cost no
+    file read."""
 
     def __init__(
         self, name: str, store: TokenStore, clock: Callable[[], float] = time.time
@@ -139,33 +144,40 @@ class BearerTokens(httpx2.Auth):
         self._store = store
         self._clock = clock
         self._lock = trio.Lock()  # one refresh at a time: refresh tokens rotate
+        self._grant: Grant | None = None
+        self._loaded = False
 
     async def async_auth_flow(
         self, request: httpx2.Request
     ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        grant = await self._current()
-        if grant is None:
-            yield request
-            return
-        if oauth.needs_refresh(grant.tokens, self._clock()):
+        if not self._loaded:
+            await self._read()
+        grant = self._grant
+        if grant is not None and oauth.needs_refresh(grant.tokens, self._clock()):
             grant = await self._refresh(grant) or grant
-        request.headers["Authorization"] = f"Bearer {grant.tokens.access_token}"
+        if grant is not None:
+            request.headers["Authorization"] = f"Bearer {grant.tokens.access_token}"
         response = yield request
-        if response.status_code != 401 or grant.tokens.refresh_token is None:
+        if response.status_code != 401:
             return
-        refreshed = await self._refresh(grant, force=True)
-        if refreshed is not None:
-            request.headers["Authorization"] = f"Bearer {refreshed.tokens.access_token}"
+        if grant is None or grant.tokens.refresh_token is None:
+            again = await self._read()  # (a grant stored since?)
+        else:
+            again = await self._refresh(grant, force=True)
+        if again is not None and again != grant:
+            request.headers["Authorization"] = f"Bearer {again.tokens.access_token}"
             yield request
 
-    async def _current(self) -> Grant | None:
-        return await trio.to_thread.run_sync(self._store.load, self.name)
+    async def _read(self) -> Grant | None:
+        self._grant = await trio.to_thread.run_sync(self._store.load, self.name)
+        self._loaded = True
+        return self._grant
 
     async def _refresh(self, seen: Grant, force: bool = False) -> Grant | None:
         """New tokens for the grant (None if it cannot be refreshed). Under the
         lock, a grant another request refreshed meanwhile is taken as it is."""
         async with self._lock:
-            grant = await self._current()
+            grant = await self._read()
             if grant is None:
                 return None
             if grant.tokens != seen.tokens:
@@ -181,7 +193,7 @@ class BearerTokens(httpx2.Auth):
                 tokens = oauth.read_tokens(_json(answer), self._clock(), grant.tokens)
             except (httpx2.HTTPError, OAuthError):
                 return None
-            grant = attrs.evolve(grant, tokens=tokens)
+            grant = self._grant = attrs.evolve(grant, tokens=tokens)
             await trio.to_thread.run_sync(self._store.save, self.name, grant)
             return grant
 

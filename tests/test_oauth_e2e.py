@@ -226,3 +226,33 @@ async def test_the_daemon_uses_the_grant_on_its_http_link(
             ):
                 whoami = await client.call_tool("whoami", {})
                 assert text_of(whoami) == grant.client.client_id
+
+
+async def test_a_grant_stored_later_is_read_on_the_next_401(tmp_path: Path) -> None:
+    """A link made before `mcpbroker auth` ran picks the grant up at the next
+    401, without a restart; until then it reads the file no more."""
+    tokens = tmp_path / "oauth.json"
+    with trio.fail_after(60):
+        async with oauth_server() as url:
+            store = CountingStore(str(tokens))
+            auth = BearerTokens("remote", store)
+            async with httpx2.AsyncClient(auth=auth) as client:
+                answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+                assert answer.status_code == 401
+                code, _, errors = await run_auth(write_config(tmp_path, url), tokens)
+                assert code == 0, errors
+                answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+                assert answer.status_code == 200, answer.text
+                loads = store.loads  # (first use; each 401)
+                for _ in range(5):
+                    answer = await client.post(url, json=INITIALIZE, headers=HEADERS)
+                    assert answer.status_code == 200, answer.text
+                assert store.loads == loads == 3
+
+
+class CountingStore(TokenStore):
+    loads = 0
+
+    def load(self, name: str) -> Any:
+        self.loads += 1
+        return super().load(name)
