@@ -4,7 +4,6 @@ what the test did, and the server's CPU and memory against psutil's view."""
 from __future__ import annotations
 
 import subprocess
-from typing import Any
 
 import psutil
 import pytest
@@ -74,20 +73,27 @@ async def test_status_counts_what_the_clients_did(socket_path: str) -> None:
 
 
 async def test_status_watch_prints_again(socket_path: str) -> None:
-    def watch() -> str:
+    def watch() -> int:
+        # Read until the third frame rather than for a fixed time: the
+        # command's start (rich, psutil) takes seconds on a loaded machine.
         process = subprocess.Popen(
             [MCPBROKER, "status", "--socket", socket_path, "--watch", "0.2"],
             stdout=subprocess.PIPE,
             text=True,
         )
+        frames = 0
         try:
-            out, _ = process.communicate(timeout=1.2)
-        except subprocess.TimeoutExpired:
+            assert process.stdout is not None
+            for line in process.stdout:
+                frames += "mcpbroker daemon pid" in line
+                if frames == 3:
+                    break
+        finally:
             process.terminate()
-            out, _ = process.communicate()
-        return out
+            process.communicate()
+        return frames
 
     with trio.fail_after(30):
         async with running_daemon({"sdk": sdk_server()}, socket_path):
-            out: Any = await trio.to_thread.run_sync(watch)
-            assert out.count("mcpbroker daemon pid") >= 3
+            frames = await trio.to_thread.run_sync(watch, abandon_on_cancel=True)
+            assert frames == 3
