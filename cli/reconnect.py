@@ -41,6 +41,11 @@ from cli.shim import (
     DaemonUnavailable,
     _connect,
     _start_daemon,
+    drain_to_daemon,
+    drain_to_host,
+    flush_to_host,
+    send_to_daemon,
+    write_to_host,
 )
 
 BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
@@ -209,36 +214,15 @@ class ResumingRelay:
             self.stdin_open = False
             self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
             self.up.reset()
-        elif self.to_daemon:
-            self.to_daemon += self.up.feed(data)
-        else:  # the usual case: send it now, keep only what is left
-            out = self.up.feed(data)
-            try:
-                sent = self.sock.send(out) if out else 0
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                sent = len(out)  # (the daemon is gone: as in _write_socket)
-            if sent < len(out):
-                self.to_daemon += memoryview(out)[sent:]
-            return
+        else:
+            send_to_daemon(self.sock, self.to_daemon, self.up.feed(data))
         self._write_socket()
 
     def _write_socket(self) -> None:
-        """Send what the daemon can take now."""
-        if self.to_daemon:
-            try:
-                del self.to_daemon[: self.sock.send(self.to_daemon)]
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                # The daemon is gone: what it wrote before may still be there
-                # to read, and reading says when it ends (then the gap). What
-                # was not sent is in flight: it gets its error then.
-                self.to_daemon.clear()
-        if not self.stdin_open and not self.to_daemon:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(_socket.SHUT_WR)
+        """Send what the daemon can take now. If it is gone, what it wrote
+        before may still be there to read, and reading says when it ends
+        (then the gap); what was not sent is in flight and gets its error then."""
+        drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
 
     def _read_socket(self) -> bool:
         """Take what the daemon sent; False once it has closed."""
@@ -250,38 +234,16 @@ class ResumingRelay:
             data = b""
         if not data:
             return False
-        out = self.down.feed(data)
-        if self.to_host:
-            self.to_host += out
-            if not self._write_stdout():
-                raise _HostGone
-            return True
-        try:  # the usual case: write it now, keep only what is left
-            written = os.write(STDOUT, out) if out else 0
-        except (BlockingIOError, InterruptedError):
-            written = 0
-        except BrokenPipeError:
-            raise _HostGone from None
-        if written < len(out):
-            self.to_host += memoryview(out)[written:]
+        if not write_to_host(self.to_host, self.down.feed(data)):
+            raise _HostGone
         return True
 
     def _write_stdout(self) -> bool:
         """Write what the host can take now; False if it closed its end."""
-        try:
-            del self.to_host[: os.write(STDOUT, self.to_host)]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except BrokenPipeError:
-            return False
-        return True
+        return drain_to_host(self.to_host)
 
     def _flush_to_host(self) -> None:
-        os.set_blocking(STDOUT, True)
-        with contextlib.suppress(BrokenPipeError):
-            while self.to_host:
-                del self.to_host[: os.write(STDOUT, self.to_host)]
-        os.set_blocking(STDOUT, False)
+        flush_to_host(self.to_host)
 
     def _finish(self) -> int:
         """The daemon closed after the host did: hand the host the rest, then leave."""

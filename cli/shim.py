@@ -361,6 +361,79 @@ class _SpliceRelay:
         return _exit_code(self.stdin_open)
 
 
+def write_to_host(pending: bytearray, data: bytes | bytearray) -> bool:
+    """Write ``data`` to stdout after what is ``pending``, without blocking:
+    now if nothing is pending (the usual case), keeping what stdout did not
+    take in ``pending``. False if the host closed its end."""
+    if pending:
+        pending += data
+        return drain_to_host(pending)
+    try:
+        written = os.write(STDOUT, data) if data else 0
+    except (BlockingIOError, InterruptedError):
+        written = 0
+    except BrokenPipeError:
+        return False
+    if written < len(data):
+        pending += memoryview(data)[written:]
+    return True
+
+
+def drain_to_host(pending: bytearray) -> bool:
+    """Write what of ``pending`` stdout takes now; False if the host closed its end."""
+    try:
+        del pending[: os.write(STDOUT, pending)]
+    except (BlockingIOError, InterruptedError):
+        pass
+    except BrokenPipeError:
+        return False
+    return True
+
+
+def flush_to_host(pending: bytearray) -> None:
+    """Write all of ``pending``, waiting for the host (at the end of a relay)."""
+    os.set_blocking(STDOUT, True)
+    with contextlib.suppress(BrokenPipeError):
+        while pending:
+            del pending[: os.write(STDOUT, pending)]
+    os.set_blocking(STDOUT, False)
+
+
+def send_to_daemon(sock: _socket.socket, pending: bytearray, data: bytes | bytearray) -> None:
+    """Send ``data`` after what is ``pending``, without blocking, keeping the rest.
+
+    A socket error means the daemon is gone: what it wrote before may still
+    be there to read, and reading says when it ends, so the data is dropped
+    here (it was in flight; whoever reads the end answers for it)."""
+    if pending:
+        pending += data
+        return
+    try:
+        sent = sock.send(data) if data else 0
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    except OSError:
+        return
+    if sent < len(data):
+        pending += memoryview(data)[sent:]
+
+
+def drain_to_daemon(sock: _socket.socket, pending: bytearray, stdin_open: bool) -> None:
+    """Send what of ``pending`` the daemon takes now; once stdin has ended
+    and nothing is pending, shut the socket's writing side (the daemon's
+    end of input)."""
+    if pending:
+        try:
+            del pending[: sock.send(pending)]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pending.clear()  # the daemon is gone; reading says so
+    if not stdin_open and not pending:
+        with contextlib.suppress(OSError):
+            sock.shutdown(_socket.SHUT_WR)
+
+
 class _Relay:
     """The relay for any stdin and stdout (a file, a terminal, a socket).
 
@@ -424,29 +497,12 @@ class _Relay:
         if not data:
             self.stdin_open = False
             self._steady = False  # stop polling stdin
-        elif not self.to_daemon:  # the usual case: send it now, keep only what is left
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                sent = len(data)  # the daemon is gone; reading the socket says so
-            self.to_daemon += data[sent:]
         else:
-            self.to_daemon += data
+            send_to_daemon(self.sock, self.to_daemon, data)
         self._write_socket()
 
     def _write_socket(self) -> None:
-        if self.to_daemon:
-            try:
-                del self.to_daemon[: self.sock.send(self.to_daemon)]
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self.to_daemon.clear()  # the daemon is gone; reading says so
-        if not self.stdin_open and not self.to_daemon:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(_socket.SHUT_WR)
+        drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
 
     def _read_socket(self) -> bool:
         try:
@@ -458,32 +514,12 @@ class _Relay:
             data = b""
         if not data:
             return False
-        if self.to_host:
-            self.to_host += data
-            return self._write_stdout()
-        try:  # the usual case: write it now, keep only what is left
-            written = os.write(STDOUT, data)
-        except (BlockingIOError, InterruptedError):
-            written = 0
-        except BrokenPipeError:
-            return False
-        self.to_host += data[written:]
-        return True
+        return write_to_host(self.to_host, data)
 
     def _write_stdout(self) -> bool:
-        """Write what the host can take now; False if it closed its end."""
-        try:
-            del self.to_host[: os.write(STDOUT, self.to_host)]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except BrokenPipeError:
-            return False
-        return True
+        return drain_to_host(self.to_host)
 
     def _finish(self) -> int:
         """The daemon closed the connection: hand the host the rest, then leave."""
-        os.set_blocking(STDOUT, True)
-        with contextlib.suppress(BrokenPipeError):
-            while self.to_host:
-                del self.to_host[: os.write(STDOUT, self.to_host)]
+        flush_to_host(self.to_host)
         return _exit_code(self.stdin_open)
