@@ -30,6 +30,7 @@ over it before reading (and the connection then closes, its body unread).
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from http import HTTPStatus
@@ -83,8 +84,8 @@ class ClientGone(OSError):
 class _Exchange:
     """One connection: its parser, its socket, and the request being answered."""
 
-    def __init__(self, stream: trio.SocketStream, idle_seconds: float) -> None:
-        self.stream = stream
+    def __init__(self, sock: socket.socket, idle_seconds: float) -> None:
+        self.sock = sock
         self.idle_seconds = idle_seconds
         self.parser = RequestParser()
         self.peer: Any = None
@@ -119,10 +120,18 @@ class _Exchange:
             raise _Gone("the client sent nothing for too long")
 
     async def _receive(self) -> bytes:
-        try:
-            return await self.stream.receive_some(RECEIVE_BYTES)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return b""
+        """What came next (``b""``: the client closed or broke the connection).
+        It waits to be told the socket has data before asking it for any: a
+        request comes after its answer went, so asking first would be a
+        system call that finds nothing, each time."""
+        while True:
+            await trio.lowlevel.wait_readable(self.sock)
+            try:
+                return self.sock.recv(RECEIVE_BYTES)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return b""
 
     # -- ASGI, for the application ------------------------------------------
 
@@ -222,11 +231,24 @@ class _Exchange:
         return True
 
     async def write(self, data: bytes) -> None:
+        """Write all of ``data``. What the socket takes at once is written
+        without a trip through Trio's scheduler (the connection's task yields
+        at its next read, or here when the socket's buffer is full)."""
         if self.gone:
             raise ClientGone("the client closed the connection")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        rest: bytes | memoryview = data
         try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            while True:
+                try:
+                    sent = self.sock.send(rest)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(rest):
+                    return
+                rest = memoryview(rest)[sent:]
+                await trio.lowlevel.wait_writable(self.sock)
+        except OSError as exc:
             self.gone = True
             raise ClientGone("the client closed the connection") from exc
         except BaseException:
@@ -258,10 +280,15 @@ class HttpServer:
             task_status.started(listeners[0].socket.getsockname()[1])
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        # The connection's own socket, read and written here directly: Trio's
+        # SocketStream would ask the socket first and wait after, and pass
+        # through the scheduler after every call that did not wait.
+        sock = socket.socket(fileno=stream.socket.detach())
+        sock.setblocking(False)
         self.connections += 1
-        exchange = _Exchange(stream, self.idle_seconds)
+        exchange = _Exchange(sock, self.idle_seconds)
         with contextlib.suppress(OSError):  # (it may have gone already)
-            exchange.peer = stream.socket.getpeername()
+            exchange.peer = sock.getpeername()
         try:
             if self.connections > self.max_connections:
                 await self._refuse(exchange, 503, b"Too many HTTP connections")
@@ -271,7 +298,8 @@ class HttpServer:
             pass
         finally:
             self.connections -= 1
-            await trio.aclose_forcefully(stream)
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
 
     async def _requests(self, exchange: _Exchange) -> None:
         while True:
