@@ -123,8 +123,12 @@ class HttpConnection:
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if it has ended."""
+        item = ([body], len(body))
         try:
-            await self._inbox_send.send(([body], len(body)))
+            try:
+                self._inbox_send.send_nowait(item)  # no pass through the scheduler
+            except trio.WouldBlock:  # when there is room (the usual case)
+                await self._inbox_send.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
