@@ -123,7 +123,7 @@ class HttpConnection:
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if it has ended."""
-        item = ([body], len(body))
+        item: tuple[list[Frame], int] = ([body], len(body))
         try:
             try:
                 self._inbox_send.send_nowait(item)  # no pass through the scheduler

@@ -59,7 +59,7 @@ class BadRequest(Exception):
 class Request:
     """A request's head: what its method, target, version and fields are."""
 
-    __slots__ = ("method", "target", "http_version", "headers", "keep_alive", "expect_continue")
+    __slots__ = ("expect_continue", "headers", "http_version", "keep_alive", "method", "target")
 
     def __init__(
         self,

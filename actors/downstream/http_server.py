@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server under ``serve --http``: llhttp (httptools) on Trio's sockets, one task per connection.
+"""The HTTP/1.1 server under ``serve --http``: llhttp (httptools) on Trio, a task per connection.
 
 Each accepted connection gets one task, which reads requests
 (actors/downstream/http_parser.py: httptools parses, that module bounds)
@@ -40,7 +40,6 @@ from urllib.parse import unquote
 import trio
 
 from actors.downstream.http_parser import (
-    CLOSED,
     END,
     MAX_HEAD_BYTES,
     NEED_DATA,
