@@ -315,23 +315,30 @@ class HttpListener:
     ) -> None:
         if first:
             await _body(send, first)
-        await self._pump(session, number, writer, send)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not await self._pump(session, number, writer, send):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> None:
+    async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> bool:
+        """Write the stream's events as they come; whether its last went
+        with the response's end (one write, not two, for a POST's answer)."""
         streams = session.streams
         while not session.closed and streams.writer_of(number) is writer:
             waker = session.waker(number)
             events = streams.take(number)
             if events:
-                await _body(send, b"".join(event.data for event in events))
+                data = b"".join(event.data for event in events)
+                if streams.done(number):
+                    await send({"type": "http.response.body", "body": data, "more_body": False})
+                    return True
+                await _body(send, data)
                 continue
             if streams.done(number):
-                return
+                return False
             with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
                 await waker.wait()
             if idle.cancelled_caught:
                 await _body(send, sse.KEEPALIVE)
+        return False
 
     async def _answer(
         self,
