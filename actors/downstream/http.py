@@ -2,8 +2,8 @@
 
 Hosts that connect by URL reach the daemon at ``http://HOST:PORT/mcp`` (every
 server, aggregated) or ``http://HOST:PORT/mcp/NAME`` (one server, as it is).
-The HTTP server is actors/downstream/http_server.py (h11 on Trio's sockets,
-one task per connection) running the small ASGI-shaped application below;
+The HTTP server is actors/downstream/http_server.py (httptools' llhttp on
+Trio, one task per connection) running the small ASGI-shaped application below;
 the rules (verbs, statuses, session ids, which stream a message goes on,
 the events kept for replay) are broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
 
