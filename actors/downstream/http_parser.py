@@ -97,6 +97,7 @@ class RequestParser:
         self._expect = False
         self._in_head = False
         self._head_bytes = 0
+        self._fields_bytes = 0
         self._count_whole_feed = True  # its head began with the bytes fed last
         self._completed_in_feed = False
 
@@ -146,6 +147,7 @@ class RequestParser:
         self._expect = False
         self._in_head = True
         self._head_bytes = 0
+        self._fields_bytes = 0  # the fields' exact size (what is whole of them)
         # Begun after another request ended in the same bytes, its start in
         # them is unknown: they count for nothing, the bytes after them fully.
         self._count_whole_feed = not self._completed_in_feed
@@ -157,6 +159,7 @@ class RequestParser:
         name = name.lower()
         value = value.rstrip(b" \t")  # (llhttp drops the whitespace before a value only)
         self._headers.append((name, value))
+        self._fields_bytes += len(name) + len(value) + 4
         if name == b"expect":
             self._expect = value.lower() == b"100-continue"
 
@@ -164,8 +167,7 @@ class RequestParser:
         self._in_head = False
         target = b"".join(self._target)
         headers = self._headers
-        size = len(target) + 16 + sum(len(name) + len(value) + 4 for name, value in headers)
-        if size > self.max_head_bytes:
+        if len(target) + 16 + self._fields_bytes > self.max_head_bytes:
             raise _head_too_large(self.max_head_bytes)  # (stops the parse: see receive_data)
         parser = self._parser
         self._events.append(
