@@ -110,3 +110,17 @@ def test_keep_alive_expect_and_upgrade_are_read_from_the_head() -> None:
     request = parser.next_event()
     assert isinstance(request, Request) and not request.keep_alive  # answered, then closed
     assert parser.next_event() is END and parser.next_event() is CLOSED
+
+
+@pytest.mark.parametrize("cut", [0, 2, 4])
+def test_an_upgrade_is_answered_as_http_with_its_body(cut: int) -> None:
+    """(What ``curl --http2`` sends to an http:// URL: llhttp alone would
+    take the body for the new protocol's bytes.)"""
+    parser = RequestParser()
+    head = b"POST / HTTP/1.1\r\nHost: h\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+    head += b"Upgrade: h2c\r\nContent-Length: 4\r\n\r\n"
+    parser.receive_data(head + b"body"[:cut])
+    parser.receive_data(b"body"[cut:] + b"PRI * HTTP/2.0")
+    found = events(parser)
+    assert found[0][3] is False  # type: ignore[index]  # the connection's last request
+    assert found[1:] == [b"body", END, CLOSED]

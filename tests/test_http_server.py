@@ -274,3 +274,13 @@ async def test_a_head_request_gets_no_body_and_keeps_the_connection() -> None:
             first, _, second = data.partition(b"HTTP/1.1 200 ")[2].partition(b"HTTP/1.1 200 ")
             assert first.endswith(b"\r\n\r\n") and b"content-length: 8" in first.lower()
             assert second.endswith(b"POST /y next")
+
+
+async def test_an_upgrade_request_is_answered_as_http_1_1_then_closed() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            extra = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            await stream.send_all(post("/u", b"body", extra))
+            data = await read_all(stream)
+            assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"POST /u body")

@@ -16,7 +16,8 @@ bad chunk sizes: refused) and keep-alive (``should_keep_alive``: HTTP/1.0,
 on a request's head (:data:`MAX_HEAD_BYTES`: larger is 431, refused before
 it ends), header names lowercased (as ASGI has them), ``Expect:
 100-continue`` noted, and an ``Upgrade`` (which the broker never grants)
-taken as the connection's last request.
+taken as the connection's last request, its body read by its Content-Length
+(llhttp would hand the body to the new protocol).
 
 Why not h11, which this server ran on first: per request h11 builds event
 objects, validates every header field with regular expressions in Python and
@@ -90,6 +91,7 @@ class RequestParser:
         self._events: deque[Event | BadRequest] = deque()
         self._failed = False  # a BadRequest is queued: nothing after it is parsed
         self._closed = False
+        self._upgrade_body: int | None = None  # what is still to come of an Upgrade's body
         # The request whose head is being read: its target's pieces and fields,
         # and the bytes of it seen so far (a lower bound while it is unfinished).
         self._target: list[bytes] = []
@@ -110,13 +112,14 @@ class RequestParser:
         if not data:
             self._closed = True
             return
+        if self._upgrade_body is not None:
+            self._take_upgrade_body(data)
+            return
         self._completed_in_feed = False
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # The request asked for another protocol; it is answered as HTTP
-            # and the connection then closes (what follows is not HTTP/1.1).
-            self._closed = True
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade(data[exc.args[0] :])
             return
         except httptools.HttpParserError as exc:
             failure = exc.__context__ if isinstance(exc.__context__, BadRequest) else None
@@ -189,6 +192,34 @@ class RequestParser:
         self._completed_in_feed = True
 
     # -- -----------------------------------------------------------------------
+
+    def _upgrade(self, rest: bytes) -> None:
+        """A request asked for another protocol (``Upgrade``, as ``curl
+        --http2`` does with h2c). llhttp ends it at its head, taking what
+        follows for the new protocol; the broker grants none, so the request
+        is answered as HTTP/1.1: its body is what its Content-Length says,
+        and the connection then closes."""
+        request = next(event for event in reversed(self._events) if isinstance(event, Request))
+        if self._events[-1] is END:
+            self._events.pop()
+        fields = dict(request.headers)
+        if b"transfer-encoding" in fields:
+            self._fail(BadRequest(400, "Bad request: a chunked body with Upgrade"))
+            return
+        length = fields.get(b"content-length", b"0")
+        self._upgrade_body = int(length) if length.isdigit() else 0
+        self._take_upgrade_body(rest)
+
+    def _take_upgrade_body(self, data: bytes) -> None:
+        assert self._upgrade_body is not None
+        piece = data[: self._upgrade_body]
+        if piece:
+            self._events.append(piece)
+            self._upgrade_body -= len(piece)
+        if not self._upgrade_body:
+            self._events.append(END)
+            self._upgrade_body = None
+            self._closed = True  # (what follows is not HTTP/1.1)
 
     def _fail(self, error: BadRequest) -> None:
         self._failed = True
