@@ -16,6 +16,10 @@ the same for fewer calls (which cancels start-up and shutdown).
     CPU instructions per call (valgrind's ``cachegrind``, which must be
     installed), the compiled rules included; about a minute per figure.
 
+``--http json|sse`` drives the daemon through ``serve --http`` instead of
+its socket (``benchmarks.http_load``'s clients, one call in flight each):
+what the Streamable HTTP listener executes per call.
+
 Both print one line per figure; ``--tree DIR`` counts another checkout or
 the compiled copy (``python -m benchmarks.compiled``).
 """
@@ -65,13 +69,56 @@ def traced_daemon(argv: list[str]) -> int:
 def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
     broker = json.loads(args.broker) if args.broker else None
     servers = {"echo": ECHO_SERVER}
-    with workdir() as directory, daemon(directory, servers, prefix, module, broker=broker) as dm:
+    options = ("--http", "127.0.0.1:0") if args.http else ()
+    with (
+        workdir() as directory,
+        daemon(directory, servers, prefix, module, options, broker=broker) as dm,
+    ):
+        if args.http:
+            _drive_http(dm.socket, args.clients, calls, args.http == "sse")
+            return
         target = socket_target(dm.socket, "echo", args.clients)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
         errors = result["result"].get("errors")
         if errors:
             raise SystemExit(f"the load had errors: {errors}")
+
+
+def _drive_http(socket_path: str, clients: int, calls: int, sse: bool) -> None:
+    """``calls`` tools/call round trips through the daemon's HTTP listener,
+    ``clients`` keep-alive sessions at once (http_load's clients)."""
+    import selectors
+
+    from benchmarks.http_load import Client
+    from cli.status import fetch_status
+
+    url = fetch_status(socket_path)["http"]
+    host, _, rest = url.removeprefix("http://").partition(":")
+    pool = [Client(host, int(rest.split("/")[0]), "/mcp/echo", sse) for _ in range(clients)]
+    initialize = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
+    for client in pool:
+        client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize})
+        while not client.receive():
+            pass
+        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        while not client.receive():
+            pass
+    with selectors.DefaultSelector() as selector:
+        for client in pool:
+            selector.register(client.sock, selectors.EVENT_READ, client)
+            client.call()
+        sent, done = clients, 0
+        while done < calls:
+            for key, _ in selector.select(30):
+                client = key.data
+                if client.receive():
+                    done += 1
+                    if sent < calls:
+                        sent += 1
+                        client.call()
+    for client in pool:
+        client.sock.close()
 
 
 def count_lines(args: argparse.Namespace) -> str:
@@ -125,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--http", choices=["json", "sse"], help="through serve --http")
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(
@@ -137,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(args.tree)
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
     load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls"
+    if args.http:
+        load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls"
     print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))
     return 0
 

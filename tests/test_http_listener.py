@@ -9,6 +9,7 @@ import orjson
 import trio
 
 from actors.downstream.http import IDLE_SECONDS, HttpConnection, HttpListener
+from broker.wire import sse
 from broker.wire.websocket import Policy
 
 HEADERS = [(b"host", b"127.0.0.1"), (b"accept", b"application/json, text/event-stream")]
@@ -95,4 +96,31 @@ async def test_a_failed_initialize_leaves_no_session(autojump_clock: Any) -> Non
         assert b"mcp-session-id" not in headers
         await trio.sleep(1)
         assert app.sessions == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_quiet_stream_writes_its_keepalive_comment(autojump_clock: Any) -> None:
+    app = HttpListener(lambda: Policy(), ["s"], 1 << 20, 1 << 20, answering)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(app.run)
+        _, headers, _ = await call(app, "POST", initialize())
+        session = headers[b"mcp-session-id"]
+        sent: list[tuple[float, bytes]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append((trio.current_time(), message.get("body", b"")))
+
+        async def receive() -> dict[str, Any]:
+            await trio.sleep_forever()
+            raise AssertionError
+
+        fields = [*HEADERS, (b"mcp-session-id", session)]
+        scope = {"type": "http", "method": "GET", "path": "/mcp", "headers": fields}
+        start = trio.current_time()
+        nursery.start_soon(app, scope, receive, send)
+        await trio.sleep(50)
+        comments = [at - start for at, body in sent if body == sse.KEEPALIVE]
+        assert len(comments) == 3, sent  # one after every 15 to 20 s of quiet
+        gaps = [b - a for a, b in zip([0.0, *comments], comments, strict=False)]
+        assert all(15 <= gap <= 20 for gap in gaps), comments
         nursery.cancel_scope.cancel()

@@ -184,3 +184,103 @@ async def test_a_client_leaving_a_stream_ends_its_response_and_connection() -> N
             other = await trio.open_tcp_stream("127.0.0.1", port)  # and serving goes on
             await other.send_all(post("/", b"still"))
             assert (await read_until(other, b"still")).startswith(b"HTTP/1.1 200")
+
+
+# -- the request parse (httptools) and the framing written here ------------------
+
+
+async def test_a_chunked_body_is_read_whole() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            head = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            await stream.send_all(head + b"5\r\nhello\r\n")
+            await trio.sleep(0.05)  # the rest later: the body is read in pieces
+            await stream.send_all(b"6\r\n world\r\n0\r\n\r\n")
+            data = await read_until(stream, b"hello world")
+            assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"POST /c hello world")
+
+
+async def test_a_request_trickled_byte_by_byte_is_read() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            for byte in post("/t", b"slowly", b"X-Extra:  spaced  \r\n"):
+                await stream.send_all(bytes([byte]))
+            assert (await read_until(stream, b"slowly")).endswith(b"POST /t slowly")
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_read() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(
+                post("/e", b"", b"Expect: 100-continue\r\n").replace(
+                    b"Content-Length: 0", b"Content-Length: 4"
+                )
+            )
+            interim = await read_until(stream, b"\r\n\r\n")
+            assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+            await stream.send_all(b"body")
+            assert (await read_until(stream, b"body")).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_framing_conflicts_are_refused_with_a_reason() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            for extra in (b"Transfer-Encoding: chunked\r\n", b"Content-Length: 3\r\n"):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(post("/", b"abc", extra))
+                data = await read_all(stream)
+                assert data.startswith(b"HTTP/1.1 400 "), data
+                assert b"connection: close" in data and b"Content-Length" in data
+
+
+async def test_bad_http_after_a_good_request_is_answered_in_order() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(post("/ok", b"first") + b"GARBAGE\r\n\r\n")
+            data = await read_all(stream)
+            assert data.index(b"POST /ok first") < data.index(b"HTTP/1.1 400 ")
+
+
+async def test_a_pipelined_head_too_large_is_refused() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            big = b"X-Big: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n"
+            await stream.send_all(post("/ok", b"first") + b"GET / HTTP/1.1\r\n" + big)
+            data = await read_all(stream)
+            assert b"POST /ok first" in data and b"HTTP/1.1 431 " in data
+
+
+async def test_http_1_0_gets_its_answer_then_the_connection_closes() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /stream HTTP/1.0\r\n\r\n")
+            data = await read_all(stream)  # not chunked: the body ends with the connection
+            assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"\r\n\r\nabc")
+            assert b"connection: close" in data and b"chunked" not in data
+
+
+async def test_a_head_request_gets_no_body_and_keeps_the_connection() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"HEAD /x HTTP/1.1\r\nHost: x\r\n\r\n" + post("/y", b"next"))
+            data = await read_until(stream, b"next")
+            first, _, second = data.partition(b"HTTP/1.1 200 ")[2].partition(b"HTTP/1.1 200 ")
+            assert first.endswith(b"\r\n\r\n") and b"content-length: 8" in first.lower()
+            assert second.endswith(b"POST /y next")
+
+
+async def test_an_upgrade_request_is_answered_as_http_1_1_then_closed() -> None:
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            extra = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            await stream.send_all(post("/u", b"body", extra))
+            data = await read_all(stream)
+            assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"POST /u body")

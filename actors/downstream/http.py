@@ -2,8 +2,8 @@
 
 Hosts that connect by URL reach the daemon at ``http://HOST:PORT/mcp`` (every
 server, aggregated) or ``http://HOST:PORT/mcp/NAME`` (one server, as it is).
-The HTTP server is actors/downstream/http_server.py (h11 on Trio's sockets,
-one task per connection) running the small ASGI-shaped application below;
+The HTTP server is actors/downstream/http_server.py (httptools' llhttp on
+Trio, one task per connection) running the small ASGI-shaped application below;
 the rules (verbs, statuses, session ids, which stream a message goes on,
 the events kept for replay) are broker/wire/http.py's, the SSE encoding broker/wire/sse.py's.
 
@@ -38,6 +38,7 @@ IDLE_SECONDS = 1800.0  # a session nobody has used this long ends
 MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
 INBOX_SIZE = 16  # POST bodies waiting for the session's reader
 KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
+KEEPALIVE_TICKS = 3  # (it is told every KEEPALIVE_SECONDS / KEEPALIVE_TICKS to look)
 REAP_SECONDS = 30.0  # how often idle sessions are looked for
 
 # What the listener does with a new session: run it until it ends.
@@ -116,6 +117,11 @@ class HttpConnection:
             return done
         return self._wakers.setdefault(number, trio.Event())
 
+    def wake_all(self) -> None:
+        wakers, self._wakers = self._wakers, {}
+        for waker in wakers.values():
+            waker.set()
+
     def wake(self, number: int) -> None:
         waker = self._wakers.pop(number, None)
         if waker is not None:
@@ -123,8 +129,12 @@ class HttpConnection:
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if it has ended."""
+        item: tuple[list[Frame], int] = ([body], len(body))
         try:
-            await self._inbox_send.send(([body], len(body)))
+            try:
+                self._inbox_send.send_nowait(item)  # no pass through the scheduler
+            except trio.WouldBlock:  # when there is room (the usual case)
+                await self._inbox_send.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
@@ -153,6 +163,7 @@ class HttpListener:
         self._open_session = open_session
         self.idle_seconds = idle_seconds
         self.sessions: dict[str, HttpConnection] = {}
+        self.ticks = 0  # how often the streams were told to look (see _tick)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
@@ -160,10 +171,21 @@ class HttpListener:
         """Own the sessions' tasks and end idle sessions, until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._tick)
             task_status.started()
             while True:
                 await trio.sleep(min(REAP_SECONDS, self.idle_seconds / 4))
                 self.reap(trio.current_time())
+
+    async def _tick(self) -> None:
+        """Wake every stream's writer now and then, so that one with nothing
+        to say writes its keep-alive comment (one task for all of them: a
+        timer per wait cost a tenth of an SSE answer's CPU)."""
+        while True:
+            await trio.sleep(KEEPALIVE_SECONDS / KEEPALIVE_TICKS)
+            self.ticks += 1
+            for session in list(self.sessions.values()):
+                session.wake_all()
 
     def reap(self, now: float) -> None:
         for session in list(self.sessions.values()):
@@ -311,23 +333,33 @@ class HttpListener:
     ) -> None:
         if first:
             await _body(send, first)
-        await self._pump(session, number, writer, send)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not await self._pump(session, number, writer, send):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> None:
+    async def _pump(self, session: HttpConnection, number: int, writer: object, send: Send) -> bool:
+        """Write the stream's events as they come; whether its last went
+        with the response's end (one write, not two, for a POST's answer)."""
         streams = session.streams
+        written = self.ticks
         while not session.closed and streams.writer_of(number) is writer:
             waker = session.waker(number)
             events = streams.take(number)
             if events:
-                await _body(send, b"".join(event.data for event in events))
+                data = b"".join(event.data for event in events)
+                if streams.done(number):
+                    await send({"type": "http.response.body", "body": data, "more_body": False})
+                    return True
+                await _body(send, data)
+                written = self.ticks
                 continue
             if streams.done(number):
-                return
-            with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
-                await waker.wait()
-            if idle.cancelled_caught:
+                return False
+            if self.ticks - written >= KEEPALIVE_TICKS:  # quiet for 15 to 20 s
                 await _body(send, sse.KEEPALIVE)
+                written = self.ticks
+                continue
+            await waker.wait()
+        return False
 
     async def _answer(
         self,
