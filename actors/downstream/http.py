@@ -25,12 +25,13 @@ from typing import Any
 
 import trio
 
+from actors.downstream.http_modern import ModernHttp
 from actors.downstream.http_server import HttpServer
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
 from broker.wire import http as wire
-from broker.wire import sse
+from broker.wire import http_modern, sse
 from broker.wire.frames import Frame
 from broker.wire.websocket import Policy
 
@@ -153,6 +154,8 @@ class HttpListener:
         self._open_session = open_session
         self.idle_seconds = idle_seconds
         self.sessions: dict[str, HttpConnection] = {}
+        # 2026-07-28 clients: no HTTP session, a context per request (http_modern.py)
+        self.modern = ModernHttp(open_session, max_queued_bytes)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
@@ -160,6 +163,7 @@ class HttpListener:
         """Own the sessions' tasks and end idle sessions, until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.modern.run)
             task_status.started()
             while True:
                 await trio.sleep(min(REAP_SECONDS, self.idle_seconds / 4))
@@ -178,7 +182,9 @@ class HttpListener:
         )
         if isinstance(target, wire.Refuse):
             return await self._refuse(send, target, scope)
-        if target.method == "POST":
+        if target.modern:
+            await self._modern_post(target, scope, receive, send)
+        elif target.method == "POST":
             await self._post(target, scope, receive, send)
         elif target.method == "GET":
             await self._get(target, scope, receive, send)
@@ -231,6 +237,25 @@ class HttpListener:
             session.last_active = trio.current_time()
             if new and session.streams.version is None:
                 session.end("initialize failed")
+
+    async def _modern_post(
+        self, target: wire.Target, scope: Any, receive: Receive, send: Send
+    ) -> None:
+        """A 2026-07-28 request: checked here, answered by its own context."""
+        if target.method != "POST":
+            return await self._refuse(send, http_modern.wrong_verb(target.method), scope)
+        body = await _read_body(receive, target.fields, self._limit)
+        if isinstance(body, wire.Refuse):
+            return await self._refuse(send, body, scope)
+        post = http_modern.read_post(body, target.fields, scope["headers"])
+        if isinstance(post, wire.Refuse):
+            return await self._refuse(send, post, scope)
+        if not post.request:
+            return await _respond(send, 202)  # (no client notification means anything here)
+        mode = wire.choose_mode(target.fields)
+        if isinstance(mode, wire.Refuse):
+            return await self._refuse(send, mode, scope)
+        await self.modern.answer(target, post, body, mode, receive, send)
 
     async def _get(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
         session = self.sessions.get(target.session_id or "")
