@@ -177,3 +177,19 @@ async def test_a_context_drops_what_comes_while_parked_and_bounds_the_rest() -> 
     assert await context.receive() == ([], 0)
     with pytest.raises(TransportClosed):
         await context.send([note])
+
+
+async def test_a_client_that_takes_no_json_gets_its_answer_as_sse(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        exchange = Exchange()
+        post, body = call(1, "tools/list")
+        await contexts.answer(
+            TARGET, post, body, True, exchange.receive, exchange.send, json_ok=False
+        )
+        assert (b"content-type", b"text/event-stream") in exchange.sent[0]["headers"]
+        data = b"".join(m.get("body", b"") for m in exchange.sent)
+        assert data.startswith(b"data: ") and orjson.loads(data[6:])["id"] == 1
+        nursery.cancel_scope.cancel()

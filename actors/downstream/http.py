@@ -255,7 +255,8 @@ class HttpListener:
         mode = wire.choose_mode(target.fields)
         if isinstance(mode, wire.Refuse):
             return await self._refuse(send, mode, scope)
-        await self.modern.answer(target, post, body, mode, receive, send)
+        json = wire.accepts_json(target.fields)
+        await self.modern.answer(target, post, body, mode, receive, send, json_ok=json)
 
     async def _get(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
         session = self.sessions.get(target.session_id or "")

@@ -191,8 +191,12 @@ class ModernHttp:
         sse_ok: bool,
         receive: Receive,
         send: Send,
+        *,
+        json_ok: bool = True,
     ) -> None:
-        """Answer one request POST (checked already: broker/wire/http_modern.py)."""
+        """Answer one request POST (checked already: broker/wire/http_modern.py):
+        as an SSE stream if ``sse_ok`` and something must go before the answer,
+        or the client takes no JSON (not ``json_ok``); else as JSON."""
         context = self._unpark(post.request_state)
         if context is None:
             if len(self.contexts) >= self.max_contexts:
@@ -207,7 +211,7 @@ class ModernHttp:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                answer = await _write_answer(context, post.id, sse_ok, send)
+                answer = await _write_answer(context, post.id, sse_ok, json_ok, send)
                 reason = "answered"
                 nursery.cancel_scope.cancel()
         finally:
@@ -284,12 +288,12 @@ def _parked_token(answer: dict[str, Any] | None) -> str | None:
 
 
 async def _write_answer(
-    context: ModernContext, id: RequestId, sse_ok: bool, send: Send
+    context: ModernContext, id: RequestId, sse_ok: bool, json_ok: bool, send: Send
 ) -> dict[str, Any] | None:
     """Write what the context has for request ``id`` until its answer (which is
     returned), as one JSON body or, once something must go before it, an SSE
     stream. None if the context ended first."""
-    streaming = False
+    streaming = sse_ok and not json_ok and await _start_sse(send)
     wanted = id_key(id)
     while True:
         waker = context.waker()

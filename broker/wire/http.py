@@ -158,6 +158,10 @@ def accepts_sse(fields: dict[str, str]) -> bool:
     return bool(_media_types(fields) & {sse.CONTENT_TYPE, "text/*", "*/*"})
 
 
+def accepts_json(fields: dict[str, str]) -> bool:
+    return bool(_media_types(fields) & {"application/json", "application/*", "*/*"})
+
+
 def choose_mode(fields: dict[str, str], initialize: bool = False) -> bool | Refuse:
     """How to answer a POST that carries requests: True for an SSE stream (the
     client accepts one: it is the only way progress and server requests
