@@ -88,7 +88,6 @@ def test_a_header_is_case_insensitive_by_name_and_exact_by_value() -> None:
     [
         (request(), {"mcp_method": None}),
         (request(), {"mcp_method": "tools/call"}),
-        (request(), {"mcp_protocol_version": "2025-11-25"}),
         (request("tools/call", name="a"), {"mcp_name": None}),
         (request("tools/call", name="a"), {"mcp_name": "b"}),
         (request("resources/read", uri="file:///x"), {"mcp_name": "file:///y"}),
@@ -143,6 +142,14 @@ def test_a_version_the_broker_does_not_serve_is_32022_naming_every_version() -> 
     refused(post(message), 400, -32020)
 
 
+def test_an_unknown_version_header_is_32022_before_anything_else() -> None:
+    for message in (request(meta=None), {"jsonrpc": "2.0", "method": "notifications/x"}):
+        headers = [(b"mcp-protocol-version", b"1999-01-01")]
+        body = refused(post(message, headers), 400, -32022)
+        assert body["id"] == message.get("id")
+        assert body["error"]["data"]["requested"] == "1999-01-01"
+
+
 def test_an_unknown_or_removed_method_is_404() -> None:
     for method in ("ping", "logging/setLevel", "resources/subscribe", "tasks/get", "x/y"):
         assert method not in METHODS
@@ -150,12 +157,13 @@ def test_an_unknown_or_removed_method_is_404() -> None:
 
 
 def test_bodies_that_are_no_single_request() -> None:
-    refused(post(b"{not json", []), 400, -32700)
+    version = [(b"mcp-protocol-version", MODERN.encode())]
+    refused(post(b"{not json", version), 400, -32700)
     refused(post([request()], headers_for(request())), 400, -32600)
     response = {"jsonrpc": "2.0", "id": 1, "result": {}}
-    refused(post(response, []), 400, -32600)
+    refused(post(response, version), 400, -32600)
     notification = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}}
-    accepted = post(notification, [])
+    accepted = post(notification, version)
     assert isinstance(accepted, ModernPost) and not accepted.request
 
 

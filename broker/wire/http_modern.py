@@ -11,7 +11,8 @@ What a POST must carry, checked here before the broker does anything with it
 (the order is the official SDK's, so both answer a bad request alike):
 
 1. a body of one JSON-RPC request or notification (a batch, or a response,
-   is 400 with -32600; unreadable JSON -32700);
+   is 400 with -32600; unreadable JSON -32700), at an ``MCP-Protocol-Version``
+   the broker knows (else -32022, 400, naming every version it speaks);
 2. ``params._meta`` with the protocol version and the client's capabilities
    (else -32602, 400);
 3. the headers mirroring the body: ``MCP-Protocol-Version`` equal to the
@@ -21,7 +22,8 @@ What a POST must carry, checked here before the broker does anything with it
    is decoded); a missing, repeated or different one is ``HeaderMismatch``
    (-32020, 400);
 4. a version the broker serves in this era (else -32022, 400, naming every
-   version it speaks, so that a dual-era client falls back to ``initialize``);
+   version it speaks, so that a dual-era client falls back to ``initialize``:
+   the header is checked first, then, once it matches, the body's);
 5. a method the broker serves to modern clients (else -32601, 404).
 
 A notification POST is accepted (202) and dropped: the revision defines no
@@ -150,6 +152,11 @@ def read_post(
         kind = jsonrpc.classify(message)
     except JsonRpcError as exc:
         return _refuse(exc)
+    header = fields.get(VERSION_HEADER)
+    if header not in MODERN_VERSIONS:  # (one the broker does not know at all)
+        refused = unsupported_version(header)
+        refused.id = message.get("id") if kind is Kind.REQUEST else None
+        return _refuse(refused)
     if kind is Kind.NOTIFICATION:
         return ModernPost(message, False)
     if kind is not Kind.REQUEST:
