@@ -193,3 +193,20 @@ async def test_a_client_that_takes_no_json_gets_its_answer_as_sse(autojump_clock
         data = b"".join(m.get("body", b"") for m in exchange.sent)
         assert data.startswith(b"data: ") and orjson.loads(data[6:])["id"] == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_at_another_url_does_not_find_the_call(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1)
+        elsewhere = http.Target("POST", ("s",), True, {}, modern=True)
+        exchange = Exchange()
+        post, body = call(2, requestState="mcpbroker.1")
+        await contexts.answer(elsewhere, post, body, True, exchange.receive, exchange.send)
+        assert script.retries == [(2, 2)]  # a context of its own (the broker's: -32602)
+        assert list(contexts.parked) == ["mcpbroker.1"]  # still waiting for its retry
+        await ask(contexts, 3, requestState="mcpbroker.1")
+        assert script.retries[-1] == (1, 3)
+        nursery.cancel_scope.cancel()

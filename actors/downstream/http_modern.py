@@ -79,6 +79,7 @@ class ModernContext:
         self.pending_bytes = 0
         self.dropped = 0  # messages that came while no POST was being answered
         self.token: str | None = None  # parked under this requestState
+        self.route: tuple[tuple[str, ...] | None, bool] = (None, False)  # its URL's view
         self.park_scope = trio.CancelScope()
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
         self._waker = trio.Event()
@@ -197,7 +198,7 @@ class ModernHttp:
         """Answer one request POST (checked already: broker/wire/http_modern.py):
         as an SSE stream if ``sse_ok`` and something must go before the answer,
         or the client takes no JSON (not ``json_ok``); else as JSON."""
-        context = self._unpark(post.request_state)
+        context = self._unpark(post.request_state, (target.view, target.transparent))
         if context is None:
             if len(self.contexts) >= self.max_contexts:
                 why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
@@ -227,6 +228,7 @@ class ModernHttp:
     def _start(self, target: wire.Target) -> ModernContext:
         assert self._nursery is not None
         context = ModernContext(self._max_queued_bytes)
+        context.route = (target.view, target.transparent)
         self.contexts.add(context)
         self._nursery.start_soon(self._run, context, target.view, target.transparent)
         return context
@@ -262,14 +264,19 @@ class ModernHttp:
                 del self.parked[token]
                 context.end(f"no retry came within {self.park_seconds:g} s")
 
-    def _unpark(self, token: str | None) -> ModernContext | None:
-        """The parked call a retry's ``requestState`` names (spent: taken out)."""
+    def _unpark(
+        self, token: str | None, route: tuple[tuple[str, ...] | None, bool]
+    ) -> ModernContext | None:
+        """The parked call a retry's ``requestState`` names (spent: taken out),
+        if the retry came to the same URL (elsewhere the token is unknown)."""
         if token is None or not is_ours(token):
             return None
-        context = self.parked.pop(token, None)
-        if context is not None:
-            context.token = None
-            context.park_scope.cancel()
+        context = self.parked.get(token)
+        if context is None or context.route != route:
+            return None
+        del self.parked[token]
+        context.token = None
+        context.park_scope.cancel()
         return context
 
 
