@@ -328,3 +328,34 @@ async def test_progress_comes_on_an_sse_stream_before_the_answer(socket_path: st
 
 def text_of_result(message: dict[str, Any]) -> str:
     return "".join(block.get("text", "") for block in message["result"]["content"])
+
+
+def header_server() -> dict[str, Any]:
+    return {**sdk_server(), "args": ["-m", "tests.servers.header_server"]}
+
+
+async def test_mcp_param_headers_are_checked_against_the_arguments(socket_path: str) -> None:
+    """The tool marks ``region`` with x-mcp-header: the SDK client mirrors it
+    (and passes); a raw client that leaves it out, or sends another value,
+    gets HeaderMismatch."""
+    with trio.fail_after(60):
+        async with http_daemon(socket_path, h=header_server()) as d:
+            async with modern_client(d.http_url) as client:
+                result = await client.call_tool("h__where", {"region": "eu", "query": "q"})
+                assert text_of(result) == "q in eu"
+            async with httpx2.AsyncClient(timeout=30) as http:
+                body = orjson.dumps(
+                    request("tools/call", name="h__where", arguments={"region": "eu", "query": "q"})
+                )
+                for extra in ({}, {"mcp-param-region": "us"}):
+                    headers = post_headers("tools/call", "h__where", **extra)
+                    answer = await http.post(d.http_url, content=body, headers=headers)
+                    assert answer.status_code == 400, answer.text
+                    assert answer.json()["error"]["code"] == -32020
+                # At /mcp/h the server is as it is: its tool is "where".
+                arguments = {"region": "eu", "query": "q"}
+                body = orjson.dumps(request("tools/call", name="where", arguments=arguments))
+                for region, status in (("eu", 200), ("us", 400)):
+                    headers = post_headers("tools/call", "where", **{"mcp-param-region": region})
+                    answer = await http.post(d.http_url + "/h", content=body, headers=headers)
+                    assert answer.status_code == status, answer.text

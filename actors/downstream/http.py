@@ -30,8 +30,10 @@ from actors.downstream.http_server import HttpServer
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
+from broker.jsonrpc import JsonRpcError
+from broker.session import CatalogSource
 from broker.wire import http as wire
-from broker.wire import http_modern, sse
+from broker.wire import http_modern, param_headers, sse
 from broker.wire.frames import Frame
 from broker.wire.websocket import Policy
 
@@ -146,8 +148,12 @@ class HttpListener:
         max_queued_bytes: int,
         open_session: OpenSession,
         idle_seconds: float = IDLE_SECONDS,
+        catalogs: CatalogSource | None = None,
     ) -> None:
+        """``catalogs``: where the tools' schemas are read, to check a modern
+        ``tools/call``'s ``Mcp-Param-*`` headers (without: not checked)."""
         self._policy = policy
+        self._catalogs = catalogs
         self._servers = servers  # (read at each request: a reload may change them)
         self._limit = max_message_bytes
         self._max_queued_bytes = max_queued_bytes
@@ -252,11 +258,31 @@ class HttpListener:
             return await self._refuse(send, post, scope)
         if not post.request:
             return await _respond(send, 202)  # (no client notification means anything here)
+        if post.method == "tools/call" and self._catalogs is not None:
+            refused = self._check_params(target, post.message, scope["headers"])
+            if refused is not None:
+                return await self._refuse(send, refused, scope)
         mode = wire.choose_mode(target.fields)
         if isinstance(mode, wire.Refuse):
             return await self._refuse(send, mode, scope)
         json = wire.accepts_json(target.fields)
         await self.modern.answer(target, post, body, mode, receive, send, json_ok=json)
+
+    def _check_params(
+        self, target: wire.Target, request: dict[str, Any], headers: Any
+    ) -> wire.Refuse | None:
+        """A modern ``tools/call``'s ``Mcp-Param-*`` headers against its
+        arguments, as its tool's schema marks them (broker/wire/param_headers.py)."""
+        assert self._catalogs is not None
+        view = tuple(self._servers) if target.view is None else target.view
+        params = request["params"]
+        catalog = self._catalogs.current
+        schema = param_headers.tool_schema(catalog, view, target.transparent, params.get("name"))
+        try:
+            param_headers.check(schema, params.get("arguments"), headers)
+        except JsonRpcError as exc:
+            return wire.Refuse(400, exc.message, code=exc.code, id=request["id"])
+        return None
 
     async def _get(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
         session = self.sessions.get(target.session_id or "")
@@ -478,13 +504,16 @@ async def serve_http(
     max_message_bytes: int,
     max_queued_bytes: int,
     open_session: OpenSession,
+    catalogs: CatalogSource | None = None,
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve Streamable HTTP clients on ``host:port`` until cancelled; reports
     the port bound. ``policy()`` says who may connect, asked at each request
     (a reload may change it)."""
-    listener = HttpListener(policy, servers, max_message_bytes, max_queued_bytes, open_session)
+    listener = HttpListener(
+        policy, servers, max_message_bytes, max_queued_bytes, open_session, catalogs=catalogs
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         bound = await nursery.start(HttpServer(listener).serve, host, port)
