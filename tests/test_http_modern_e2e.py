@@ -273,6 +273,10 @@ async def test_no_get_no_delete_no_session_and_notifications_accepted(socket_pat
             for verb in ("GET", "DELETE"):
                 refused = await http.request(verb, d.http_url, headers=headers)
                 assert refused.status_code == 405 and refused.headers["allow"] == "POST"
+            listen = orjson.dumps(request("subscriptions/listen", notifications={}))
+            json_only = post_headers("subscriptions/listen", accept="application/json")
+            refused = await http.post(d.http_url, content=listen, headers=json_only)
+            assert refused.status_code == 406  # (its answer is a stream)
             cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}}
             accepted = await http.post(d.http_url, content=orjson.dumps(cancel), headers=headers)
             assert accepted.status_code == 202 and accepted.content == b""

@@ -263,6 +263,8 @@ class HttpListener:
             if refused is not None:
                 return await self._refuse(send, refused, scope)
         mode = wire.choose_mode(target.fields)
+        if mode is False and post.method == http_modern.LISTEN:
+            mode = wire.Refuse(406, "Not Acceptable: subscriptions/listen is a text/event-stream")
         if isinstance(mode, wire.Refuse):
             return await self._refuse(send, mode, scope)
         json = wire.accepts_json(target.fields)
