@@ -282,6 +282,7 @@ class Daemon:
             settings.max_message_bytes,
             settings.max_queued_bytes,
             self._serve_by_url,
+            self.registry,  # (a modern tools/call's Mcp-Param-* headers are checked)
         )
         self.http_url = _url("http", host, port, "/mcp")
 

@@ -40,7 +40,6 @@ def test_a_plain_request_is_served_on_the_view_its_path_names() -> None:
         ({"path": "/other"}, 404),
         ({"path": "/mcp/nope"}, 404),
         ({"method": "PUT"}, 405),
-        ({"headers": [(b"mcp-protocol-version", b"2026-07-28")]}, 400),
     ],
 )
 def test_refusals(kwargs: dict[str, Any], status: int) -> None:
@@ -68,6 +67,13 @@ def test_no_version_header_is_2025_03_26_and_fine() -> None:
     assert isinstance(check(), http.Target)
     for version in ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"):
         assert isinstance(check(headers=[(b"mcp-protocol-version", version.encode())]), http.Target)
+
+
+def test_a_version_that_is_not_legacy_is_left_to_the_modern_rules() -> None:
+    for version in ("2026-07-28", "2099-01-01"):
+        target = check(headers=[(b"mcp-protocol-version", version.encode())])
+        assert isinstance(target, http.Target) and target.modern
+    assert not check(headers=[(b"mcp-protocol-version", b"2025-11-25")]).modern
 
 
 def test_session_ids() -> None:

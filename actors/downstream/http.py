@@ -25,12 +25,15 @@ from typing import Any
 
 import trio
 
+from actors.downstream.http_modern import ModernHttp
 from actors.downstream.http_server import HttpServer
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
+from broker.jsonrpc import JsonRpcError
+from broker.session import CatalogSource
 from broker.wire import http as wire
-from broker.wire import sse
+from broker.wire import http_modern, param_headers, sse
 from broker.wire.frames import Frame
 from broker.wire.websocket import Policy
 
@@ -155,8 +158,12 @@ class HttpListener:
         max_queued_bytes: int,
         open_session: OpenSession,
         idle_seconds: float = IDLE_SECONDS,
+        catalogs: CatalogSource | None = None,
     ) -> None:
+        """``catalogs``: where the tools' schemas are read, to check a modern
+        ``tools/call``'s ``Mcp-Param-*`` headers (without: not checked)."""
         self._policy = policy
+        self._catalogs = catalogs
         self._servers = servers  # (read at each request: a reload may change them)
         self._limit = max_message_bytes
         self._max_queued_bytes = max_queued_bytes
@@ -164,6 +171,8 @@ class HttpListener:
         self.idle_seconds = idle_seconds
         self.sessions: dict[str, HttpConnection] = {}
         self.ticks = 0  # how often the streams were told to look (see _tick)
+        # 2026-07-28 clients: no HTTP session, a context per request (http_modern.py)
+        self.modern = ModernHttp(open_session, max_queued_bytes)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
@@ -172,6 +181,7 @@ class HttpListener:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._tick)
+            await nursery.start(self.modern.run)
             task_status.started()
             while True:
                 await trio.sleep(min(REAP_SECONDS, self.idle_seconds / 4))
@@ -200,7 +210,9 @@ class HttpListener:
         )
         if isinstance(target, wire.Refuse):
             return await self._refuse(send, target, scope)
-        if target.method == "POST":
+        if target.modern:
+            await self._modern_post(target, scope, receive, send)
+        elif target.method == "POST":
             await self._post(target, scope, receive, send)
         elif target.method == "GET":
             await self._get(target, scope, receive, send)
@@ -253,6 +265,48 @@ class HttpListener:
             session.last_active = trio.current_time()
             if new and session.streams.version is None:
                 session.end("initialize failed")
+
+    async def _modern_post(
+        self, target: wire.Target, scope: Any, receive: Receive, send: Send
+    ) -> None:
+        """A 2026-07-28 request: checked here, answered by its own context."""
+        if target.method != "POST":
+            return await self._refuse(send, http_modern.wrong_verb(target.method), scope)
+        body = await _read_body(receive, target.fields, self._limit)
+        if isinstance(body, wire.Refuse):
+            return await self._refuse(send, body, scope)
+        post = http_modern.read_post(body, target.fields, scope["headers"])
+        if isinstance(post, wire.Refuse):
+            return await self._refuse(send, post, scope)
+        if not post.request:
+            return await _respond(send, 202)  # (no client notification means anything here)
+        if post.method == "tools/call" and self._catalogs is not None:
+            refused = self._check_params(target, post.message, scope["headers"])
+            if refused is not None:
+                return await self._refuse(send, refused, scope)
+        mode = wire.choose_mode(target.fields)
+        if mode is False and post.method == http_modern.LISTEN:
+            mode = wire.Refuse(406, "Not Acceptable: subscriptions/listen is a text/event-stream")
+        if isinstance(mode, wire.Refuse):
+            return await self._refuse(send, mode, scope)
+        json = wire.accepts_json(target.fields)
+        await self.modern.answer(target, post, body, mode, receive, send, json_ok=json)
+
+    def _check_params(
+        self, target: wire.Target, request: dict[str, Any], headers: Any
+    ) -> wire.Refuse | None:
+        """A modern ``tools/call``'s ``Mcp-Param-*`` headers against its
+        arguments, as its tool's schema marks them (broker/wire/param_headers.py)."""
+        assert self._catalogs is not None
+        view = tuple(self._servers) if target.view is None else target.view
+        params = request["params"]
+        catalog = self._catalogs.current
+        schema = param_headers.tool_schema(catalog, view, target.transparent, params.get("name"))
+        try:
+            param_headers.check(schema, params.get("arguments"), headers)
+        except JsonRpcError as exc:
+            return wire.Refuse(400, exc.message, code=exc.code, id=request["id"])
+        return None
 
     async def _get(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
         session = self.sessions.get(target.session_id or "")
@@ -484,13 +538,16 @@ async def serve_http(
     max_message_bytes: int,
     max_queued_bytes: int,
     open_session: OpenSession,
+    catalogs: CatalogSource | None = None,
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve Streamable HTTP clients on ``host:port`` until cancelled; reports
     the port bound. ``policy()`` says who may connect, asked at each request
     (a reload may change it)."""
-    listener = HttpListener(policy, servers, max_message_bytes, max_queued_bytes, open_session)
+    listener = HttpListener(
+        policy, servers, max_message_bytes, max_queued_bytes, open_session, catalogs=catalogs
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         bound = await nursery.start(HttpServer(listener).serve, host, port)

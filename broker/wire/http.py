@@ -22,9 +22,11 @@ One MCP session spans many HTTP requests to one endpoint (``/mcp``, or
 ``Mcp-Session-Id`` is issued with the answer to ``initialize``; any other
 request without one is refused (400), one with an unknown or ended id gets
 404 (the client must then initialize again). ``MCP-Protocol-Version``, when
-sent, must be a version the broker speaks (400); absent, 2025-03-26 is
-assumed, as the spec says. Who may connect at all (Host, Origin, token) is
-decided as for WebSocket (:func:`broker.wire.websocket.check_access`).
+sent, is a legacy version; absent, 2025-03-26 is assumed, as the spec says.
+Any other version is a 2026-07-28 client's request (or one at a version the
+broker does not know), which broker/wire/http_modern.py's rules answer.
+Who may connect at all (Host, Origin, token) is decided as for WebSocket
+(:func:`broker.wire.websocket.check_access`).
 
 :class:`HttpStreams` holds one session's streams: which stream each message
 for the client goes on (:meth:`HttpStreams.route`), the events waiting to be
@@ -79,9 +81,10 @@ class Refuse:
     headers: tuple[tuple[str, str], ...] = ()
     code: int = INVALID_REQUEST
     id: RequestId | None = None
+    data: Any = None  # the error's data (a -32022's supported versions)
 
     def body(self) -> bytes:
-        return orjson.dumps(jsonrpc.error_response(self.id, self.code, self.reason))
+        return orjson.dumps(jsonrpc.error_response(self.id, self.code, self.reason, self.data))
 
 
 @attrs.frozen
@@ -93,6 +96,7 @@ class Target:
     view: tuple[str, ...] | None
     transparent: bool
     fields: dict[str, str]
+    modern: bool = False  # a 2026-07-28 request (broker/wire/http_modern.py's rules)
 
     @property
     def session_id(self) -> str | None:
@@ -108,7 +112,9 @@ def check_request(
     policy: Policy,
 ) -> Target | Refuse:
     """Whether to serve an HTTP request at all, before its body is read:
-    Host, Origin, token (403, 401), path (404), verb (405), protocol version (400)."""
+    Host, Origin, token (403, 401), path (404), verb (405), protocol version (400).
+    A request whose ``MCP-Protocol-Version`` is not a legacy one is ``modern``:
+    broker/wire/http_modern.py's rules decide the rest."""
     fields = fields_of(headers)
     refused = check_access(host, fields, policy)
     if refused is not None:
@@ -120,11 +126,7 @@ def check_request(
         return Refuse(405, f"Method {method} not allowed", (("Allow", ", ".join(METHODS)),))
     version = fields.get(VERSION_HEADER)
     if version is not None and version not in LEGACY_VERSIONS:
-        return Refuse(
-            400,
-            f"Unsupported MCP-Protocol-Version {version!r} "
-            f"(this endpoint speaks {', '.join(LEGACY_VERSIONS)})",
-        )
+        return Target(method, route[0], route[1], fields, modern=True)
     return Target(method, route[0], route[1], fields)
 
 
@@ -154,6 +156,10 @@ def _media_types(fields: dict[str, str]) -> set[str]:
 
 def accepts_sse(fields: dict[str, str]) -> bool:
     return bool(_media_types(fields) & {sse.CONTENT_TYPE, "text/*", "*/*"})
+
+
+def accepts_json(fields: dict[str, str]) -> bool:
+    return bool(_media_types(fields) & {"application/json", "application/*", "*/*"})
 
 
 def choose_mode(fields: dict[str, str], initialize: bool = False) -> bool | Refuse:

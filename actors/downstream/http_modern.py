@@ -1,0 +1,368 @@
+"""2026-07-28 clients on the Streamable HTTP listener: a call per POST.
+
+The modern revision has no HTTP session (broker/wire/http_modern.py has its
+rules). Each request POST is its own *context*: a broker
+:class:`~actors.session.Session` (running :class:`~broker.eras.session.ModernSessionProtocol`,
+as on the unix socket and WebSocket) over a :class:`ModernContext`, which
+hands the session the POST's body and takes what the session writes for the
+POST being answered. The answer goes out as JSON, unless something comes
+before it (progress, a log message the request asked for, a listen stream's
+acknowledgement) or it takes longer than :data:`KEEPALIVE_SECONDS`: then as
+an SSE stream (a JSON error keeps its HTTP status, as the SDK's server does).
+
+A context ends with its answer, except two kinds:
+
+- ``subscriptions/listen``: its stream stays open, carrying the
+  notifications stamped with its subscription id, until the client closes it.
+- a call a legacy server asked a question in: the answer is
+  ``input_required`` with a ``requestState`` of the broker's, and the call
+  stays in flight at the server. The context is *parked* under that token
+  (at most :data:`MAX_PARKED`, each for :data:`PARK_SECONDS`), and the
+  client's retry, a new POST carrying the token, is handed to it instead of
+  a new context: the session gives the server its answers and the retry
+  takes the call over (docs/eras.md, "The bridge"). Past either bound the
+  parked call is cancelled upstream and its token is unknown from then on.
+
+Closing a POST's stream before its answer is the request's cancellation: the
+context ends, and its session's end cancels what it had in flight upstream
+(``notifications/cancelled`` to the server), as when any client leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from actors.errors import TransportClosed
+from actors.logs import get_logger
+from actors.mailbox import Outgoing
+from broker import jsonrpc
+from broker.eras.tokens import is_ours
+from broker.jsonrpc import CONNECTION_CLOSED, RequestId, id_key
+from broker.wire import http as wire
+from broker.wire import sse
+from broker.wire.frames import Frame
+from broker.wire.http_modern import ModernPost, status_of
+
+PARK_SECONDS = 600.0  # how long a call that asked for input waits for its client's retry
+MAX_PARKED = 1024  # calls waiting so at once; past it the oldest is cancelled
+MAX_CONTEXTS = 4096  # modern requests at once (answering, listening or parked): past it, 503
+KEEPALIVE_SECONDS = 15.0  # silence before the answer becomes an SSE stream (and between comments)
+
+OpenSession = Callable[[Any, tuple[str, ...] | None, bool], Awaitable[None]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+_SSE_HEADERS = [
+    (b"content-type", sse.CONTENT_TYPE.encode()),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ModernContext:
+    """One modern call (or listen stream) as a session's
+    :class:`~actors.downstream.connection.Connection`: the bodies of its POST
+    and of its retries in, the messages for the POST being answered out."""
+
+    transport = "http"
+    related = False  # one request at a time: everything it is sent is that request's
+
+    def __init__(self, max_queued_bytes: int) -> None:
+        self.max_queued_bytes = max_queued_bytes
+        self.cancel_scope = trio.CancelScope()  # cancelled: the context ends
+        self.closed = False
+        self.waiting: RequestId | None = None  # the id of the request being answered
+        self.pending: list[tuple[Any, bytes]] = []
+        self.pending_bytes = 0
+        self.dropped = 0  # messages that came while no POST was being answered
+        self.token: str | None = None  # parked under this requestState
+        self.route: tuple[tuple[str, ...] | None, bool] = (None, False)  # its URL's view
+        self.park_scope = trio.CancelScope()
+        self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
+        self._waker = trio.Event()
+        self._log = get_logger()
+
+    # -- the Connection protocol ------------------------------------------
+
+    async def receive(self) -> tuple[list[Frame], int]:
+        try:
+            return await self._inbox.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            return [], 0
+
+    async def send(self, messages: list[Outgoing]) -> None:
+        if self.closed:
+            raise TransportClosed("the request's stream closed")
+        for message in messages:
+            if self.waiting is None:  # parked: the call's progress and log go nowhere
+                self.dropped += 1
+                continue
+            data = wire.encode(message)
+            self.pending.append((message, data))
+            self.pending_bytes += len(data)
+            if self.pending_bytes > self.max_queued_bytes:
+                self._log.warning("http.modern_not_reading", bytes=self.pending_bytes)
+                raise TransportClosed(
+                    f"{self.pending_bytes} bytes wait to be written (broker.maxQueuedBytes = "
+                    f"{self.max_queued_bytes}): client not reading"
+                )
+        self._wake()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self._inbox_send.close()
+        self._wake()
+
+    # -- for the POST handler ---------------------------------------------
+
+    def begin(self, id: RequestId) -> None:
+        """A POST (the first, or a retry) waits for the answer to request ``id``."""
+        self.waiting = id
+        self.pending.clear()
+        self.pending_bytes = 0
+
+    async def deliver(self, body: bytes) -> bool:
+        """Hand a POST body to the session; False if the context has ended."""
+        try:
+            await self._inbox_send.send(([body], len(body)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def waker(self) -> trio.Event:
+        """Set when something new is pending (or the context ended). Take it
+        before looking, so that nothing comes unnoticed in between."""
+        if self.closed:
+            done = trio.Event()
+            done.set()
+            return done
+        return self._waker
+
+    def take(self) -> list[tuple[Any, bytes]]:
+        taken, self.pending = self.pending, []
+        self.pending_bytes = 0
+        return taken
+
+    def end(self, reason: str) -> None:
+        self._log.debug("http.modern_context_ending", reason=reason)
+        self.cancel_scope.cancel()
+
+    def _wake(self) -> None:
+        self._waker.set()
+        self._waker = trio.Event()
+
+
+class ModernHttp:
+    """Every modern request of one HTTP listener: its contexts, the parked ones."""
+
+    def __init__(
+        self,
+        open_session: OpenSession,
+        max_queued_bytes: int,
+        *,
+        park_seconds: float = PARK_SECONDS,
+        max_parked: int = MAX_PARKED,
+        max_contexts: int = MAX_CONTEXTS,
+    ) -> None:
+        self._open_session = open_session
+        self._max_queued_bytes = max_queued_bytes
+        self.park_seconds = park_seconds
+        self.max_parked = max_parked
+        self.max_contexts = max_contexts
+        self.contexts: set[ModernContext] = set()
+        self.parked: dict[str, ModernContext] = {}  # by requestState, oldest first
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the contexts' sessions (and the parked ones' timers) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def answer(
+        self,
+        target: wire.Target,
+        post: ModernPost,
+        body: bytes,
+        sse_ok: bool,
+        receive: Receive,
+        send: Send,
+        *,
+        json_ok: bool = True,
+    ) -> None:
+        """Answer one request POST (checked already: broker/wire/http_modern.py):
+        as an SSE stream if ``sse_ok`` and something must go before the answer,
+        or the client takes no JSON (not ``json_ok``); else as JSON."""
+        context = self._unpark(post.request_state, (target.view, target.transparent))
+        if context is None:
+            if len(self.contexts) >= self.max_contexts:
+                why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
+                return await _json(send, 503, _error(post.id, why))
+            context = self._start(target)
+        context.begin(post.id)
+        if not await context.deliver(body):
+            return await _json(send, 200, _error(post.id, "mcpbroker: the request's session ended"))
+        answer: dict[str, Any] | None = None
+        reason = "the client closed the request's stream (cancelled)"
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                answer = await _write_answer(context, post.id, sse_ok, json_ok, send)
+                reason = "answered"
+                nursery.cancel_scope.cancel()
+        finally:
+            context.waiting = None
+            token = _parked_token(answer)
+            if token is not None and not context.closed:
+                self._park(context, token)
+            else:
+                context.end(reason)
+
+    # -- contexts -----------------------------------------------------------
+
+    def _start(self, target: wire.Target) -> ModernContext:
+        assert self._nursery is not None
+        context = ModernContext(self._max_queued_bytes)
+        context.route = (target.view, target.transparent)
+        self.contexts.add(context)
+        self._nursery.start_soon(self._run, context, target.view, target.transparent)
+        return context
+
+    async def _run(
+        self, context: ModernContext, view: tuple[str, ...] | None, transparent: bool
+    ) -> None:
+        try:
+            with context.cancel_scope:
+                await self._open_session(context, view, transparent)
+        finally:
+            self.contexts.discard(context)
+            if context.token is not None and self.parked.get(context.token) is context:
+                del self.parked[context.token]
+            context.park_scope.cancel()
+            await context.aclose()  # (idempotent: the Session closed it already)
+
+    def _park(self, context: ModernContext, token: str) -> None:
+        """Keep a call that asked for input until its retry (or its bounds) come."""
+        assert self._nursery is not None
+        while len(self.parked) >= self.max_parked:
+            _, oldest = _pop_oldest(self.parked)
+            oldest.end(f"more than {self.max_parked} calls wait for their clients' input")
+        context.token = token
+        context.park_scope = trio.CancelScope()
+        self.parked[token] = context
+        self._nursery.start_soon(self._expire, context, token)
+
+    async def _expire(self, context: ModernContext, token: str) -> None:
+        with context.park_scope:
+            await trio.sleep(self.park_seconds)
+            if self.parked.get(token) is context:
+                del self.parked[token]
+                context.end(f"no retry came within {self.park_seconds:g} s")
+
+    def _unpark(
+        self, token: str | None, route: tuple[tuple[str, ...] | None, bool]
+    ) -> ModernContext | None:
+        """The parked call a retry's ``requestState`` names (spent: taken out),
+        if the retry came to the same URL (elsewhere the token is unknown)."""
+        if token is None or not is_ours(token):
+            return None
+        context = self.parked.get(token)
+        if context is None or context.route != route:
+            return None
+        del self.parked[token]
+        context.token = None
+        context.park_scope.cancel()
+        return context
+
+
+def _pop_oldest(parked: dict[str, ModernContext]) -> tuple[str, ModernContext]:
+    token = next(iter(parked))
+    return token, parked.pop(token)
+
+
+def _parked_token(answer: dict[str, Any] | None) -> str | None:
+    """The broker's ``requestState`` of an ``input_required`` answer, if it is one."""
+    result = answer.get("result") if answer is not None else None
+    if not isinstance(result, dict) or result.get("resultType") != "input_required":
+        return None
+    state = result.get("requestState")
+    return state if is_ours(state) else None
+
+
+async def _write_answer(
+    context: ModernContext, id: RequestId, sse_ok: bool, json_ok: bool, send: Send
+) -> dict[str, Any] | None:
+    """Write what the context has for request ``id`` until its answer (which is
+    returned), as one JSON body or, once something must go before it, an SSE
+    stream. None if the context ended first."""
+    streaming = sse_ok and not json_ok and await _start_sse(send)
+    wanted = id_key(id)
+    while True:
+        waker = context.waker()
+        for message, data in context.take():
+            if _answers(message, wanted):
+                if streaming:
+                    await _body(send, sse.event(data), more=False)
+                else:
+                    error = message.get("error")
+                    code = error.get("code") if isinstance(error, dict) else None
+                    await _json(send, status_of(code) if type(code) is int else 200, data)
+                return message  # type: ignore[no-any-return]
+            if not sse_ok:
+                continue  # (a client that takes JSON only gets the answer alone)
+            if not streaming:
+                streaming = await _start_sse(send)
+            await _body(send, sse.event(data))
+        if context.closed:
+            if streaming:
+                await _body(send, b"", more=False)
+            else:
+                ended = _error(id, "mcpbroker: the request's session ended before its answer")
+                await _json(send, 200, ended)
+            return None
+        with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
+            await waker.wait()
+        if idle.cancelled_caught and sse_ok:
+            if not streaming:
+                streaming = await _start_sse(send)
+            await _body(send, sse.KEEPALIVE)
+
+
+def _answers(message: Any, wanted: tuple[type, Any]) -> bool:
+    return (
+        type(message) is dict
+        and "method" not in message
+        and jsonrpc.is_valid_id(message.get("id"))
+        and id_key(message["id"]) == wanted
+    )
+
+
+def _error(id: RequestId, message: str) -> bytes:
+    return jsonrpc.encode(jsonrpc.error_response(id, CONNECTION_CLOSED, message))
+
+
+async def _start_sse(send: Send) -> bool:
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    return True
+
+
+async def _json(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _body(send: Send, data: bytes, more: bool = True) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` once the client has gone (ASGI's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()

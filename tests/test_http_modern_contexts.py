@@ -1,0 +1,212 @@
+"""The modern HTTP contexts (actors/downstream/http_modern.py) under trio's
+autojump clock: a session per request, parked across an input_required round,
+and the bounds on parked calls (count and time); the client closing its
+stream ends the context. The session here is a small script that answers
+the way the broker's modern session does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+import trio
+import trio.testing
+
+from actors.downstream.http_modern import ModernContext, ModernHttp
+from actors.errors import TransportClosed
+from broker.wire import http
+from broker.wire.http_modern import ModernPost
+
+TARGET = http.Target("POST", None, False, {}, modern=True)
+
+
+class Script:
+    """Stands in for the daemon's sessions: the first request of a context is
+    answered input_required (a broker token), a retry with the result."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self.ended: list[int] = []
+        self.retries: list[tuple[int, Any]] = []
+
+    async def open_session(self, context: Any, view: Any, transparent: bool) -> None:
+        self.opened += 1
+        number = self.opened
+        try:
+            while True:
+                frames, _ = await context.receive()
+                if not frames:
+                    return
+                message = orjson.loads(frames[0])
+                state = message["params"].get("requestState")
+                if state is None and message["method"] == "tools/call":
+                    result = {"resultType": "input_required", "requestState": f"mcpbroker.{number}"}
+                else:
+                    self.retries.append((number, message["id"]))
+                    result = {"resultType": "complete", "content": []}
+                if message["method"] == "slow":
+                    await trio.sleep(60)
+                await context.send([{"jsonrpc": "2.0", "id": message["id"], "result": result}])
+        finally:
+            self.ended.append(number)
+
+
+class Exchange:
+    """One POST's ASGI side: what was sent back, and a client that may leave."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.leave = trio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    def answer(self) -> dict[str, Any]:
+        body = b"".join(m.get("body", b"") for m in self.sent)
+        answer: dict[str, Any] = orjson.loads(body)
+        return answer
+
+
+def call(id: int, method: str = "tools/call", **params: Any) -> tuple[ModernPost, bytes]:
+    message = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+    return ModernPost(message, True), orjson.dumps(message)
+
+
+async def ask(contexts: ModernHttp, id: int, **params: Any) -> Exchange:
+    exchange = Exchange()
+    post, body = call(id, **params)
+    await contexts.answer(TARGET, post, body, True, exchange.receive, exchange.send)
+    return exchange
+
+
+async def test_a_retry_finds_its_parked_call_and_ends_it(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        first = await ask(contexts, 1)
+        assert first.answer()["result"]["requestState"] == "mcpbroker.1"
+        assert list(contexts.parked) == ["mcpbroker.1"] and script.ended == []
+        retry = await ask(contexts, 2, requestState="mcpbroker.1")
+        assert retry.answer()["result"]["resultType"] == "complete"
+        assert script.retries == [(1, 2)]  # the same session took the retry
+        await trio.testing.wait_all_tasks_blocked()
+        assert script.ended == [1] and not contexts.parked and not contexts.contexts
+        # The token is spent: the same retry again opens a context of its own.
+        await ask(contexts, 3, requestState="mcpbroker.1")
+        assert script.retries[-1] == (2, 3)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_parked_call_ends_when_no_retry_comes_in_time(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20, park_seconds=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1)
+        await trio.sleep(29)
+        assert contexts.parked and script.ended == []
+        await trio.sleep(2)
+        assert not contexts.parked and script.ended == [1] and not contexts.contexts
+        nursery.cancel_scope.cancel()
+
+
+async def test_past_the_bound_the_oldest_parked_call_ends(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20, max_parked=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        for id in (1, 2, 3):
+            await ask(contexts, id)
+        await trio.testing.wait_all_tasks_blocked()
+        assert list(contexts.parked) == ["mcpbroker.2", "mcpbroker.3"]
+        assert script.ended == [1]
+        nursery.cancel_scope.cancel()
+
+
+async def test_closing_the_stream_ends_the_context(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        exchange = Exchange()
+        post, body = call(1, "slow")
+        nursery.start_soon(
+            contexts.answer, TARGET, post, body, True, exchange.receive, exchange.send
+        )
+        await trio.sleep(20)
+        # Silent past the keep-alive: the answer became an SSE stream, kept alive.
+        assert exchange.sent[0]["status"] == 200
+        assert (b"content-type", b"text/event-stream") in exchange.sent[0]["headers"]
+        assert exchange.sent[1]["body"].startswith(b":")
+        exchange.leave.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert script.ended == [1] and not contexts.contexts
+        nursery.cancel_scope.cancel()
+
+
+async def test_too_many_contexts_is_503(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20, max_contexts=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1)  # parked: it still counts
+        refused = await ask(contexts, 2)
+        assert refused.sent[0]["status"] == 503
+        assert refused.answer()["error"]["code"] == -32000
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_context_drops_what_comes_while_parked_and_bounds_the_rest() -> None:
+    context = ModernContext(100)
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x"}}
+    await context.send([note])  # no POST waits: nobody to tell
+    assert context.dropped == 1 and context.take() == []
+    context.begin(1)
+    await context.send([note])
+    assert [message for message, _ in context.take()] == [note]
+    big = {**note, "params": {"data": "x" * 200}}
+    with pytest.raises(TransportClosed, match="client not reading"):
+        await context.send([big])
+    await context.aclose()
+    assert await context.receive() == ([], 0)
+    with pytest.raises(TransportClosed):
+        await context.send([note])
+
+
+async def test_a_client_that_takes_no_json_gets_its_answer_as_sse(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        exchange = Exchange()
+        post, body = call(1, "tools/list")
+        await contexts.answer(
+            TARGET, post, body, True, exchange.receive, exchange.send, json_ok=False
+        )
+        assert (b"content-type", b"text/event-stream") in exchange.sent[0]["headers"]
+        data = b"".join(m.get("body", b"") for m in exchange.sent)
+        assert data.startswith(b"data: ") and orjson.loads(data[6:])["id"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_retry_at_another_url_does_not_find_the_call(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1)
+        elsewhere = http.Target("POST", ("s",), True, {}, modern=True)
+        exchange = Exchange()
+        post, body = call(2, requestState="mcpbroker.1")
+        await contexts.answer(elsewhere, post, body, True, exchange.receive, exchange.send)
+        assert script.retries == [(2, 2)]  # a context of its own (the broker's: -32602)
+        assert list(contexts.parked) == ["mcpbroker.1"]  # still waiting for its retry
+        await ask(contexts, 3, requestState="mcpbroker.1")
+        assert script.retries[-1] == (1, 3)
+        nursery.cancel_scope.cancel()
