@@ -14,6 +14,7 @@ It logs warnings only (the SDK's default would log every request).
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 
@@ -31,6 +32,8 @@ def echo(text: str) -> str:
 def serve_http() -> None:
     import anyio
     import uvicorn
+
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # not a line per session
 
     # IPPROTO_TCP, as uvicorn's own bind gets it from getaddrinfo: asyncio sets
     # TCP_NODELAY only on sockets that say so (else every SSE event waits ~40 ms
