@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+import trustme
 
 from tests.conftest import MCPBROKER, REPO, running_daemon
 from tests.test_bench import _remove, echo_server, engine_run
@@ -108,6 +109,34 @@ async def test_engine_over_http_counts_answers_errors_and_http_statuses() -> Non
     assert ok["latency_us"]["p50"] > 0
     assert (failing["calls"], failing["ok"], failing["errors"]) == (6, 0, {"HTTP 500": 6})
     assert (unknown["calls"], unknown["ok"], unknown["tool_errors"]) == (4, 0, 4)  # isError
+
+
+async def test_engine_over_https_checks_the_certificate(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    tls = {"TLS_CERT": str(tmp_path / "cert.pem"), "TLS_KEY": str(tmp_path / "key.pem")}
+
+    def opening(url: str) -> str:
+        try:
+            engine_run(Target(url=url), Load(1, "echo", requests=1))
+        except Exception as exc:
+            return str(exc)
+        return "opened"
+
+    with trio.fail_after(40):
+        async with http_server("streamable-http", **tls) as (url, _process):
+            url = url.replace("http://", "https://")
+            untrusted = await trio.to_thread.run_sync(opening, url)
+            monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # OpenSSL reads it
+            load = Load(4, "echo", {"text": "hi"}, requests=60)
+            out = await trio.to_thread.run_sync(engine_run, Target(url=url), load)
+    assert "CERTIFICATE_VERIFY_FAILED" in untrusted and url in untrusted
+    assert (out["calls"], out["ok"], out["errors"], out["lost"]) == (60, 60, {}, 0)
 
 
 async def test_engine_through_the_daemons_listener_json_and_sse(socket_path: str) -> None:

@@ -388,7 +388,8 @@ class Engine:
         if isinstance(client, HttpClient):
             for id in range(first, first + need):
                 pending[id] = sent
-                client.post(prefix + str(id).encode() + suffix, id)
+                if not self._post(client, prefix + str(id).encode() + suffix, id):
+                    return
             return
         parts = []
         for id in range(first, first + need):
@@ -429,17 +430,24 @@ class Engine:
         self._top_up(client)
 
     def _ready_http(self, client: HttpClient, fd: int, mask: int) -> None:
-        try:
-            messages, failed = client.ready(fd, mask)
-        except HttpFailure:  # no connection again after the keep-alive race
-            self._drop(client)
-            return
+        messages, failed = client.ready(fd, mask)
         now = _now()
         for message in messages:
             self._receive(client, message, now)
         for id, error in failed:
             self._failed(client, id, error, now)
         self._top_up(client)
+
+    def _post(self, client: HttpClient, body: bytes, id: Any = None) -> bool:
+        """POST a message; a server that can no longer be reached ends the client
+        (what it has in flight is lost), as a closed socket ends a stream client."""
+        try:
+            client.post(body, id)
+        except HttpFailure as exc:
+            client.init_error = client.init_error or str(exc)
+            self._drop(client)
+            return False
+        return True
 
     def _failed(self, client: HttpClient, id: Any, error: str | None, now: int) -> None:
         """A POST ended without its answer: with an error status, or lost (``None``)."""
@@ -499,7 +507,7 @@ class Engine:
             result = message.get("result")
             version = result.get("protocolVersion") if isinstance(result, dict) else None
             client.agreed(client.session, version)
-            client.post(INITIALIZED, client.initialized_id)
+            self._post(client, INITIALIZED, client.initialized_id)
             return
         client.ready_ns = _now()
         client.out += INITIALIZED
@@ -512,7 +520,7 @@ class Engine:
             error = {"code": -32601, "message": "Method not found"}
             reply = {"jsonrpc": "2.0", "id": request["id"], "error": error}
         if isinstance(client, HttpClient):
-            client.post(orjson.dumps(reply))
+            self._post(client, orjson.dumps(reply))
             return
         client.out += orjson.dumps(reply) + b"\n"
         self._flush(client)
