@@ -156,6 +156,28 @@ async def test_engine_through_the_daemons_listener_json_and_sse(socket_path: str
     assert (flaky["ok"], flaky["errors"]) == (5, {"-32603": 5})
 
 
+async def test_engine_over_http_ends_when_the_server_dies_mid_run() -> None:
+    # What was in flight is lost, the client ends (its server cannot be reached
+    # again), and the run stops instead of waiting out its duration or raising.
+    with trio.fail_after(40):
+        async with http_server("streamable-http") as (url, process):
+            load = Load(3, "echo", {"text": "hi"}, duration=30.0)
+            outs: list[dict[str, Any]] = []
+
+            async def drive() -> None:
+                outs.append(await trio.to_thread.run_sync(engine_run, Target(url=url), load))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drive)
+                await trio.sleep(1.5)
+                started = trio.current_time()
+                process.kill()
+            stopped = trio.current_time() - started
+    (out,) = outs
+    assert stopped < 15 and out["elapsed_s"] < 15
+    assert out["ok"] > 0 and out["errors"] == {} and out["lost"] <= 3
+
+
 async def test_engine_names_a_server_that_refuses_the_session() -> None:
     def opening(url: str) -> str:
         engine = Engine()

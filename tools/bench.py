@@ -65,7 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=float, default=1.0, metavar="S", help="with --duration: unmeasured start"
     )
     parser.add_argument(
-        "--direct", action="store_true", help="also run the load straight against the server"
+        "--direct",
+        action="store_true",
+        help="also run the load straight against the server: launched from the config, "
+        "or over Streamable HTTP for a url server",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--socket", metavar="PATH", default=None, help="the daemon's socket")
