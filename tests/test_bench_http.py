@@ -175,7 +175,9 @@ async def test_engine_over_http_ends_when_the_server_dies_mid_run() -> None:
             stopped = trio.current_time() - started
     (out,) = outs
     assert stopped < 15 and out["elapsed_s"] < 15
-    assert out["ok"] > 0 and out["errors"] == {} and out["lost"] <= 3
+    # Lost: at most one request per connection (3 in flight, and 3 more sent on
+    # connections the dying server had not closed yet); none counted unsent.
+    assert out["ok"] > 0 and out["errors"] == {} and 0 < out["lost"] <= 6
 
 
 async def test_engine_names_a_server_that_refuses_the_session() -> None:

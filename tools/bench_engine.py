@@ -386,10 +386,10 @@ class Engine:
         client.next_id += need
         prefix, suffix, pending = self._prefix, self._suffix, client.pending
         if isinstance(client, HttpClient):
-            for id in range(first, first + need):
-                pending[id] = sent
+            for id in range(first, first + need):  # pending once sent: none is lost unsent
                 if not self._post(client, prefix + str(id).encode() + suffix, id):
                     return
+                pending[id] = sent
             return
         parts = []
         for id in range(first, first + need):
