@@ -506,7 +506,7 @@ class Engine:
         if isinstance(client, HttpClient):  # ready once the server has taken the notification
             result = message.get("result")
             version = result.get("protocolVersion") if isinstance(result, dict) else None
-            client.agreed(client.session, version)
+            client.agreed(version)
             self._post(client, INITIALIZED, client.initialized_id)
             return
         client.ready_ns = _now()

@@ -243,7 +243,6 @@ class HttpClient:
     connection could be refused).
     """
 
-    http = True
     pid = None
     process = None
 
@@ -288,10 +287,11 @@ class HttpClient:
         conn.out += conn.request
         self._write(conn)
 
-    def agreed(self, session: bytes, version: str | None) -> None:
-        """The initialize's answer came: the session id (and version) every later POST carries."""
-        if session:
-            self._head += b"Mcp-Session-Id: " + session + b"\r\n"
+    def agreed(self, version: str | None) -> None:
+        """The initialize's answer came: the session id it gave (and the version
+        agreed) go on every later POST."""
+        if self.session:
+            self._head += b"Mcp-Session-Id: " + self.session + b"\r\n"
         if isinstance(version, str):
             self._head += _field("MCP-Protocol-Version", version)
 
