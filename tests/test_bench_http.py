@@ -245,6 +245,21 @@ async def test_bench_through_the_daemon_and_direct_against_a_url_server(
     assert legacy == 1 and 'legacy HTTP+SSE ("type": "sse")' in legacy_err, legacy_err
 
 
+async def test_bench_direct_explains_a_legacy_server_with_no_type(socket_path: str) -> None:
+    # With no "type" the daemon falls back to HTTP+SSE; --direct tells why it cannot.
+    config_path = os.path.join(os.path.dirname(socket_path), "config.json")
+    argv = ["--socket", socket_path, "--config", config_path, "--server", "old"]
+    argv += ["--tool", "echo", "--args", '{"text": "hi"}', "--requests", "5", "--direct"]
+    with trio.fail_after(60):
+        async with http_server("sse") as (url, _process):
+            entry = {"url": url}
+            await trio.Path(config_path).write_text(json.dumps({"mcpServers": {"old": entry}}))
+            async with running_daemon({"old": entry}, socket_path):
+                code, _, err = await bench_process(argv, dict(os.environ))
+    assert code == 1, err
+    assert "--direct: initialize failed: HTTP 405" in err and "legacy HTTP+SSE" in err, err
+
+
 # -- the harness --------------------------------------------------------------------
 
 

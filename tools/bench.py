@@ -12,8 +12,9 @@ reached by ``url`` is not launched: ``--direct`` opens one Streamable HTTP
 session to it (with the config's ``headers``, ``${VAR}`` replaced from this
 environment as the daemon does, and the token ``mcpbroker auth`` stored, if
 any) and keeps the N x K requests in flight there, each on a keep-alive
-connection of its own. Legacy HTTP+SSE (``"type": "sse"``) and WebSocket
-servers are refused with a message: measure them through the daemon.
+connection of its own. Legacy HTTP+SSE (``"type": "sse"``, or no type and an
+initialize refused as the spec's fallback says) and WebSocket servers are
+refused with a message: measure them through the daemon.
 
 What counts: a JSON-RPC error response is an error, counted by its code; a
 tool result with ``isError: true`` is a tool error, counted apart (the call
@@ -156,7 +157,10 @@ def run(
     if direct is not None:
         load = load_of(args, arguments, args.in_flight * args.clients)
         watch_client = None if direct.url else "server"  # a server by URL is no child of ours
-        report["direct"] = _measure([direct], load, {}, progress, watch_client=watch_client)
+        try:
+            report["direct"] = _measure([direct], load, {}, progress, watch_client=watch_client)
+        except BenchError as exc:
+            raise BenchError(f"--direct: {exc}{_legacy_hint(direct, str(exc))}") from None
         if direct.url:
             report["direct_url"] = direct.url
     return report
@@ -222,6 +226,19 @@ def _url_target(name: str, server: Any) -> Target:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
     return Target(url=url, headers=headers or None)
+
+
+def _legacy_hint(target: Target, error: str) -> str:
+    """What a refused initialize may mean when the config names no ``type``: the
+    daemon would fall back to HTTP+SSE there (as the spec says), ``--direct`` does not."""
+    from broker.wire.http_upstream import FALLBACK_STATUSES
+
+    if target.url and any(f"HTTP {status} " in error for status in FALLBACK_STATUSES):
+        return (
+            " (a legacy HTTP+SSE server answers Streamable HTTP's initialize so; "
+            "--direct speaks Streamable HTTP only: measure it through the daemon)"
+        )
+    return ""
 
 
 def _stored_token(name: str) -> str | None:
