@@ -65,6 +65,7 @@ class Target:
     url: str | None = None
     headers: dict[str, str] | None = None  # HTTP only: sent with every POST
     accept: str = ACCEPT_BOTH  # HTTP only: "application/json" asks for JSON bodies, not SSE
+    version: str = PROTOCOL_VERSION  # the initialize's protocolVersion
 
 
 @attrs.frozen
@@ -163,7 +164,7 @@ class Client:
             self.rfd, self.wfd = self.process.stdout.fileno(), self.process.stdin.fileno()
             os.set_blocking(self.rfd, False)
             os.set_blocking(self.wfd, False)
-        self.out = bytearray(out + _initialize())
+        self.out = bytearray(out + _initialize(target.version))
         self.rest: list[bytes] = []
         self.pending: dict[int, int] = {}  # request id -> when it was written (ns)
         self.next_id = 1
@@ -191,9 +192,9 @@ class Client:
         return block.split(b"\n")
 
 
-def _initialize() -> bytes:
+def _initialize(version: str) -> bytes:
     params = {
-        "protocolVersion": PROTOCOL_VERSION,
+        "protocolVersion": version,
         "capabilities": {},
         "clientInfo": {"name": "mcpbroker-bench", "version": "1"},
     }
@@ -248,7 +249,7 @@ class Engine:
         assert target.url is not None
         try:
             client = HttpClient(target.url, target.headers, target.accept, self._selector, _now())
-            client.post(_initialize(), INIT_ID)
+            client.post(_initialize(target.version), INIT_ID)
         except HttpFailure as exc:
             raise BenchError(str(exc)) from None
         return client
@@ -343,13 +344,14 @@ class Engine:
             if progress is not None and now >= next_tick:
                 next_tick = now + int(PROGRESS_EVERY * 1e9)
                 progress(self._progress(now - (window_start if self._measuring else start)))
-            in_flight = sum(len(c.pending) for c in self.clients if not c.closed)
-            if load.requests is not None and self._budget == 0 and not in_flight:
+            # Done issuing (all requests sent, the window over, or every connection
+            # closed under us) and nothing left in flight. Looked at in that order:
+            # counting what is in flight walks every client.
+            issued = (load.requests is not None and self._budget == 0) or not self._issuing
+            if (issued or all(c.closed for c in self.clients)) and not any(
+                c.pending for c in self.clients if not c.closed
+            ):
                 if self._measuring:
-                    self._stop(now - window_start, on_window)
-                break
-            if not in_flight and (not self._issuing or all(c.closed for c in self.clients)):
-                if self._measuring:  # every connection closed under us
                     self._stop(now - window_start, on_window)
                 break
             if drain_deadline is not None and now >= drain_deadline:

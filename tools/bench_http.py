@@ -211,6 +211,7 @@ class Connection:
         self.id: Any = None  # the JSON-RPC id it carries (None: a notification or reply)
         self.busy = False
         self.retried = False
+        self.writing = False  # the selector watches it for writing too
         self.response = Response()
 
     def recv(self) -> bytes:
@@ -356,8 +357,9 @@ class HttpClient:
             conn.send()
         except OSError:
             return  # the read side sees the end and says what became of the request
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
-        if self._selector.get_key(conn.fd).events != events:
+        if bool(conn.out) != conn.writing:
+            conn.writing = bool(conn.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.writing else 0)
             self._selector.modify(conn.fd, events, self)
 
     def _finished(self, conn: Connection, reuse: bool) -> list[tuple[Any, str | None]]:
