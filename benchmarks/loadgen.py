@@ -1,7 +1,7 @@
 """The harness's load generator: a process of its own, driven by a JSON spec on stdin.
 
 ``python -m benchmarks.loadgen < spec.json`` opens the clients the spec
-lists (unix sockets or child processes on stdio, see
+lists (unix sockets, child processes on stdio or Streamable HTTP sessions, see
 :class:`tools.bench_engine.Target`), runs one kind of measurement, and prints
 one JSON object on stdout. Kinds:
 
@@ -30,6 +30,7 @@ import orjson
 
 from tools import bench_proc
 from tools.bench_engine import Engine, Load, Target
+from tools.bench_http import ACCEPT_BOTH
 
 
 def _targets(spec: dict[str, Any], key: str = "targets") -> list[Target]:
@@ -42,6 +43,9 @@ def _targets(spec: dict[str, Any], key: str = "targets") -> list[Target]:
             argv=tuple(target.get("argv", ())),
             env=target.get("env"),
             cwd=target.get("cwd"),
+            url=target.get("url"),
+            headers=target.get("headers"),
+            accept=target.get("accept", ACCEPT_BOTH),
         )
         targets += [target] * int(entry.get("count", 1))
     return targets

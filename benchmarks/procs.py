@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import select
 import signal
 import socket
 import subprocess
@@ -86,6 +87,7 @@ def daemon(
     module: str = "cli.main",
     options: tuple[str, ...] = (),
     broker: dict[str, Any] | None = None,
+    urls: dict[str, str] | None = None,
 ) -> Iterator[Daemon]:
     """``mcpbroker serve`` with these servers, once every server is ready.
 
@@ -94,7 +96,8 @@ def daemon(
     ``$MCPBROKER_PATCHES`` set, the daemon runs with those prototype patches
     (benchmarks/prototype.py). ``options`` go on ``serve``'s command line;
     ``broker`` is the config's broker section (``count --broker '{"metrics":
-    "0"}'`` measures what metrics cost).
+    "0"}'`` measures what metrics cost). ``urls`` adds servers reached by URL
+    (``{"url": ...}``; their pid in ``server_pids`` is None).
     """
     if os.environ.get("MCPBROKER_PATCHES") and module == "cli.main":
         module = "benchmarks.prototype"
@@ -102,7 +105,8 @@ def daemon(
         "mcpServers": {
             name: {"command": argv[0], "args": argv[1:], "cwd": str(REPO)}
             for name, argv in servers.items()
-        },
+        }
+        | {name: {"url": url} for name, url in (urls or {}).items()},
         "broker": broker or {},
     }
     config_path = os.path.join(directory, "config.json")
@@ -115,7 +119,7 @@ def daemon(
             command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log
         )
     try:
-        pids = _wait_ready(process, socket_path, set(servers))
+        pids = _wait_ready(process, socket_path, set(servers) | set(urls or {}))
         pid = fetch_status(socket_path)["pid"]
         yield Daemon(pid, socket_path, pids)
         if pid != process.pid:  # stop the daemon itself, let the wrapper finish
@@ -159,6 +163,23 @@ def echo_sockets(directory: str, count: int) -> Iterator[list[tuple[int, str]]]:
     finally:
         for process, _ in processes:
             _stop(process)
+
+
+@contextlib.contextmanager
+def sdk_http_server() -> Iterator[tuple[int, str]]:
+    """The SDK echo server over Streamable HTTP (``sdk_server.py --http``): (pid, URL)."""
+    process = subprocess.Popen(
+        [*SDK_SERVER, "--http"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        readable, _, _ = select.select([process.stdout], [], [], READY_TIMEOUT)
+        url = process.stdout.readline().decode().strip() if readable else ""
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the SDK server did not listen (exit code {process.poll()})")
+        yield process.pid, url
+    finally:
+        _stop(process)
 
 
 def _wait_connectable(process: subprocess.Popen[bytes], path: str) -> None:
@@ -206,6 +227,11 @@ def socket_target(path: str, server: str | None = None, count: int = 1) -> dict[
     if server is not None:
         target["servers"] = [server]
     return {"target": target, "count": count}
+
+
+def http_target(url: str, count: int = 1) -> dict[str, Any]:
+    """``count`` sessions over Streamable HTTP, accepting JSON or SSE as SDK clients do."""
+    return {"target": {"url": url}, "count": count}
 
 
 def command_target(argv: list[str], count: int = 1) -> dict[str, Any]:

@@ -16,6 +16,13 @@ TITLES = {
     "idle": "idle sessions: daemon memory per session",
     "payload": "large payloads: a 1 MiB tools/call result, 1 x 1",
     "shims": "the host path: clients on stdio through `mcpbroker connect`",
+    "http": "Streamable HTTP: hosts that connect by URL, through `serve --http` and to an "
+    "SDK server",
+}
+HTTP_PATHS = {
+    "broker": "broker (`--http`, echo server)",
+    "direct": "direct (SDK server)",
+    "url": "broker → url (SDK server)",
 }
 KIB, MIB = 1024, 1024 * 1024
 
@@ -100,8 +107,13 @@ def _errors(result: dict[str, Any]) -> str:
     return ", ".join(parts) or "0"
 
 
-def load_rows(paths: dict[str, dict[str, Any]], cpu_names: list[str]) -> list[str]:
-    """One row per path (broker, direct) and a ratio row."""
+def load_rows(
+    paths: dict[str, dict[str, Any]],
+    cpu_names: list[str],
+    ratio_of: tuple[str, str] | None = None,
+) -> list[str]:
+    """One row per path (broker, direct) and a ratio row: of the two paths, or of
+    the two ``ratio_of`` names."""
     header = ["path", "calls", "calls/s", "p50 µs", "p99 µs", "p99.9 µs", "errors"]
     header += [f"{n} CPU µs/call (use)" for n in cpu_names]
     header += ["other load", "stolen"]
@@ -113,10 +125,13 @@ def load_rows(paths: dict[str, dict[str, Any]], cpu_names: list[str]) -> list[st
         row += [f"{_per_call_us(out, n)} ({_use(out, n)})" for n in cpu_names]
         row += [_share(others(out)), _share(stolen(out))]
         rows.append(row)
-    if len(paths) == 2:
-        (_, a), (_, b) = paths.items()
-        ra, rb = a["result"], b["result"]
-        ratio = ["ratio", "", _ratio(ra["throughput"], rb["throughput"], 2)]
+    if ratio_of is None and len(paths) == 2:
+        first, second = paths
+        ratio_of = (first, second)
+    if ratio_of is not None:
+        ra, rb = paths[ratio_of[0]]["result"], paths[ratio_of[1]]["result"]
+        label = "ratio" if len(paths) == 2 else f"ratio {ratio_of[0]} / {ratio_of[1]}"
+        ratio = [label, "", _ratio(ra["throughput"], rb["throughput"], 2)]
         ratio += [
             _ratio(ra["latency_us"][p], rb["latency_us"][p], 1) for p in ("p50", "p99", "p99.9")
         ]
@@ -224,11 +239,40 @@ def render_shims(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_http(result: dict[str, Any]) -> list[str]:
+    """Two tables (64 clients, 1 x 1), three paths each: the broker's listener with the
+    echo server, the SDK server by itself, the SDK server behind the broker."""
+    lines = [f"### {TITLES['http']}", ""]
+    for key, text in (
+        ("throughput", "{n} keep-alive clients, one call in flight each:"),
+        ("latency", "{n} client x 1 in flight:"),
+    ):
+        paths = {HTTP_PATHS[p]: out for p, out in result[key].items()}
+        ratio_of = (HTTP_PATHS["url"], HTTP_PATHS["direct"]) if len(paths) == 3 else None
+        lines += [text.format(n=result["clients"][key]), ""]
+        lines += [*load_rows(paths, ["daemon", "server", "loadgen"], ratio_of), ""]
+    added = _p50(result["latency"], "url") - _p50(result["latency"], "direct")
+    peaks = result["daemon_memory"]
+    lines.append(
+        f"The broker adds {_num(added)} µs to the SDK server's p50 at 1 x 1 "
+        f"(ratio row: broker → url / direct); daemon peak RSS "
+        f"{_mib(peaks['broker']['peak_rss'])} (echo), {_mib(peaks['url']['peak_rss'])} (url); "
+        f"SDK server peak RSS {_mib(result['sdk_memory']['peak_rss'])}."
+    )
+    return lines
+
+
+def _p50(paths: dict[str, Any], path: str) -> float:
+    return float(paths[path]["result"]["latency_us"]["p50"] or math.nan)
+
+
 def render_scenario(name: str, result: dict[str, Any]) -> list[str]:
     if name == "idle":
         return render_idle(result)
     if name == "shims":
         return render_shims(result)
+    if name == "http":
+        return render_http(result)
     return render_compare(name, result)
 
 
@@ -280,6 +324,11 @@ def check_targets(results: dict[str, Any]) -> list[Check]:
         )
     if "shims" in results:
         checks += _shim_checks(results["shims"])
+    if "http" in results:
+        rate = results["http"]["throughput"]["broker"]["result"]["throughput"]
+        checks.append(
+            Check("http 64 clients: broker (`--http`) >= 5,000 calls/s", _num(rate), rate >= 5000)
+        )
     return checks
 
 

@@ -11,7 +11,11 @@ server with the broker taken out:
   identical and the only difference is the broker hop; with several
   upstreams, one echo server per upstream, clients spread evenly;
 - for the host path (shims), what hosts do today: one copy of the server per
-  client, launched on stdio.
+  client, launched on stdio;
+- for Streamable HTTP (``http``), what hosts that connect by URL get from a
+  server built on the official SDK serving HTTP itself (benchmarks/sdk_server.py
+  ``--http``), beside the daemon's ``--http`` listener with the echo server
+  and beside the daemon with that same SDK server as a ``url`` server.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from benchmarks.procs import (
     command_target,
     daemon,
     echo_sockets,
+    fetch_status,
+    http_target,
     loadgen,
+    sdk_http_server,
     shim_command,
     socket_target,
 )
@@ -193,6 +200,39 @@ def _idle_memory(s: Settings, argv: list[str], dm: procs.Daemon | None) -> dict[
     return loadgen(spec)
 
 
+HTTP_LOADS = {"throughput": 64, "latency": 1}  # keep-alive clients, one call in flight each
+
+
+def http(s: Settings, directory: str) -> dict[str, Any]:
+    """Hosts that connect by URL, each client an MCP session on a keep-alive HTTP/1.1
+    connection with one call in flight (HTTP/1.1 carries one request at a time):
+
+    - ``broker``: the daemon's ``--http`` listener, the echo server behind it on stdio;
+    - ``direct``: the SDK's own Streamable HTTP server (an echo tool), no broker;
+    - ``url``: the daemon's ``--http`` with that SDK server as its ``url`` server.
+    """
+    out: dict[str, Any] = {key: {} for key in HTTP_LOADS}
+    listen = ("--http", "127.0.0.1:0")
+    with daemon(directory, {"echo": ECHO_SERVER}, options=listen) as dm:
+        url = fetch_status(dm.socket)["http"].rstrip("/") + "/echo"
+        watch = {"daemon": dm.pid, "server:echo": dm.server_pids["echo"]}
+        for key, clients in HTTP_LOADS.items():
+            out[key]["broker"] = _load(s, [http_target(url, clients)], 1, watch)
+        out["daemon_memory"] = {"broker": bench_proc.memory(dm.pid).as_dict()}
+    with sdk_http_server() as (pid, sdk_url):
+        for key, clients in HTTP_LOADS.items():
+            out[key]["direct"] = _load(s, [http_target(sdk_url, clients)], 1, {"server:sdk": pid})
+        with daemon(directory, {}, options=listen, urls={"sdk": sdk_url}) as dm:
+            url = fetch_status(dm.socket)["http"].rstrip("/") + "/sdk"
+            watch = {"daemon": dm.pid, "server:sdk": pid}
+            for key, clients in HTTP_LOADS.items():
+                out[key]["url"] = _load(s, [http_target(url, clients)], 1, watch)
+            out["daemon_memory"]["url"] = bench_proc.memory(dm.pid).as_dict()
+        out["sdk_memory"] = bench_proc.memory(pid).as_dict()
+    out["clients"] = dict(HTTP_LOADS)
+    return out
+
+
 SCENARIOS: dict[str, Callable[[Settings, str], dict[str, Any]]] = {
     "latency": latency,
     "throughput": throughput,
@@ -200,4 +240,5 @@ SCENARIOS: dict[str, Callable[[Settings, str], dict[str, Any]]] = {
     "idle": idle,
     "payload": payload,
     "shims": shims,
+    "http": http,
 }

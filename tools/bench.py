@@ -7,7 +7,14 @@ throughput, latency percentiles, errors by code, and the CPU time and memory
 of the server (and of the daemon). With ``--direct`` it then launches the
 server itself, as the config describes it, and runs the same load straight
 against it for comparison: one server process, all N x K requests in flight
-on its stdio, which is what the daemon's shared instance sees too.
+on its stdio, which is what the daemon's shared instance sees too. A server
+reached by ``url`` is not launched: ``--direct`` opens one Streamable HTTP
+session to it (with the config's ``headers``, ``${VAR}`` replaced from this
+environment as the daemon does, and the token ``mcpbroker auth`` stored, if
+any) and keeps the N x K requests in flight there, each on a keep-alive
+connection of its own. Legacy HTTP+SSE (``"type": "sse"``, or no type and an
+initialize refused as the spec's fallback says) and WebSocket servers are
+refused with a message: measure them through the daemon.
 
 What counts: a JSON-RPC error response is an error, counted by its code; a
 tool result with ``isError: true`` is a tool error, counted apart (the call
@@ -20,6 +27,7 @@ read the CPU figures with that in mind.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -58,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--warmup", type=float, default=1.0, metavar="S", help="with --duration: unmeasured start"
     )
     parser.add_argument(
-        "--direct", action="store_true", help="also run the load straight against the server"
+        "--direct",
+        action="store_true",
+        help="also run the load straight against the server: launched from the config, "
+        "or over Streamable HTTP for a url server",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--socket", metavar="PATH", default=None, help="the daemon's socket")
@@ -138,14 +149,20 @@ def run(
         "clients": args.clients,
         "in_flight": args.in_flight,
     }
+    direct = _direct_target(args) if args.direct else None  # a bad config fails before the run
     target = Target(socket=socket_path, servers=(args.server,))
     watch = {"daemon": status["pid"], "server": server["pid"]}
     load = load_of(args, arguments, args.in_flight)
     report["broker"] = _measure([target] * args.clients, load, watch, progress)
-    if args.direct:
-        direct = _direct_target(args)
+    if direct is not None:
         load = load_of(args, arguments, args.in_flight * args.clients)
-        report["direct"] = _measure([direct], load, {}, progress, watch_client="server")
+        watch_client = None if direct.url else "server"  # a server by URL is no child of ours
+        try:
+            report["direct"] = _measure([direct], load, {}, progress, watch_client=watch_client)
+        except BenchError as exc:
+            raise BenchError(f"--direct: {exc}{_legacy_hint(direct, str(exc))}") from None
+        if direct.url:
+            report["direct_url"] = direct.url
     return report
 
 
@@ -173,10 +190,68 @@ def _direct_target(args: argparse.Namespace) -> Target:
             "(pass --config FILE, or --demo for a daemon started with serve --demo)"
         ) from None
     server = config.enabled_servers.get(args.server)
+    if server is not None and server.url is not None:
+        return _url_target(args.server, server)
     if server is None or not server.command:
-        raise ValueError(f"{path} has no stdio server {args.server!r} to launch directly")
+        raise ValueError(f"{path} has no server {args.server!r} to launch directly")
     argv = (server.command, *server.args)
     return Target(argv=argv, env=dict(server.env) or None, cwd=server.cwd)
+
+
+def _url_target(name: str, server: Any) -> Target:
+    """A server reached by URL, straight over Streamable HTTP: the config's
+    headers with ``${VAR}`` replaced as the daemon does, and the stored OAuth
+    token (``mcpbroker auth NAME``) unless the headers carry an Authorization."""
+    from broker.wire import http_upstream as rules
+
+    url: str = server.url
+    refuse = f"--direct speaks Streamable HTTP only, and server {name!r} is "
+    if url.startswith(("ws://", "wss://")):
+        raise ValueError(refuse + f"a WebSocket server ({url}): measure it through the daemon")
+    try:
+        mode = rules.mode_of(server.type)
+    except ValueError as exc:
+        raise ValueError(f"server {name!r}: {exc}") from None
+    if mode == rules.SSE:
+        raise ValueError(refuse + 'legacy HTTP+SSE ("type": "sse"): measure it through the daemon')
+    try:
+        headers = {key: rules.expand(value, os.environ) for key, value in server.headers.items()}
+    except rules.MissingVariable as exc:
+        raise ValueError(
+            f"server {name!r} has headers that use ${{{exc.name}}}, and the environment "
+            f"variable {exc.name} is not set here"
+        ) from None
+    if not any(key.lower() == "authorization" for key in headers):
+        token = _stored_token(name)
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+    return Target(url=url, headers=headers or None)
+
+
+def _legacy_hint(target: Target, error: str) -> str:
+    """What a refused initialize may mean when the config names no ``type``: the
+    daemon would fall back to HTTP+SSE there (as the spec says), ``--direct`` does not."""
+    from broker.wire.http_upstream import FALLBACK_STATUSES
+
+    if target.url and any(f"HTTP {status} " in error for status in FALLBACK_STATUSES):
+        return (
+            " (a legacy HTTP+SSE server answers Streamable HTTP's initialize so; "
+            "--direct speaks Streamable HTTP only: measure it through the daemon)"
+        )
+    return ""
+
+
+def _stored_token(name: str) -> str | None:
+    """The access token ``mcpbroker auth NAME`` stored, if any (used as it is: the
+    daemon refreshes it, this command does not)."""
+    from actors.oauth import TokenStore
+    from broker.oauth import OAuthError
+
+    try:
+        grant = TokenStore().load(name)
+    except OAuthError as exc:
+        raise ValueError(str(exc)) from None
+    return None if grant is None else grant.tokens.access_token
 
 
 def _measure(
@@ -270,10 +345,13 @@ def render(report: dict[str, Any]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
     if "direct" in report:
-        lines += [
-            "",
-            "direct: one server process launched by this command, every request on its stdio",
-        ]
+        how = (
+            f"one Streamable HTTP session to {report['direct_url']}, every request on a "
+            "keep-alive connection of its own"
+            if "direct_url" in report
+            else "one server process launched by this command, every request on its stdio"
+        )
+        lines += ["", f"direct: {how}"]
     return "\n".join(lines)
 
 
@@ -285,7 +363,7 @@ def _codes(errors: dict[str, int]) -> str:
     if not errors:
         return "0"
     return ", ".join(
-        f"{code} {CODE_NAMES.get(code, '')}: {n:,}".replace("  ", " ") for code, n in errors.items()
+        f"{code} {CODE_NAMES.get(code, '')}".rstrip() + f": {n:,}" for code, n in errors.items()
     )
 
 

@@ -4,19 +4,24 @@ Many MCP clients multiplexed in one process with ``selectors`` (epoll) and
 orjson, and deliberately no Trio: a load generator must spend as little CPU
 per call as it can, because on a small machine it shares the cores with the
 daemon and the server it measures. Each client is a unix socket to the daemon
-(or to a server listening on one) or a child process on stdio (a server
-launched directly, or ``mcpbroker connect``). A client opens with the hello
+(or to a server listening on one), a child process on stdio (a server
+launched directly, or ``mcpbroker connect``), or a session over Streamable
+HTTP (:mod:`tools.bench_http`: the daemon's ``--http`` listener, or a server
+reached by URL). A client opens with the hello
 (sockets only), ``initialize`` and ``notifications/initialized``, then keeps
 ``in_flight`` ``tools/call`` requests outstanding: every answer is followed
 at once by a new request, and everything a client has to send is written in
-one ``write``.
+one ``write`` (over HTTP, each request is a POST on a keep-alive connection of
+its own, and the calls wait until the server has taken the
+``notifications/initialized``).
 
 What counts (documented in ``mcpbroker bench --help`` and benchmarks/README.md):
 a JSON-RPC error response is an error, counted by its code; a result with
 ``isError: true`` is a *tool error*, counted apart; every other result is ok.
 Latency is measured for every answered call, from the write of its request to
 the read of the chunk that completed its response. Requests never answered
-(the connection closed, or the drain timed out) are *lost*.
+(the connection closed, or the drain timed out) are *lost*. Over HTTP, a POST
+answered with an error status is an error counted as ``HTTP <status>``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import Any
 import attrs
 import orjson
 
+from tools.bench_http import ACCEPT_BOTH, HttpClient, HttpFailure
+
 READ_SIZE = 1024 * 1024
 INIT_ID = "bench-init"
 PROTOCOL_VERSION = "2025-11-25"
@@ -47,13 +54,18 @@ class BenchError(Exception):
 
 @attrs.frozen
 class Target:
-    """Where one client connects: a unix socket (with a hello) or a command on stdio."""
+    """Where one client connects: a unix socket (with a hello), a command on
+    stdio, or a Streamable HTTP endpoint (``url``)."""
 
     socket: str | None = None
     servers: tuple[str, ...] = ()  # the hello's view; sockets only
     argv: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None  # HTTP only: sent with every POST
+    accept: str = ACCEPT_BOTH  # HTTP only: "application/json" asks for JSON bodies, not SSE
+    version: str = PROTOCOL_VERSION  # the initialize's protocolVersion
 
 
 @attrs.frozen
@@ -152,7 +164,7 @@ class Client:
             self.rfd, self.wfd = self.process.stdout.fileno(), self.process.stdin.fileno()
             os.set_blocking(self.rfd, False)
             os.set_blocking(self.wfd, False)
-        self.out = bytearray(out + _initialize())
+        self.out = bytearray(out + _initialize(target.version))
         self.rest: list[bytes] = []
         self.pending: dict[int, int] = {}  # request id -> when it was written (ns)
         self.next_id = 1
@@ -180,9 +192,9 @@ class Client:
         return block.split(b"\n")
 
 
-def _initialize() -> bytes:
+def _initialize(version: str) -> bytes:
     params = {
-        "protocolVersion": PROTOCOL_VERSION,
+        "protocolVersion": version,
         "capabilities": {},
         "clientInfo": {"name": "mcpbroker-bench", "version": "1"},
     }
@@ -191,13 +203,14 @@ def _initialize() -> bytes:
 
 
 INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+AnyClient = Client | HttpClient
 
 
 class Engine:
     """Clients multiplexed on one selector. ``open`` them, ``run`` loads, ``close``."""
 
     def __init__(self, stderr: Any = subprocess.DEVNULL) -> None:
-        self.clients: list[Client] = []
+        self.clients: list[AnyClient] = []
         self._selector = selectors.DefaultSelector()
         self._stderr = stderr
         self._writing: set[Client] = set()
@@ -210,15 +223,18 @@ class Engine:
 
     # -- connections ----------------------------------------------------------
 
-    def open(self, targets: Sequence[Target], timeout: float = 30.0) -> list[Client]:
+    def open(self, targets: Sequence[Target], timeout: float = 30.0) -> list[AnyClient]:
         """Connect and initialize one client per target; returns when all are ready."""
-        new = []
+        new: list[AnyClient] = []
         for target in targets:
-            client = Client(target, self._stderr)
-            self._selector.register(client.rfd, selectors.EVENT_READ, client)
-            self._flush(client)
-            new.append(client)
-        self.clients += new
+            if target.url is not None:
+                new.append(self._open_http(target))
+            else:
+                client = Client(target, self._stderr)
+                self._selector.register(client.rfd, selectors.EVENT_READ, client)
+                self._flush(client)
+                new.append(client)
+            self.clients.append(new[-1])  # closed by close(), whatever happens next
         deadline = time.monotonic() + timeout
         while any(c.ready_ns is None for c in new):
             if any(c.closed for c in new):
@@ -229,7 +245,16 @@ class Engine:
             self._poll(min(left, 0.5))
         return new
 
-    def _init_failure(self, clients: list[Client]) -> str:
+    def _open_http(self, target: Target) -> HttpClient:
+        assert target.url is not None
+        try:
+            client = HttpClient(target.url, target.headers, target.accept, self._selector, _now())
+            client.post(_initialize(target.version), INIT_ID)
+        except HttpFailure as exc:
+            raise BenchError(str(exc)) from None
+        return client
+
+    def _init_failure(self, clients: list[AnyClient]) -> str:
         for client in clients:
             if client.init_error is not None:
                 return f"initialize failed: {client.init_error}"
@@ -258,12 +283,15 @@ class Engine:
                     process.wait()
         self.clients = []
 
-    def _drop(self, client: Client) -> None:
+    def _drop(self, client: AnyClient) -> None:
         if client.closed:
             return
-        client.closed = True
         self._result.lost += len(client.pending)
         client.pending.clear()
+        if isinstance(client, HttpClient):
+            client.close()
+            return
+        client.closed = True
         for fd in {client.rfd, client.wfd}:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(fd)
@@ -316,13 +344,14 @@ class Engine:
             if progress is not None and now >= next_tick:
                 next_tick = now + int(PROGRESS_EVERY * 1e9)
                 progress(self._progress(now - (window_start if self._measuring else start)))
-            in_flight = sum(len(c.pending) for c in self.clients if not c.closed)
-            if load.requests is not None and self._budget == 0 and not in_flight:
+            # Done issuing (all requests sent, the window over, or every connection
+            # closed under us) and nothing left in flight. Looked at in that order:
+            # counting what is in flight walks every client.
+            issued = (load.requests is not None and self._budget == 0) or not self._issuing
+            if (issued or all(c.closed for c in self.clients)) and not any(
+                c.pending for c in self.clients if not c.closed
+            ):
                 if self._measuring:
-                    self._stop(now - window_start, on_window)
-                break
-            if not in_flight and (not self._issuing or all(c.closed for c in self.clients)):
-                if self._measuring:  # every connection closed under us
                     self._stop(now - window_start, on_window)
                 break
             if drain_deadline is not None and now >= drain_deadline:
@@ -345,7 +374,7 @@ class Engine:
         errors = sum(r.errors.values()) + r.tool_errors
         return Progress(r.calls, errors, elapsed_ns / 1e9, self._measuring)
 
-    def _top_up(self, client: Client) -> None:
+    def _top_up(self, client: AnyClient) -> None:
         if not self._issuing or client.closed or client.ready_ns is None:
             return
         need = self._load.in_flight - len(client.pending)
@@ -358,6 +387,12 @@ class Engine:
         first = client.next_id
         client.next_id += need
         prefix, suffix, pending = self._prefix, self._suffix, client.pending
+        if isinstance(client, HttpClient):
+            for id in range(first, first + need):  # pending once sent: none is lost unsent
+                if not self._post(client, prefix + str(id).encode() + suffix, id):
+                    return
+                pending[id] = sent
+            return
         parts = []
         for id in range(first, first + need):
             pending[id] = sent
@@ -369,8 +404,11 @@ class Engine:
 
     def _poll(self, timeout: float) -> None:
         for key, mask in self._selector.select(timeout):
-            client: Client = key.data
+            client: AnyClient = key.data
             if client.closed:
+                continue
+            if isinstance(client, HttpClient):
+                self._ready_http(client, key.fd, mask)
                 continue
             if mask & selectors.EVENT_WRITE:
                 self._flush(client)
@@ -393,7 +431,43 @@ class Engine:
                 self._receive(client, line, now)
         self._top_up(client)
 
-    def _receive(self, client: Client, line: bytes, now: int) -> None:
+    def _ready_http(self, client: HttpClient, fd: int, mask: int) -> None:
+        messages, failed = client.ready(fd, mask)
+        now = _now()
+        for message in messages:
+            self._receive(client, message, now)
+        for id, error in failed:
+            self._failed(client, id, error, now)
+        self._top_up(client)
+
+    def _post(self, client: HttpClient, body: bytes, id: Any = None) -> bool:
+        """POST a message; a server that can no longer be reached ends the client
+        (what it has in flight is lost), as a closed socket ends a stream client."""
+        try:
+            client.post(body, id)
+        except HttpFailure as exc:
+            client.init_error = client.init_error or str(exc)
+            self._drop(client)
+            return False
+        return True
+
+    def _failed(self, client: HttpClient, id: Any, error: str | None, now: int) -> None:
+        """A POST ended without its answer: with an error status, or lost (``None``)."""
+        if id == INIT_ID or id is client.initialized_id:
+            client.init_error = f"{error or 'no answer'} from {client.url}"
+            self._drop(client)
+            return
+        sent = client.pending.pop(id, None) if type(id) is int else None
+        if sent is None or not self._measuring:
+            return
+        if error is None:
+            self._result.lost += 1
+            return
+        self._result.calls += 1
+        self._result.latencies_ns.append(now - sent)
+        self._result.errors[error] += 1
+
+    def _receive(self, client: AnyClient, line: bytes, now: int) -> None:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -426,21 +500,30 @@ class Engine:
         else:
             result.ok += 1
 
-    def _initialized(self, client: Client, message: dict[str, Any]) -> None:
+    def _initialized(self, client: AnyClient, message: dict[str, Any]) -> None:
         if "error" in message:
             client.init_error = message["error"].get("message", message["error"])
             self._drop(client)
+            return
+        if isinstance(client, HttpClient):  # ready once the server has taken the notification
+            result = message.get("result")
+            version = result.get("protocolVersion") if isinstance(result, dict) else None
+            client.agreed(version)
+            self._post(client, INITIALIZED, client.initialized_id)
             return
         client.ready_ns = _now()
         client.out += INITIALIZED
         self._flush(client)
 
-    def _answer(self, client: Client, request: dict[str, Any]) -> None:
+    def _answer(self, client: AnyClient, request: dict[str, Any]) -> None:
         if request["method"] == "ping":
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"], "result": {}}
         else:
             error = {"code": -32601, "message": "Method not found"}
             reply = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+        if isinstance(client, HttpClient):
+            self._post(client, orjson.dumps(reply))
+            return
         client.out += orjson.dumps(reply) + b"\n"
         self._flush(client)
 

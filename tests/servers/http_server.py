@@ -13,7 +13,8 @@ again (GET with ``Last-Event-ID``).
 ``POST /forget`` makes the server forget every session it has given out so
 far: requests carrying one of their ids get 404 from then on, as from a
 server whose sessions expired. A POST whose body holds ``fail_with_500``
-gets ``500 boom``. ``GET /stats`` tells what clients sent:
+gets ``500 boom``. ``TLS_CERT`` and ``TLS_KEY`` (PEM files): serve https://
+instead. ``GET /stats`` tells what clients sent:
 ``{"deleted": DELETEs of a session, "versions": the MCP-Protocol-Version
 headers seen, "resumed": GETs with Last-Event-ID, "sessions": how many it
 gave out}``.
@@ -162,7 +163,14 @@ async def main(transport: str, port: int) -> None:
             event_store=MemoryEventStore() if resumable else None,
             retry_interval=100 if resumable else None,
         )
-    config = uvicorn.Config(Gate(app), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(
+        Gate(app),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ssl_certfile=os.environ.get("TLS_CERT"),  # https://, with this certificate
+        ssl_keyfile=os.environ.get("TLS_KEY"),
+    )
     await uvicorn.Server(config).serve()
 
 
