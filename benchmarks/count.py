@@ -87,38 +87,24 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
 
 def _drive_http(socket_path: str, clients: int, calls: int, sse: bool) -> None:
     """``calls`` tools/call round trips through the daemon's HTTP listener,
-    ``clients`` keep-alive sessions at once (http_load's clients)."""
-    import selectors
-
-    from benchmarks.http_load import Client
+    ``clients`` keep-alive sessions at once (http_load's clients: the load
+    engine's, tools/bench_http.py)."""
+    from benchmarks.http_load import ARGUMENTS, VERSION
     from cli.status import fetch_status
+    from tools.bench_engine import Engine, Load, Target
+    from tools.bench_http import ACCEPT_BOTH
 
-    url = fetch_status(socket_path)["http"]
-    host, _, rest = url.removeprefix("http://").partition(":")
-    pool = [Client(host, int(rest.split("/")[0]), "/mcp/echo", sse) for _ in range(clients)]
-    initialize = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c"}}
-    for client in pool:
-        client.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize})
-        while not client.receive():
-            pass
-        client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        while not client.receive():
-            pass
-    with selectors.DefaultSelector() as selector:
-        for client in pool:
-            selector.register(client.sock, selectors.EVENT_READ, client)
-            client.call()
-        sent, done = clients, 0
-        while done < calls:
-            for key, _ in selector.select(30):
-                client = key.data
-                if client.receive():
-                    done += 1
-                    if sent < calls:
-                        sent += 1
-                        client.call()
-    for client in pool:
-        client.sock.close()
+    url = fetch_status(socket_path)["http"].rstrip("/") + "/echo"
+    target = Target(url=url, accept=ACCEPT_BOTH if sse else "application/json", version=VERSION)
+    engine = Engine()
+    try:
+        engine.open([target] * clients, timeout=60.0)
+        result = engine.run(Load(1, "echo", ARGUMENTS, requests=calls))
+    finally:
+        engine.close()
+    if result.ok != calls:
+        failed = calls - result.ok
+        raise SystemExit(f"{failed} of {calls} calls did not succeed: {result.summary()}")
 
 
 def count_lines(args: argparse.Namespace) -> str:
