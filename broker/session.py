@@ -250,9 +250,9 @@ class SessionProtocol:
         ):
             return None
         method, id = message.get("method"), message.get("id")
-        if (
-            type(id) is not int and (type(id) is not str or len(id) > MAX_ID_LENGTH)
-        ) or (type(method) is not str or method not in ROUTED_METHODS):
+        if (type(id) is not int and (type(id) is not str or len(id) > MAX_ID_LENGTH)) or (
+            type(method) is not str or method not in ROUTED_METHODS
+        ):
             return None
         if id in self.inflight or len(self.inflight) >= self.max_in_flight:
             return None  # receive() refuses it
