@@ -1,0 +1,178 @@
+"""End to end: every era of client against every era of server, through the broker.
+
+The official SDK's server (tests/servers/era_server.py) runs legacy only,
+modern only, or dual-era, behind the broker with the default ``era``
+(``auto``); the official SDK's ``Client`` reaches it through ``mcpbroker
+connect`` in legacy mode and in ``mode="auto"`` (which the broker answers
+modern). In every combination a tool that asks for elicitation and one that
+asks for sampling complete: a modern server's ``input_required`` is put to a
+legacy client as requests (broker/eras/bridge.py, ``AskingClients``), or
+passed to a modern client as it is; a legacy server's requests become
+``input_required`` for a modern client. One daemon per server kind, every
+client mode against it.
+
+Then what a legacy client hears of a modern server (its listen, translated),
+and that two legacy clients at once are each asked only their own question.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from mcp import types
+from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.conftest import REPO, running_daemon, shim_parameters, text_of
+
+MODERN = "2026-07-28"
+KINDS = ["legacy", "modern", "dual"]
+
+
+def era_server(kind: str) -> dict[str, Any]:
+    """Config entry for tests/servers/era_server.py, with the default era."""
+    return {"command": sys.executable, "args": ["-m", "tests.servers.era_server", kind],
+            "cwd": str(REPO)}  # fmt: skip
+
+
+class User:
+    """A client's user and model: answers its questions, and remembers them."""
+
+    def __init__(self, answer: str = "blue", model: str = "Paris") -> None:
+        self.answer, self.model = answer, model
+        self.asked: list[str] = []
+        self.heard: list[Any] = []
+        self.changed = trio.Event()
+
+    async def elicit(self, context: Any, params: Any) -> types.ElicitResult:
+        self.asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"answer": self.answer})
+
+    async def sample(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
+        self.asked.append(params.messages[0].content.text)  # type: ignore[union-attr]
+        text = types.TextContent(type="text", text=self.model)
+        return types.CreateMessageResult(role="assistant", model="m", content=text)
+
+    async def hear(self, message: Any) -> None:
+        self.heard.append(message)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, kind: type) -> Any:
+        while True:
+            found = [m for m in self.heard if isinstance(m, kind)]
+            if found:
+                return found[0]
+            await self.changed.wait()
+
+
+@asynccontextmanager
+async def client(
+    socket_path: str, mode: str, user: User | None = None, *, asks: bool = True
+) -> AsyncIterator[Client]:
+    """An SDK client through the shim; ``asks``: it declares elicitation and sampling."""
+    callbacks: dict[str, Any] = {}
+    if user is not None:
+        callbacks["message_handler"] = user.hear
+        if asks:
+            callbacks.update(elicitation_callback=user.elicit, sampling_callback=user.sample)
+    async with Client(shim_parameters(socket_path, "s"), mode=mode, **callbacks) as session:  # type: ignore[arg-type]
+        yield session
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
+    socket_path: str, kind: str
+) -> None:
+    with trio.fail_after(90):
+        async with running_daemon({"s": era_server(kind)}, socket_path) as daemon:
+            served = daemon.upstreams["s"].identity.protocol_version
+            assert (served == MODERN) is (kind != "legacy")  # auto: modern if it can
+            for mode in ("legacy", "auto"):
+                user = User()
+                async with client(socket_path, mode, user) as session:
+                    assert (session.protocol_version == MODERN) is (mode == "auto")
+                    result = await session.call_tool("era", {})
+                    assert text_of(result) == ("legacy" if kind == "legacy" else "modern")
+                    result = await session.call_tool("ask_user", {"question": "Colour?"})
+                    assert (text_of(result), result.is_error) == ("accept: blue", False)
+                    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
+                    assert (text_of(result), result.is_error) == ("Paris", False)
+                    assert user.asked == ["Colour?", "Capital?"]  # each asked once
+
+
+@pytest.mark.parametrize("kind", ["modern", "dual"])
+async def test_a_legacy_client_hears_a_modern_servers_changes(
+    socket_path: str, kind: str
+) -> None:
+    """The broker's listen at the server: a tool added comes as
+    notifications/tools/list_changed, a subscribed resource's change as
+    notifications/resources/updated (and an unsubscribed one's not at all)."""
+    user = User()
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server(kind)}, socket_path),
+            client(socket_path, "legacy", user) as session,
+        ):
+            await session.subscribe_resource("test://era/doc")
+            assert text_of(await session.call_tool("touch", {"uri": "test://era/other"}))
+            assert text_of(await session.call_tool("touch", {"uri": "test://era/doc"}))
+            updated = await user.wait_for(types.ResourceUpdatedNotification)
+            assert str(updated.params.uri) == "test://era/doc"
+            assert text_of(await session.call_tool("grow", {"name": "late"})) == "added late"
+            await user.wait_for(types.ToolListChangedNotification)
+            assert "late" in [tool.name for tool in (await session.list_tools()).tools]
+            uris = [str(m.params.uri) for m in user.heard
+                    if isinstance(m, types.ResourceUpdatedNotification)]  # fmt: skip
+            assert uris == ["test://era/doc"]
+            # Unsubscribed: the listen is opened again without it.
+            await session.unsubscribe_resource("test://era/doc")
+            assert text_of(await session.call_tool("touch", {"uri": "test://era/doc"}))
+            assert text_of(await session.call_tool("echo", {"text": "x"})) == "x"
+            await trio.sleep(0.2)
+            uris = [str(m.params.uri) for m in user.heard
+                    if isinstance(m, types.ResourceUpdatedNotification)]  # fmt: skip
+            assert uris == ["test://era/doc"]
+
+
+async def test_two_legacy_clients_are_each_asked_their_own_question(socket_path: str) -> None:
+    alice, bob = User("red", "Rome"), User("green", "Oslo")
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server("modern")}, socket_path),
+            client(socket_path, "legacy", alice) as first,
+            client(socket_path, "legacy", bob) as second,
+        ):
+            results: dict[str, str] = {}
+
+            async def ask(name: str, session: Client, question: str, prompt: str) -> None:
+                answer = await session.call_tool("ask_user", {"question": question})
+                sampled = await session.call_tool("ask_llm", {"prompt": prompt})
+                results[name] = f"{text_of(answer)} / {text_of(sampled)}"
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, "alice", first, "Alice's colour?", "Alice's city?")
+                nursery.start_soon(ask, "bob", second, "Bob's colour?", "Bob's city?")
+            assert results == {"alice": "accept: red / Rome", "bob": "accept: green / Oslo"}
+            assert alice.asked == ["Alice's colour?", "Alice's city?"]
+            assert bob.asked == ["Bob's colour?", "Bob's city?"]
+
+
+async def test_a_legacy_client_is_never_asked_what_it_did_not_declare(socket_path: str) -> None:
+    """The call is answered -32021 naming the capability; the client is not asked."""
+    user = User()
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server("modern")}, socket_path),
+            client(socket_path, "legacy", user, asks=False) as session,
+        ):
+            with pytest.raises(MCPError, match="elicitation") as caught:
+                await session.call_tool("ask_user", {"question": "?"})
+            assert caught.value.error.code == -32021
+            assert user.asked == []
+            assert text_of(await session.call_tool("echo", {"text": "on"})) == "on"
