@@ -69,7 +69,7 @@ class ServerConfig:
     server_requests: str = "auto"
     # The protocol era: "auto" probes server/discover, "legacy" opens with
     # initialize, "modern" requires 2026-07-28 (docs/eras.md).
-    era: str = "auto"
+    era: str = "legacy"
     # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
     # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
     oauth: dict[str, str] = attrs.field(factory=dict)

@@ -61,6 +61,7 @@ from broker.eras.probe import (
     Modern,
     Reprobe,
     discover_request,
+    modern_only,
     read_probe_answer,
 )
 from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
@@ -281,6 +282,10 @@ class UpstreamProtocol:
         if isinstance(verdict, Legacy):
             if self.era == "modern":
                 raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
+            if self.era == "legacy":  # (probed only after it refused initialize)
+                raise HandshakeError(
+                    f"server refused initialize and is not modern: {verdict.reason}"
+                )
             return [SendUpstream(initialize_request(HANDSHAKE_ID))]
         assert isinstance(verdict, Modern)
         self.modern = True
@@ -841,6 +846,10 @@ class UpstreamProtocol:
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
+        version = modern_only(message) if self.era == "legacy" else None
+        if version is not None:  # a modern-only server refused initialize: it is probed
+            self._probes = 1
+            return [SendUpstream(discover_request(PROBE_ID, version))]
         self.identity = read_initialize_result(message)  # may raise HandshakeError
         warming = self.warm_up and "tools" in self.identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
@@ -945,6 +954,9 @@ class UpstreamProtocol:
             note = {**message, "params": named}
             level = params.get("level")
             admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
+            if self.modern:  # it logs for requests that asked: sessions with one in flight
+                busy = self.requests.sessions()
+                admitted = [s for s in admitted if s in busy and self.fanout.level_of(s)]
             sole = self.requests.sole_requests(self.turns.held) if admitted else {}
             return [Deliver(s, note, sole.get(s)) for s in admitted]
         if method == "notifications/tasks/status":

@@ -1,10 +1,12 @@
 """End to end: every era of client against every era of server, through the broker.
 
 The official SDK's server (tests/servers/era_server.py) runs legacy only,
-modern only, or dual-era, behind the broker with the default ``era``
-(``auto``); the official SDK's ``Client`` reaches it through ``mcpbroker
-connect`` in legacy mode and in ``mode="auto"`` (which the broker answers
-modern). In every combination a tool that asks for elicitation and one that
+modern only, or dual-era, behind the broker: with the default ``era``
+(``legacy``: a modern-only server refuses ``initialize`` and is opened
+modern; a dual-era one is legacy), and a dual-era one also with ``"era":
+"auto"`` (modern). The official SDK's ``Client`` reaches it through
+``mcpbroker connect`` in legacy mode and in ``mode="auto"`` (which the
+broker answers modern). In every combination a tool that asks for elicitation and one that
 asks for sampling complete: a modern server's ``input_required`` is put to a
 legacy client as requests (broker/eras/bridge.py, ``AskingClients``), or
 passed to a modern client as it is; a legacy server's requests become
@@ -30,14 +32,19 @@ from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, running_daemon, shim_parameters, text_of
 
+# (a legacy client's resources/subscribe: the SDK warns that 2026-07-28 lacks it)
+pytestmark = pytest.mark.filterwarnings("ignore:resources/.*subscribe is removed")
+
 MODERN = "2026-07-28"
-KINDS = ["legacy", "modern", "dual"]
+# (the server's kind, its "era" in the config: None for the default)
+SERVERS = [("legacy", None), ("modern", None), ("dual", None), ("dual", "auto")]
 
 
-def era_server(kind: str) -> dict[str, Any]:
-    """Config entry for tests/servers/era_server.py, with the default era."""
-    return {"command": sys.executable, "args": ["-m", "tests.servers.era_server", kind],
-            "cwd": str(REPO)}  # fmt: skip
+def era_server(kind: str, era: str | None = None) -> dict[str, Any]:
+    """Config entry for tests/servers/era_server.py."""
+    entry = {"command": sys.executable, "args": ["-m", "tests.servers.era_server", kind],
+             "cwd": str(REPO)}  # fmt: skip
+    return entry if era is None else {**entry, "era": era}
 
 
 class User:
@@ -85,20 +92,20 @@ async def client(
         yield session
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "era"), SERVERS)
 async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
-    socket_path: str, kind: str
+    socket_path: str, kind: str, era: str | None
 ) -> None:
+    modern = kind == "modern" or era == "auto"  # the era the broker speaks to it
     with trio.fail_after(90):
-        async with running_daemon({"s": era_server(kind)}, socket_path) as daemon:
-            served = daemon.upstreams["s"].identity.protocol_version
-            assert (served == MODERN) is (kind != "legacy")  # auto: modern if it can
+        async with running_daemon({"s": era_server(kind, era)}, socket_path) as daemon:
+            assert (daemon.upstreams["s"].identity.protocol_version == MODERN) is modern
             for mode in ("legacy", "auto"):
                 user = User()
                 async with client(socket_path, mode, user) as session:
                     assert (session.protocol_version == MODERN) is (mode == "auto")
                     result = await session.call_tool("era", {})
-                    assert text_of(result) == ("legacy" if kind == "legacy" else "modern")
+                    assert text_of(result) == ("modern" if modern else "legacy")
                     result = await session.call_tool("ask_user", {"question": "Colour?"})
                     assert (text_of(result), result.is_error) == ("accept: blue", False)
                     result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
@@ -106,9 +113,9 @@ async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
                     assert user.asked == ["Colour?", "Capital?"]  # each asked once
 
 
-@pytest.mark.parametrize("kind", ["modern", "dual"])
+@pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])
 async def test_a_legacy_client_hears_a_modern_servers_changes(
-    socket_path: str, kind: str
+    socket_path: str, kind: str, era: str | None
 ) -> None:
     """The broker's listen at the server: a tool added comes as
     notifications/tools/list_changed, a subscribed resource's change as
@@ -116,7 +123,7 @@ async def test_a_legacy_client_hears_a_modern_servers_changes(
     user = User()
     with trio.fail_after(60):
         async with (
-            running_daemon({"s": era_server(kind)}, socket_path),
+            running_daemon({"s": era_server(kind, era)}, socket_path),
             client(socket_path, "legacy", user) as session,
         ):
             await session.subscribe_resource("test://era/doc")
@@ -138,6 +145,50 @@ async def test_a_legacy_client_hears_a_modern_servers_changes(
             uris = [str(m.params.uri) for m in user.heard
                     if isinstance(m, types.ResourceUpdatedNotification)]  # fmt: skip
             assert uris == ["test://era/doc"]
+
+
+async def test_a_modern_client_listens_to_a_modern_server_through_the_broker(
+    socket_path: str,
+) -> None:
+    """The session's stream wants the URI; the broker's one listen at the
+    server takes it in its filter."""
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server("modern")}, socket_path),
+            client(socket_path, "auto", User()) as session,
+            session.listen(
+                tools_list_changed=True, resource_subscriptions=["test://era/doc"]
+            ) as stream,
+        ):
+            assert stream.honored.resource_subscriptions == ["test://era/doc"]
+            assert text_of(await session.call_tool("touch", {"uri": "test://era/doc"}))
+            event = await stream.__anext__()
+            assert (type(event).__name__, event.uri) == ("ResourceUpdated", "test://era/doc")
+            assert text_of(await session.call_tool("grow", {"name": "later"})) == "added later"
+            event = await stream.__anext__()
+            assert type(event).__name__ == "ToolsListChanged"
+
+
+async def test_a_legacy_clients_log_level_goes_on_its_requests_to_a_modern_server(
+    socket_path: str,
+) -> None:
+    """A modern server logs only for a request that asks (``_meta`` logLevel):
+    the level a legacy client set with logging/setLevel is stamped on its calls."""
+    quiet, chatty = User(), User()
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server("modern")}, socket_path),
+            client(socket_path, "legacy", quiet) as first,
+            client(socket_path, "legacy", chatty) as second,
+        ):
+            await second.set_logging_level("info")
+            assert text_of(await first.call_tool("log", {})) == "logged"
+            assert text_of(await second.call_tool("log", {})) == "logged"
+            await trio.sleep(0.2)  # (notifications come before the answer; a margin)
+            logged = [m.params.data for m in chatty.heard
+                      if isinstance(m, types.LoggingMessageNotification)]  # fmt: skip
+            assert logged == ["at info", "at warning"]
+            assert not [m for m in quiet.heard if isinstance(m, types.LoggingMessageNotification)]
 
 
 async def test_two_legacy_clients_are_each_asked_their_own_question(socket_path: str) -> None:

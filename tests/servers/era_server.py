@@ -10,7 +10,8 @@ Its tools ask for input the way that works in both eras, through the SDK's
 resolvers: ``ask_user`` (an elicitation) and ``ask_llm`` (sampling) become
 ``input_required`` in the modern era and requests to the client in the
 legacy one. ``grow`` adds a tool and announces it, ``touch`` announces a
-change of a resource (in the era the call came in); ``era`` says which.
+change of a resource (in the era the call came in); ``log`` logs at info
+and at warning; ``era`` says which era the call came in.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ async def touch(uri: str, ctx: Context) -> str:
     else:
         await ctx.session.send_resource_updated(uri)
     return f"touched {uri}"
+
+
+@server.tool()
+async def log(ctx: Context) -> str:
+    """Log one message at info and one at warning."""
+    await ctx.info("at info")
+    await ctx.warning("at warning")
+    return "logged"
 
 
 @server.resource("test://era/doc")
