@@ -227,6 +227,7 @@ def test_a_server_without_subscriptions_refuses_a_subscribe() -> None:
     proto.start()
     bare = {**DISCOVERED, "capabilities": {"resources": {}}}
     (ready,) = proto.server_message(jsonrpc.result_response(PROBE_ID, bare))  # (no listen)
+    assert isinstance(ready, Ready)
     proto.attach("a", {})
     subscribe = {"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe",
                  "params": {"uri": "f:///x"}}  # fmt: skip
@@ -261,6 +262,7 @@ def test_a_server_refusing_initialize_with_modern_versions_is_opened_modern() ->
     assert probe["method"] == "server/discover" and probe["id"] == PROBE_ID
     listen, ready = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
     assert isinstance(ready, Ready) and proto.modern
+    assert isinstance(listen, SendUpstream)  # (what its sessions want: the lists)
 
 
 def test_a_server_refusing_initialize_otherwise_fails_its_handshake() -> None:
