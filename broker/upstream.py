@@ -570,8 +570,7 @@ class UpstreamProtocol:
     def withdraw(self, session: Hashable, params: dict[str, Any]) -> list[Action]:
         """A client cancelled a call that waits for its own answers (between
         a modern server's rounds): the questions still open are withdrawn."""
-        cancelled = self.asking.cancel(session, params.get("requestId"))
-        return [Deliver(action.session, action.message) for action in cancelled]  # type: ignore[union-attr]
+        return self._bridged(self.asking.cancel(session, params.get("requestId")), 0.0)
 
     def _bridged(self, actions: list[Any], now: float) -> list[Action]:
         """AskingClients' actions, carried out: questions and answers to
