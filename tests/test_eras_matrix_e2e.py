@@ -6,8 +6,9 @@ modern only, or dual-era, behind the broker: with the default ``era``
 modern; a dual-era one is legacy), and a dual-era one also with ``"era":
 "auto"`` (modern). The official SDK's ``Client`` reaches it through
 ``mcpbroker connect`` in legacy mode and in ``mode="auto"`` (which the
-broker answers modern). In every combination a tool that asks for elicitation and one that
-asks for sampling complete: a modern server's ``input_required`` is put to a
+broker answers modern). In every combination a tool that asks for
+elicitation, one that asks for sampling and one that lists the client's
+roots complete: a modern server's ``input_required`` is put to a
 legacy client as requests (broker/eras/bridge.py, ``AskingClients``), or
 passed to a modern client as it is; a legacy server's requests become
 ``input_required`` for a modern client. One daemon per server kind, every
@@ -33,7 +34,11 @@ from mcp.shared.exceptions import MCPError
 from tests.conftest import REPO, running_daemon, shim_parameters, text_of
 
 # (a legacy client's resources/subscribe: the SDK warns that 2026-07-28 lacks it)
-pytestmark = pytest.mark.filterwarnings("ignore:resources/.*subscribe is removed")
+# (and logging/setLevel: deprecated in it)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:resources/.*subscribe is removed"),
+    pytest.mark.filterwarnings("ignore:The logging capability is deprecated"),
+]
 
 MODERN = "2026-07-28"
 # (the server's kind, its "era" in the config: None for the default)
@@ -65,6 +70,10 @@ class User:
         text = types.TextContent(type="text", text=self.model)
         return types.CreateMessageResult(role="assistant", model="m", content=text)
 
+    async def roots(self, context: Any) -> types.ListRootsResult:
+        self.asked.append("roots")
+        return types.ListRootsResult(roots=[types.Root(uri="file:///work")])
+
     async def hear(self, message: Any) -> None:
         self.heard.append(message)
         self.changed.set()
@@ -87,7 +96,11 @@ async def client(
     if user is not None:
         callbacks["message_handler"] = user.hear
         if asks:
-            callbacks.update(elicitation_callback=user.elicit, sampling_callback=user.sample)
+            callbacks.update(
+                elicitation_callback=user.elicit,
+                sampling_callback=user.sample,
+                list_roots_callback=user.roots,
+            )
     async with Client(shim_parameters(socket_path, "s"), mode=mode, **callbacks) as session:  # type: ignore[arg-type]
         yield session
 
@@ -110,7 +123,9 @@ async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
                     assert (text_of(result), result.is_error) == ("accept: blue", False)
                     result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
                     assert (text_of(result), result.is_error) == ("Paris", False)
-                    assert user.asked == ["Colour?", "Capital?"]  # each asked once
+                    result = await session.call_tool("roots", {})
+                    assert (text_of(result), result.is_error) == ("file:///work", False)
+                    assert user.asked == ["Colour?", "Capital?", "roots"]  # each asked once
 
 
 @pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])

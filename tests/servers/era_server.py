@@ -7,7 +7,8 @@ decides the era. ``legacy`` serves only the initialize handshake (the SDK's
 ``server/discover``, ``subscriptions/listen``, no server-to-client requests).
 
 Its tools ask for input the way that works in both eras, through the SDK's
-resolvers: ``ask_user`` (an elicitation) and ``ask_llm`` (sampling) become
+resolvers: ``ask_user`` (an elicitation), ``ask_llm`` (sampling) and
+``roots`` (the client's roots) become
 ``input_required`` in the modern era and requests to the client in the
 legacy one. ``grow`` adds a tool and announces it, ``touch`` announces a
 change of a resource (in the era the call came in); ``log`` logs at info
@@ -22,7 +23,7 @@ from typing import Annotated
 import anyio
 from mcp import types
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.resolve import Elicit, Resolve, Sample
+from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve, Sample
 from mcp.server.runner import _serve_modern_stream, serve_loop
 from mcp.server.stdio import stdio_server
 from pydantic import BaseModel
@@ -57,6 +58,16 @@ def ask_llm(
     """Ask the client's model (sampling) and return its answer."""
     content = sampled.content
     return content.text if isinstance(content, types.TextContent) else str(content)
+
+
+def the_roots() -> ListRoots:
+    return ListRoots()
+
+
+@server.tool()
+def roots(listed: Annotated[types.ListRootsResult, Resolve(the_roots)]) -> str:
+    """The client's roots (roots/list), comma-separated."""
+    return ",".join(str(root.uri) for root in listed.roots)
 
 
 def _modern(ctx: Context) -> bool:
