@@ -26,6 +26,17 @@ unless configured otherwise) nothing here changes on the hot path but one
 test. Requests whose turn came are written from :attr:`UpstreamProtocol.released`,
 which the actor empties after each thing it hands the protocol.
 
+**A modern server** (2026-07-28, :attr:`UpstreamProtocol.modern`: decided by
+the opening, broker/eras/probe.py). Legacy clients' requests are stamped
+with their ``_meta``, modern clients' go as they came. A legacy client's
+``tools/call``, ``prompts/get`` or ``resources/read`` carries an
+``InputRound`` note: an ``input_required`` answer is put to that client as
+requests and the call sent again with the answers (:attr:`asking`,
+broker/eras/bridge.py). Subscriptions and list changes come through the
+broker's one ``subscriptions/listen`` there (:attr:`listen`), whose filter
+is every list the server announces and the URIs its sessions subscribed to.
+docs/eras.md says it all.
+
 **Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
 ready only once it has answered a ``tools/list`` of the broker's own and
 offers the tools the catalog shows (``expected_tools``), re-listing on each
