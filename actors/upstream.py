@@ -888,6 +888,9 @@ class Upstream:
     def _failed(self, failed: Failed) -> list[Action]:
         """The link could not get the answer to one request: its caller is told."""
         request = failed.request
+        listen = self._protocol.listen_failed(request, failed.detail)
+        if listen is not None:  # the broker's subscriptions/listen (a modern server)
+            return listen
         actions = self._protocol.fail_now(request, failed.detail) if type(request) is int else []
         self._errors += len(actions)
         if not actions:  # (nobody waits: one of the broker's own, or answered already)

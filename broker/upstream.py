@@ -525,6 +525,19 @@ class UpstreamProtocol:
         id = f"mcpbroker-listen-{self._listens}"
         return [SendUpstream(m) for m in self.listen.want(Filter(offer.lists, uris), id)]
 
+    def listen_failed(self, request: RequestId, detail: str) -> list[Action] | None:
+        """The link lost the answer to ``request`` (HTTP: its stream broke):
+        if it was the listen, what to do (listen again if it had worked, and
+        fetch the lists again); None: not the listen."""
+        if self.listen.id is None or request != self.listen.id:
+            return None
+        again = self.listen.dropped()
+        warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
+        if again is None:
+            return [warn]
+        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(again.lists)]
+        return [warn, *self._listen_actions(), *changed]
+
     def _listen_ended(self, message: Message) -> list[Action]:
         """The server answered the listen: a refusal is said; a stream ended is
         opened again, and its lists are fetched again (what changed in the gap

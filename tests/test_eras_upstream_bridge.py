@@ -222,6 +222,24 @@ def test_a_stream_ended_is_opened_again_and_its_lists_fetched_again() -> None:
     assert isinstance(warn, Warn) and "Subscription limit reached" in warn.detail
 
 
+def test_a_listen_the_link_lost_is_opened_again_only_if_it_had_worked() -> None:
+    proto, listen = modern_server()
+    assert proto.listen_failed(42, "HTTP 500") is None  # (not the listen's)
+    # Lost before its acknowledgement: taken as refused, not asked again.
+    (warn,) = proto.listen_failed(listen["id"], "HTTP 500")  # type: ignore[misc]
+    assert isinstance(warn, Warn) and "HTTP 500" in warn.detail
+    proto, listen = modern_server()
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"_meta": {SUBSCRIPTION_ID_KEY: listen["id"]},
+                      "notifications": listen["params"]["notifications"]}}  # fmt: skip
+    proto.server_message(ack)
+    lost = proto.listen_failed(listen["id"], "connection reset")
+    assert lost is not None
+    warn, again, *changed = lost
+    assert isinstance(again, SendUpstream) and again.message["method"] == "subscriptions/listen"
+    assert [type(c) for c in changed] == [ListChanged, ListChanged]
+
+
 def test_a_server_without_subscriptions_refuses_a_subscribe() -> None:
     proto = UpstreamProtocol("m", era="auto")
     proto.start()

@@ -270,6 +270,17 @@ class UpstreamListen:
             new_params["_meta"] = kept
         return {**notification, "params": new_params}
 
+    def dropped(self) -> Filter | None:
+        """The stream broke (the link lost it): the filter to listen for again
+        if it had been acknowledged (it worked: a drop, as the spec's abrupt
+        close), else None (taken as refused: never a loop of failing listens)."""
+        filter, worked = self.filter, self.granted is not None
+        self.id = self.filter = self.granted = None
+        if worked:
+            return filter
+        self.refused = filter
+        return None
+
     def ended(self, response: Message) -> Filter | None:
         """The server answered the stream's request: it is over. The filter
         to listen for again (a graceful end), else None (not this stream's
