@@ -533,10 +533,7 @@ class UpstreamProtocol:
             return None
         again = self.listen.dropped()
         warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
-        if again is None:
-            return [warn]
-        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(again.lists)]
-        return [warn, *self._listen_actions(), *changed]
+        return [warn] if again is None else [warn, *self._listen_again(again)]
 
     def _listen_ended(self, message: Message) -> list[Action]:
         """The server answered the listen: a refusal is said; a stream ended is
@@ -547,9 +544,11 @@ class UpstreamProtocol:
             error = message.get("error")
             said = error.get("message") if isinstance(error, dict) else error
             return [Warn("server.listen_refused", f"subscriptions/listen was refused: {said}")]
-        changed = [
-            ListChanged(jsonrpc.notification(LIST_FLAGS[flag])) for flag in sorted(again.lists)
-        ]
+        return self._listen_again(again)
+
+    def _listen_again(self, ended: Filter) -> list[Action]:
+        """A stream that ended: listen again, and fetch its lists again."""
+        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(ended.lists)]
         return [*self._listen_actions(), *changed]
 
     def client_log_level(self, session: Hashable, level: str) -> list[Action]:
