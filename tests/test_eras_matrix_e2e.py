@@ -20,6 +20,8 @@ and that two legacy clients at once are each asked only their own question.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -160,6 +162,29 @@ async def test_a_legacy_client_hears_a_modern_servers_changes(
             uris = [str(m.params.uri) for m in user.heard
                     if isinstance(m, types.ResourceUpdatedNotification)]  # fmt: skip
             assert uris == ["test://era/doc"]
+
+
+async def test_a_restarted_modern_server_is_listened_to_again(socket_path: str) -> None:
+    """The server is killed: the new process gets a listen with the URIs
+    subscribed to before, and the legacy client hears its changes again."""
+    user = User()
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": era_server("modern")}, socket_path) as daemon,
+            client(socket_path, "legacy", user) as session,
+        ):
+            await session.subscribe_resource("test://era/doc")
+            upstream = daemon.upstreams["s"]
+            pid = upstream.statistics().pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            while upstream.statistics().pid in (pid, None) or upstream.identity is None:
+                await trio.sleep(0.05)
+            await upstream.wait_ready()
+            assert upstream.identity.protocol_version == MODERN
+            assert text_of(await session.call_tool("touch", {"uri": "test://era/doc"}))
+            updated = await user.wait_for(types.ResourceUpdatedNotification)
+            assert str(updated.params.uri) == "test://era/doc"
 
 
 async def test_a_modern_client_listens_to_a_modern_server_through_the_broker(
