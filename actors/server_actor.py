@@ -41,6 +41,7 @@ class Attach:
 
     session: SessionHandle
     capabilities: dict[str, Any] = attrs.field(factory=dict)
+    modern: bool = False  # a 2026-07-28 client: its requests carry their own _meta
 
 
 @attrs.frozen

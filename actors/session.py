@@ -368,8 +368,13 @@ class Session:
         self._nursery.start_soon(self._attach_one, upstream, self._protocol.view)
 
     async def _attach_one(self, upstream: ServerActor, view: tuple[str, ...]) -> None:
-        await upstream.send(Attach(self._handle, self._capabilities))
+        await upstream.send(Attach(self._handle, self._capabilities, self._modern))
         await self._registry.subscribe(self._handle, view)
+
+    @property
+    def _modern(self) -> bool:
+        """A 2026-07-28 client: its requests carry their own ``_meta``."""
+        return isinstance(self._protocol, ModernSessionProtocol)
 
     async def _run_command(self, command: str) -> None:
         """Answer a control command with one line of JSON; the connection then closes."""
@@ -437,7 +442,7 @@ class Session:
         self._capabilities = action.capabilities
         self._attached = [self._upstreams[name] for name in action.view]
         for upstream in self._attached:
-            await upstream.send(Attach(self._handle, action.capabilities))
+            await upstream.send(Attach(self._handle, action.capabilities, self._modern))
         await self._registry.subscribe(self._handle, action.view)
 
     async def _detach(self) -> None:

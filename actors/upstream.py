@@ -359,12 +359,14 @@ class Upstream:
         if isinstance(item, ClientCancelled):
             self._unpark_cancelled(item.session, item.params.get("requestId"))
             out = protocol.client_cancelled(item.session, item.params)
+            if out is None:  # (a call waiting for the client's own answers, maybe)
+                self._apply(protocol.withdraw(item.session, item.params))
         elif isinstance(item, ClientResponse):
-            out = protocol.client_response(item.session, item.message)
+            return self._split(protocol.client_answer(item.session, item.message, now))
         elif isinstance(item, ClientNotification):
             out = protocol.client_notification(item.session, item.message)
         elif isinstance(item, Attach):
-            protocol.attach(item.session, item.capabilities)
+            protocol.attach(item.session, item.capabilities, item.modern)
             return []
         elif isinstance(item, ClientLogLevel):
             return self._split(protocol.client_log_level(item.session, item.level))
@@ -886,6 +888,9 @@ class Upstream:
     def _failed(self, failed: Failed) -> list[Action]:
         """The link could not get the answer to one request: its caller is told."""
         request = failed.request
+        listen = self._protocol.listen_failed(request, failed.detail)
+        if listen is not None:  # the broker's subscriptions/listen (a modern server)
+            return listen
         actions = self._protocol.fail_now(request, failed.detail) if type(request) is int else []
         self._errors += len(actions)
         if not actions:  # (nobody waits: one of the broker's own, or answered already)

@@ -26,6 +26,17 @@ unless configured otherwise) nothing here changes on the hot path but one
 test. Requests whose turn came are written from :attr:`UpstreamProtocol.released`,
 which the actor empties after each thing it hands the protocol.
 
+**A modern server** (2026-07-28, :attr:`UpstreamProtocol.modern`: decided by
+the opening, broker/eras/probe.py). Legacy clients' requests are stamped
+with their ``_meta``, modern clients' go as they came. A legacy client's
+``tools/call``, ``prompts/get`` or ``resources/read`` carries an
+``InputRound`` note: an ``input_required`` answer is put to that client as
+requests and the call sent again with the answers (:attr:`asking`,
+broker/eras/bridge.py). Subscriptions and list changes come through the
+broker's one ``subscriptions/listen`` there (:attr:`listen`), whose filter
+is every list the server announces and the URIs its sessions subscribed to.
+docs/eras.md says it all.
+
 **Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
 ready only once it has answered a ``tools/list`` of the broker's own and
 offers the tools the catalog shows (``expected_tools``), re-listing on each
@@ -44,21 +55,34 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.eras.bridge import to_modern_request
+from broker.eras.bridge import (
+    AnswerClient,
+    AskClient,
+    AskingClients,
+    SendServer,
+    is_input_required,
+    to_legacy_request,
+    to_legacy_result,
+    to_modern_request,
+)
+from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import (
     Incompatible,
     Legacy,
     Modern,
     Reprobe,
     discover_request,
+    modern_only,
     read_probe_answer,
 )
+from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
 from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     LIMIT_REACHED,
+    METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
@@ -75,6 +99,7 @@ from broker.lifecycle import (
 from broker.requestmap import (
     CreatesTask,
     InFlight,
+    InputRound,
     Note,
     RequestMap,
     Subscribing,
@@ -191,6 +216,14 @@ class UpstreamProtocol:
         self._own_ids = itertools.count(1)
         # Sessions using this server -> their capabilities.
         self.sessions: dict[Hashable, dict[str, Any]] = {}
+        # Those of them that are modern clients (their requests carry their own
+        # _meta; a modern server's input_required goes to them as it is).
+        self.modern_sessions: set[Hashable] = set()
+        # A modern server's questions put to legacy clients (docs/eras.md).
+        self.asking = AskingClients(name, numbering)
+        # The broker's one subscriptions/listen at a modern server.
+        self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
+        self._listens = 0
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
@@ -206,6 +239,7 @@ class UpstreamProtocol:
         )
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
+        fresh.modern_sessions = self.modern_sessions
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
@@ -259,17 +293,22 @@ class UpstreamProtocol:
         if isinstance(verdict, Legacy):
             if self.era == "modern":
                 raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
+            if self.era == "legacy":  # (probed only after it refused initialize)
+                raise HandshakeError(
+                    f"server refused initialize and is not modern: {verdict.reason}"
+                )
             return [SendUpstream(initialize_request(HANDSHAKE_ID))]
         assert isinstance(verdict, Modern)
         self.modern = True
         self.identity = verdict.identity
-        # No notifications/initialized, and nothing renewed: subscriptions and
-        # log levels are not the modern era's (docs/eras.md, "Not yet").
+        # No notifications/initialized; the subscriptions are the listen's
+        # filter, and log levels go on each request (docs/eras.md).
         warming = self.warm_up and "tools" in self.identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
+        actions = self._listen_actions()
         if warming:
-            return [self._list_tools()]
-        return [Ready(self.identity)]
+            return [*actions, self._list_tools()]
+        return [*actions, Ready(self.identity)]
 
     def _stamp(self, request: Message, session: Hashable | None) -> None:
         """Give a request for a modern server, in place, the ``_meta`` every
@@ -313,6 +352,8 @@ class UpstreamProtocol:
             note = TaskQuery()
         elif method == "tasks/list":
             note = TaskList()
+        if note is None and self._asks_legacy(session, method):
+            note = InputRound({**request, "params": dict(params)})  # (before _open rewrites it)
         upstream_id = self._open(session, request, now)
         if note is not None:
             self.requests.note(upstream_id, note)
@@ -397,6 +438,8 @@ class UpstreamProtocol:
         if self.state is not ServerState.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
+        if self.modern and self._asks_legacy(session, method):
+            return False  # its answer may be input_required, for the broker to put
         if method == "tools/call":
             params = request.get("params")
             if type(params) is dict and "task" in params and isinstance(params["task"], dict):
@@ -405,6 +448,11 @@ class UpstreamProtocol:
             return False
         self._open(session, request, now)
         return True
+
+    def _asks_legacy(self, session: Hashable, method: str) -> bool:
+        """A legacy client's call at a modern server, which may answer it
+        ``input_required``: the broker puts the questions (AskingClients)."""
+        return self.modern and method in INPUT_METHODS and session not in self.modern_sessions
 
     def take_requests(
         self, session: Hashable, requests: list[Message], start: int, out: list[Message], now: float
@@ -429,17 +477,79 @@ class UpstreamProtocol:
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         if self.modern:
-            self._stamp(request, session)
+            if session not in self.modern_sessions:  # (a modern client's carries its own)
+                self._stamp(request, session)
+        elif self.modern_sessions and session in self.modern_sessions:
+            stripped = to_legacy_request(request)  # a legacy server gets no modern keys
+            if stripped is not request:
+                request["params"] = stripped["params"]
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""
         done = Deliver(session, jsonrpc.result_response(request["id"], {}))
+        if self.modern:
+            return [*self._listened(session, request, uri), done]
         if request["method"] == "resources/subscribe":
             return None if self.fanout.subscribe(session, uri) else [done]
         if self.fanout.unsubscribe(session, uri):
             return [SendUpstream(self._own_request("resources/unsubscribe", {"uri": uri})), done]
         return [done]
+
+    def _listened(self, session: Hashable, request: Message, uri: str) -> list[Action]:
+        """A modern server has no ``resources/subscribe``: the URIs subscribed
+        to are its listen's filter."""
+        assert self.identity is not None
+        if not offer_of(self.identity.capabilities).subscribe:
+            raise JsonRpcError(
+                METHOD_NOT_FOUND,
+                f"MCP server {self.name!r} takes no resource subscriptions",
+                data={"server": self.name},
+                id=request["id"],
+            )
+        if request["method"] == "resources/subscribe":
+            self.fanout.subscribe(session, uri)
+        else:
+            self.fanout.unsubscribe(session, uri)
+        return self._listen_actions()
+
+    def _listen_actions(self) -> list[Action]:
+        """Listen at a modern server for what its sessions want now: every list
+        it offers to announce, and the URIs subscribed to (nothing if that is
+        what it already listens for)."""
+        if not self.modern or self.identity is None or self.state not in _UP:
+            return []
+        offer = offer_of(self.identity.capabilities)
+        uris = frozenset(self.fanout.subscribed_uris()) if offer.subscribe else frozenset()
+        self._listens += 1
+        id = f"mcpbroker-listen-{self._listens}"
+        return [SendUpstream(m) for m in self.listen.want(Filter(offer.lists, uris), id)]
+
+    def listen_failed(self, request: RequestId, detail: str) -> list[Action] | None:
+        """The link lost the answer to ``request`` (HTTP: its stream broke):
+        if it was the listen, what to do (listen again if it had worked, and
+        fetch the lists again); None: not the listen."""
+        if self.listen.id is None or request != self.listen.id:
+            return None
+        again = self.listen.dropped()
+        warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
+        return [warn] if again is None else [warn, *self._listen_again(again)]
+
+    def _listen_ended(self, message: Message) -> list[Action]:
+        """The server answered the listen: a refusal is said; a stream ended is
+        opened again, and its lists are fetched again (what changed in the gap
+        was not told: 2026-07-28 has no replay)."""
+        again = self.listen.ended(message)
+        if again is None:
+            error = message.get("error")
+            said = error.get("message") if isinstance(error, dict) else error
+            return [Warn("server.listen_refused", f"subscriptions/listen was refused: {said}")]
+        return self._listen_again(again)
+
+    def _listen_again(self, ended: Filter) -> list[Action]:
+        """A stream that ended: listen again, and fetch its lists again."""
+        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(ended.lists)]
+        return [*self._listen_actions(), *changed]
 
     def client_log_level(self, session: Hashable, level: str) -> list[Action]:
         """A session set its log level; ask the server for the most verbose one wanted."""
@@ -459,13 +569,54 @@ class UpstreamProtocol:
             self._stamp(request, None)
         return request
 
-    def attach(self, session: Hashable, capabilities: dict[str, Any]) -> None:
-        """A session uses this server from now on (it declared these capabilities)."""
+    def attach(self, session: Hashable, capabilities: dict[str, Any], modern: bool = False) -> None:
+        """A session uses this server from now on (it declared these
+        capabilities; ``modern``: a 2026-07-28 client, whose requests say them)."""
         self.sessions[session] = capabilities
+        if modern:
+            self.modern_sessions.add(session)
 
     def client_response(self, session: Hashable, response: Message) -> Message | None:
         """A client's answer to a request this server sent it, in the server's terms."""
         return self.server_requests.answer(session, response)
+
+    def client_answer(self, session: Hashable, response: Message, now: float = 0.0) -> list[Action]:
+        """A client's answer to a request the broker sent it for this server:
+        the server's own request (legacy), or a question of a modern server's
+        ``input_required`` (which, once all are answered, sends the call again)."""
+        asked = self.asking.client_answered(session, response)
+        if asked is not None:
+            return self._bridged(asked, now)
+        answer = self.server_requests.answer(session, response)
+        return [] if answer is None else [SendUpstream(answer)]
+
+    def withdraw(self, session: Hashable, params: dict[str, Any]) -> list[Action]:
+        """A client cancelled a call that waits for its own answers (between
+        a modern server's rounds): the questions still open are withdrawn."""
+        return self._bridged(self.asking.cancel(session, params.get("requestId")), 0.0)
+
+    def _bridged(self, actions: list[Any], now: float) -> list[Action]:
+        """AskingClients' actions, carried out: questions and answers to
+        clients, and calls sent again (recorded anew, with their round)."""
+        out: list[Action] = []
+        for action in actions:
+            if isinstance(action, AskClient | AnswerClient):
+                out.append(Deliver(action.session, action.message))
+            elif isinstance(action, SendServer):
+                out += self._ask_again(action, now)
+        return out
+
+    def _ask_again(self, send: SendServer, now: float) -> list[Action]:
+        request, session = send.message, send.session
+        if self.state is not ServerState.READY:
+            return [Deliver(session, self._not_running(request["id"]).to_response())]
+        try:
+            upstream_id = self._open(session, request, now)
+        except JsonRpcError as exc:
+            exc.id = request["id"]
+            return [Deliver(session, exc.to_response())]
+        self.requests.note(upstream_id, send.note)
+        return [SendUpstream(request)]
 
     def client_notification(self, session: Hashable, message: Message) -> Message | None:
         """A client's notification this server should hear (roots changed)."""
@@ -513,6 +664,8 @@ class UpstreamProtocol:
     def session_closed(self, session: Hashable) -> list[Message]:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
+        self.modern_sessions.discard(session)
+        self.asking.session_gone(session)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
@@ -524,7 +677,10 @@ class UpstreamProtocol:
         if turns.on:
             self._settle()
         self.tasks.forget_session(session)
-        if self.state is ServerState.READY:
+        if self.state is ServerState.READY and self.modern:
+            self.fanout.session_gone(session)
+            out += [a.message for a in self._listen_actions() if isinstance(a, SendUpstream)]
+        elif self.state is ServerState.READY:
             emptied, level = self.fanout.session_gone(session)
             out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
             out += [
@@ -544,7 +700,7 @@ class UpstreamProtocol:
         link can tell (Streamable HTTP: broker/wire/frames.py ``OnStream``)."""
         kind = jsonrpc.classify(message)
         if kind is Kind.RESPONSE:
-            return self._response(message)
+            return self._response(message, now)
         if kind is Kind.NOTIFICATION:
             return self._notification(message, now)
         return self._server_request(message, related)
@@ -654,7 +810,11 @@ class UpstreamProtocol:
         self.deadlines = Deadlines(self.deadlines.policy)
         self.turns.held.clear()  # (failed below with the rest)
         self.released.clear()
-        return [self._fail(entry, reason) for entry in self.requests.drain()]
+        failed = [self._fail(entry, reason) for entry in self.requests.drain()]
+        for action in self._bridged(self.asking.server_gone(reason), 0.0):
+            assert isinstance(action, Deliver)  # (no call is sent again)
+            failed.append(action)
+        return failed
 
     def _fail(self, entry: InFlight, reason: str) -> Deliver:
         """A request the server will never answer: the client may send it again
@@ -667,7 +827,7 @@ class UpstreamProtocol:
         )
         return Deliver(entry.session, error)
 
-    def _response(self, message: Message) -> list[Action]:
+    def _response(self, message: Message, now: float = 0.0) -> list[Action]:
         if self.state is ServerState.INITIALIZING:
             if message.get("id") == HANDSHAKE_ID:
                 return self._handshake_done(message)
@@ -676,6 +836,8 @@ class UpstreamProtocol:
         upstream_id = message.get("id")
         if upstream_id == self._listing and self._listing is not None:
             return self._tools_listed(message)
+        if upstream_id == self.listen.id and self.listen.id is not None:
+            return self._listen_ended(message)
         entry = self.requests.close(message)
         if entry is None:
             return []
@@ -694,9 +856,22 @@ class UpstreamProtocol:
             self.tasks.rename(message.get("result"))
         elif isinstance(note, TaskList):
             self.tasks.listed(entry.session, message.get("result"))
+        elif isinstance(note, InputRound):
+            result = message.get("result")
+            if is_input_required(result):
+                assert isinstance(result, dict)
+                capabilities = self.sessions.get(entry.session, {})
+                asked = self.asking.input_required(entry.session, capabilities, note, result)
+                return self._bridged(asked, now)
+            if "result" in message:  # (the legacy schema has no resultType, ttlMs, ...)
+                message["result"] = to_legacy_result(result)
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
+        version = modern_only(message) if self.era == "legacy" else None
+        if version is not None:  # a modern-only server refused initialize: it is probed
+            self._probes = 1
+            return [SendUpstream(discover_request(PROBE_ID, version))]
         self.identity = read_initialize_result(message)  # may raise HandshakeError
         warming = self.warm_up and "tools" in self.identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
@@ -775,6 +950,11 @@ class UpstreamProtocol:
         return [warn, *self._ready()]
 
     def _notification(self, message: Message, now: float) -> list[Action]:
+        if self.modern:  # its listen's notifications, in legacy terms (or its own business)
+            received = self.listen.receive(message)
+            if received is None:
+                return []
+            message = received
         method = message["method"]
         if method == "notifications/progress":
             sent: dict[str, Any] = message.get("params") or {}  # (progress() replaces it)
@@ -796,6 +976,9 @@ class UpstreamProtocol:
             note = {**message, "params": named}
             level = params.get("level")
             admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
+            if self.modern:  # it logs for requests that asked: sessions with one in flight
+                busy = self.requests.sessions()
+                admitted = [s for s in admitted if s in busy and self.fanout.level_of(s)]
             sole = self.requests.sole_requests(self.turns.held) if admitted else {}
             return [Deliver(s, note, sole.get(s)) for s in admitted]
         if method == "notifications/tasks/status":

@@ -127,7 +127,7 @@ def test_input_required_becomes_requests_to_the_client_then_one_retry() -> None:
         },
     }
     assert bridge.client_answered("s1", result("mcpbroker:weather:1", login)) == [
-        SendServer(retry, InputRound(CALL, 1))
+        SendServer(retry, InputRound(CALL, 1), "s1")
     ]
     assert len(bridge) == 0 and not bridge.owns("mcpbroker:weather:1")
 
@@ -139,7 +139,7 @@ def test_a_round_without_questions_is_retried_at_once_without_state_if_none_give
         "resultType": "input_required", "inputRequests": {}})  # fmt: skip
     assert actions == [
         SendServer({**CALL, "params": {"name": "greet", "inputResponses": {}}},
-                   InputRound(earlier, 3))
+                   InputRound(earlier, 3), "s1")
     ]  # fmt: skip
 
 

@@ -134,15 +134,18 @@ def test_lists_carry_result_type_and_caching_hints() -> None:
         "complete", 0, "private")  # fmt: skip
 
 
-def test_a_call_goes_to_its_server_without_the_modern_meta_and_its_answer_comes_back_modern(
+def test_a_call_goes_to_its_server_with_its_meta_and_its_answer_comes_back_modern(
 ) -> None:  # fmt: skip
+    """The modern keys go along (a modern server reads the client's own
+    capabilities; the Upstream strips them for a legacy server:
+    tests/test_eras_upstream.py)."""
     proto = opened(session())
     call = request("c1", "tools/call", _meta=meta(progressToken=5), name="files__read",
                    arguments={"path": "x"})  # fmt: skip
     assert proto.receive(call) == [
         Forward("files", {"jsonrpc": "2.0", "id": "c1", "method": "tools/call",
                           "params": {"name": "read", "arguments": {"path": "x"},
-                                     "_meta": {"progressToken": 5}}})
+                                     "_meta": meta(progressToken=5)}})
     ]  # fmt: skip
     assert proto.inflight == {"c1"}
     progress = {"jsonrpc": "2.0", "method": "notifications/progress",

@@ -178,8 +178,32 @@ def test_the_upstream_streams_notifications_come_out_legacy() -> None:
     assert upstream.receive(stamped(TOOLS_CHANGED, 9)) is None  # an old stream's
     progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
     assert upstream.receive(progress) is progress
-    assert not upstream.ended({"jsonrpc": "2.0", "id": 3, "result": {}})
-    assert upstream.ended({"jsonrpc": "2.0", "id": 10, "result": {}})
+    assert upstream.ended({"jsonrpc": "2.0", "id": 3, "result": {}}) is None
+    # A graceful end: listen again for the same.
+    again = upstream.ended({"jsonrpc": "2.0", "id": 10, "result": {}})
+    assert again == Filter(frozenset({"toolsListChanged"}))
+    assert upstream.id is None
+
+
+def test_a_refused_stream_is_not_asked_again_until_the_filter_changes() -> None:
+    upstream = UpstreamListen({})
+    tools = Filter(frozenset({"toolsListChanged"}))
+    (listen,) = upstream.want(tools, "l1")
+    refused = {"jsonrpc": "2.0", "id": "l1", "error": {"code": -32603, "message": "limit"}}
+    assert upstream.ended(refused) is None
+    assert upstream.want(tools, "l2") == []  # (no loop of refusals)
+    wider = Filter(frozenset({"toolsListChanged"}), frozenset({"f:///a"}))
+    (listen,) = upstream.want(wider, "l3")
+    assert listen["id"] == "l3"
+
+
+def test_an_empty_filter_closes_the_stream() -> None:
+    upstream = UpstreamListen({})
+    assert upstream.want(Filter(), "l1") == []  # nothing to hear of: no stream
+    upstream.want(Filter(frozenset(), frozenset({"f:///a"})), "l2")
+    (cancel,) = upstream.want(Filter(), "l3")
+    assert cancel["method"] == "notifications/cancelled"
+    assert cancel["params"]["requestId"] == "l2"
     assert upstream.id is None
 
 

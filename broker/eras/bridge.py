@@ -47,7 +47,14 @@ from broker.eras.versions import (
     PROTOCOL_VERSION_KEY,
     SUBSCRIPTION_ID_KEY,
 )
-from broker.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError, Message, RequestId
+from broker.jsonrpc import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    JsonRpcError,
+    Message,
+    RequestId,
+)
 from broker.requestmap import InputRound
 from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
 
@@ -89,6 +96,7 @@ class SendServer:
 
     message: Message
     note: Any = None
+    session: Hashable | None = None  # whose call a retry is (AskingClients)
 
 
 @attrs.frozen
@@ -176,10 +184,14 @@ class _Exchange:
 class AskingClients:
     """The questions a modern server's ``input_required`` results put to legacy clients."""
 
-    def __init__(self, server: str, max_rounds: int = MAX_ROUNDS) -> None:
+    def __init__(
+        self, server: str, numbering: tuple[int, int] = (1, 1), max_rounds: int = MAX_ROUNDS
+    ) -> None:
+        """``numbering`` (first, step) keeps the ids of the questions apart
+        between the instances of a pool, as broker/server_requests.py's."""
         self.server = server
         self.max_rounds = max_rounds
-        self._next = 1
+        self._next, self._step = numbering
         self._by_ask: dict[str, _Exchange] = {}
         self._by_call: dict[tuple[Hashable, RequestId], _Exchange] = {}
 
@@ -214,7 +226,7 @@ class AskingClients:
         actions: list[Action] = []
         for key, request in requests.items():
             ask_id = f"{ID_PREFIX}{self.server}:{self._next}"
-            self._next += 1
+            self._next += self._step
             exchange.asks[ask_id] = key
             self._by_ask[ask_id] = exchange
             message = {"jsonrpc": "2.0", "id": ask_id, "method": request["method"]}
@@ -258,6 +270,21 @@ class AskingClients:
         for exchange in [e for e in self._by_call.values() if e.session == session]:
             self._drop(exchange)
 
+    def server_gone(self, why: str) -> list[Action]:
+        """The server went away: every call waiting for its clients' answers
+        fails (its questions withdrawn); a retry would find a new process that
+        knows nothing of its ``requestState``."""
+        actions: list[Action] = []
+        for exchange in list(self._by_call.values()):
+            actions += self._drop(exchange)
+            client_id = exchange.round.request["id"]
+            message = f"MCP server {self.server!r} {why}"
+            error = jsonrpc.error_response(
+                client_id, CONNECTION_CLOSED, message, data={"server": self.server}
+            )
+            actions.append(AnswerClient(exchange.session, error))
+        return actions
+
     def _retry(self, exchange: _Exchange) -> SendServer:
         request = exchange.round.request
         params = dict(request.get("params") or {})
@@ -265,7 +292,7 @@ class AskingClients:
         params.pop("requestState", None)
         if exchange.request_state is not None:
             params["requestState"] = exchange.request_state
-        return SendServer({**request, "params": params}, exchange.round)
+        return SendServer({**request, "params": params}, exchange.round, exchange.session)
 
     def _drop(self, exchange: _Exchange) -> list[Action]:
         self._by_call.pop((exchange.session, exchange.round.request["id"]), None)

@@ -123,6 +123,22 @@ def _read_error(error: Any, first: bool) -> Verdict:
     )
 
 
+def modern_only(response: Message) -> str | None:
+    """A server's refusal of ``initialize`` that names only modern versions
+    (-32022 with ``data.supported``: a 2026-07-28-only server, as the spec's
+    "Backward Compatibility" has it): the newest of them the broker speaks,
+    to probe at; None for any other answer."""
+    error = response.get("error")
+    if not isinstance(error, dict) or error.get("code") != UNSUPPORTED_PROTOCOL_VERSION:
+        return None
+    data = error.get("data")
+    supported = data.get("supported") if isinstance(data, dict) else None
+    if not isinstance(supported, list) or any(v in LEGACY_VERSIONS for v in supported):
+        return None
+    mutual = [v for v in MODERN_VERSIONS if v in supported]
+    return mutual[-1] if mutual else None
+
+
 def _identity(version: str, result: dict[str, Any]) -> ServerIdentity:
     meta = result.get("_meta")
     info = meta.get(SERVER_INFO_KEY) if isinstance(meta, dict) else None

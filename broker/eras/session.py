@@ -8,8 +8,8 @@ handshake: it is ``OPERATING`` from the start (broker/states.py) and attaches
 to its view's servers on its first request. It reuses the legacy session's
 routing, limits and in-flight table, and changes what the eras differ in:
 
-- every request's ``_meta`` is checked (-32602, -32022) and stripped of the
-  modern keys before it goes to a (legacy) server;
+- every request's ``_meta`` is checked (-32602, -32022); it goes to the
+  server as it is, and the Upstream strips the modern keys for a legacy one;
 - ``server/discover`` is answered by the broker; ``initialize`` is -32022
   (this session is modern); ``ping``, ``logging/setLevel``,
   ``resources/subscribe`` and the tasks methods, gone in 2026-07-28, are
@@ -223,7 +223,8 @@ class ModernSessionProtocol(SessionProtocol):
         """Forward a request, recording what its answer needs: its method (for
         resultType), its server and capabilities (a call a server may ask in),
         its log level."""
-        actions = self._forward(bridge.to_legacy_request(request), settled)
+        # (with its _meta: a modern server reads it; the Upstream strips it for a legacy one)
+        actions = self._forward(request, settled)
         out: list[Action] = []
         for action in actions:
             if isinstance(action, Defer):

@@ -203,24 +203,37 @@ def _stamped(notification: Message, subscription: RequestId) -> Message:
 
 
 class UpstreamListen:
-    """The broker's one ``subscriptions/listen`` at a modern server."""
+    """The broker's one ``subscriptions/listen`` at a modern server.
+
+    Its filter is every list the server offers to announce, and the URIs the
+    server's sessions subscribed to (``resources/subscribe`` of legacy
+    clients, the streams of modern ones: broker/fanout.py counts them). A
+    changed filter replaces the stream; an empty one closes it. A stream the
+    server ends gracefully (its result) is opened again, and its lists are
+    fetched again (events in the gap are lost: no replay in 2026-07-28); one
+    it refuses (an error) is not asked again until the filter changes."""
 
     def __init__(self, capabilities: dict[str, Any]) -> None:
         self.capabilities = capabilities  # what the broker declares as the client
-        self.id: int | None = None
+        self.id: RequestId | None = None
         self.filter: Filter | None = None
         self.granted: Filter | None = None  # None until acknowledged
+        self.refused: Filter | None = None  # the filter the server last refused
 
-    def want(self, filter: Filter, new_id: int) -> list[Message]:
+    def want(self, filter: Filter, new_id: RequestId) -> list[Message]:
         """Listen for ``filter`` (the lists, and the URIs legacy sessions
         subscribed to): the messages to send, none if it already does. A
         changed filter replaces the stream (the old one is cancelled)."""
-        if filter == self.filter and self.id is not None:
+        if (filter == self.filter and self.id is not None) or filter == self.refused:
             return []
         out = []
         if self.id is not None:
             cancel = {"requestId": self.id, "reason": "subscriptions changed"}
             out.append(jsonrpc.notification("notifications/cancelled", cancel))
+        self.refused = None
+        if not filter.lists and not filter.uris:  # nothing to hear of: no stream
+            self.id = self.filter = self.granted = None
+            return out
         self.id, self.filter, self.granted = new_id, filter, None
         meta = {
             PROTOCOL_VERSION_KEY: LATEST_MODERN_VERSION,
@@ -244,7 +257,10 @@ class UpstreamListen:
         if meta[SUBSCRIPTION_ID_KEY] != self.id or self.id is None:
             return None
         if notification.get("method") == ACKNOWLEDGED:
-            self.granted = read_filter(params)
+            try:
+                self.granted = read_filter(params)
+            except JsonRpcError:
+                self.granted = Filter()  # an acknowledgement, if a garbled one
             return None
         if self.granted is None:
             return None  # before the acknowledgement: the server broke the order
@@ -254,12 +270,30 @@ class UpstreamListen:
             new_params["_meta"] = kept
         return {**notification, "params": new_params}
 
-    def ended(self, response: Message) -> bool:
-        """The server answered the stream's request: it is over (listen again)."""
-        if self.id is None or response.get("id") != self.id:
-            return False
+    def dropped(self) -> Filter | None:
+        """The stream broke (the link lost it): the filter to listen for again
+        if it had been acknowledged (it worked: a drop, as the spec's abrupt
+        close), else None (taken as refused: never a loop of failing listens)."""
+        filter, worked = self.filter, self.granted is not None
         self.id = self.filter = self.granted = None
-        return True
+        if worked:
+            return filter
+        self.refused = filter
+        return None
+
+    def ended(self, response: Message) -> Filter | None:
+        """The server answered the stream's request: it is over. The filter
+        to listen for again (a graceful end), else None (not this stream's
+        answer, or a refusal, which is not asked again until the filter
+        changes)."""
+        if self.id is None or response.get("id") != self.id:
+            return None
+        filter = self.filter
+        self.id = self.filter = self.granted = None
+        if "result" in response:
+            return filter
+        self.refused = filter
+        return None
 
 
 class RequestLogLevels:

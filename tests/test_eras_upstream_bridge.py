@@ -1,0 +1,299 @@
+"""UpstreamProtocol at a modern server, for clients of both eras (no event loop).
+
+A legacy client's call answered ``input_required`` becomes requests to that
+client and a retry (AskingClients); a modern client's passes through; the
+broker's one ``subscriptions/listen`` carries what legacy clients
+subscribed to, and its notifications come out legacy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker import jsonrpc
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+    SUBSCRIPTION_ID_KEY,
+)
+from broker.lifecycle import HandshakeError
+from broker.upstream import (
+    HANDSHAKE_ID,
+    PROBE_ID,
+    Deliver,
+    ListChanged,
+    Ready,
+    SendUpstream,
+    UpstreamProtocol,
+    Warn,
+)
+
+MODERN = "2026-07-28"
+CAPABILITIES = {
+    "tools": {"listChanged": True},
+    "resources": {"subscribe": True, "listChanged": True},
+}
+DISCOVERED = {"resultType": "complete", "supportedVersions": [MODERN], "capabilities": CAPABILITIES}
+ASKS = {"sampling": {}, "elicitation": {"form": {}}}
+QUESTION = {"method": "elicitation/create", "params": {"message": "Colour?", "mode": "form"}}
+
+
+def modern_server() -> tuple[UpstreamProtocol, dict[str, Any]]:
+    """A protocol whose server answered the probe modern: and its first listen."""
+    proto = UpstreamProtocol("m", era="auto")
+    proto.start()
+    listen, ready = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert isinstance(listen, SendUpstream) and isinstance(ready, Ready)
+    return proto, listen.message
+
+
+def call(id: Any, name: str = "ask", **meta: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": name, "arguments": {}}
+    if meta:
+        params["_meta"] = meta
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
+
+
+def sent(actions: list[Any]) -> dict[str, Any]:
+    (action,) = actions
+    assert isinstance(action, SendUpstream)
+    message: dict[str, Any] = action.message
+    return message
+
+
+def input_required(upstream_id: int, state: str = "s1", **questions: Any) -> dict[str, Any]:
+    result = {"resultType": "input_required", "inputRequests": questions, "requestState": state}
+    return jsonrpc.result_response(upstream_id, result)
+
+
+# -- a legacy client's call answered input_required --------------------------------
+
+
+def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> None:
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    first = sent(proto.client_request("a", call(7)))
+    assert first["params"]["_meta"][CLIENT_CAPABILITIES_KEY] == ASKS  # its own, stamped
+    (ask,) = proto.server_message(input_required(first["id"], colour=QUESTION))
+    assert isinstance(ask, Deliver) and ask.session == "a"
+    assert ask.message == {"jsonrpc": "2.0", "id": "mcpbroker:m:1", **QUESTION}
+    answer = {"action": "accept", "content": {"answer": "blue"}}
+    retry = sent(proto.client_answer("a", jsonrpc.result_response("mcpbroker:m:1", answer)))
+    assert retry["params"]["inputResponses"] == {"colour": answer}
+    assert retry["params"]["requestState"] == "s1"
+    assert retry["params"]["_meta"][PROTOCOL_VERSION_KEY] == MODERN
+    assert retry["id"] != first["id"]  # a new request upstream
+    final = {"resultType": "complete", "content": [], "ttlMs": 0}
+    (done,) = proto.server_message(jsonrpc.result_response(retry["id"], final))
+    assert isinstance(done, Deliver)
+    assert done.message == {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
+    assert len(proto.requests) == 0 and len(proto.asking) == 0
+
+
+def test_a_legacy_client_is_never_asked_what_it_did_not_declare() -> None:
+    proto, _ = modern_server()
+    proto.attach("a", {"sampling": {}})
+    first = sent(proto.client_request("a", call(7)))
+    (refused,) = proto.server_message(input_required(first["id"], colour=QUESTION))
+    assert isinstance(refused, Deliver) and refused.message["id"] == 7
+    assert refused.message["error"]["code"] == -32021
+    assert refused.message["error"]["data"]["requiredCapabilities"] == {"elicitation": {}}
+
+
+def test_two_legacy_clients_are_each_asked_their_own_question() -> None:
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    proto.attach("b", ASKS)
+    to_a = sent(proto.client_request("a", call(1)))
+    to_b = sent(proto.client_request("b", call(1)))
+    (ask_b,) = proto.server_message(input_required(to_b["id"], "sb", q=QUESTION))
+    (ask_a,) = proto.server_message(input_required(to_a["id"], "sa", q=QUESTION))
+    assert (ask_a.session, ask_b.session) == ("a", "b")  # type: ignore[union-attr]
+    b_id = ask_b.message["id"]  # type: ignore[union-attr]
+    # a cannot answer b's question; b's answer retries b's call only.
+    assert proto.client_answer("a", jsonrpc.result_response(b_id, {})) == []
+    retry = sent(proto.client_answer("b", jsonrpc.result_response(b_id, {"action": "decline"})))
+    assert retry["params"]["requestState"] == "sb"
+
+
+def test_cancelling_a_call_between_rounds_withdraws_its_questions() -> None:
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    first = sent(proto.client_request("a", call(7)))
+    proto.server_message(input_required(first["id"], q=QUESTION))
+    assert proto.client_cancelled("a", {"requestId": 7}) is None  # nothing upstream
+    (withdrawn,) = proto.withdraw("a", {"requestId": 7})
+    assert isinstance(withdrawn, Deliver)
+    assert withdrawn.message["method"] == "notifications/cancelled"
+    assert withdrawn.message["params"] == {"requestId": "mcpbroker:m:1"}
+    assert proto.client_answer("a", jsonrpc.result_response("mcpbroker:m:1", {})) == []
+
+
+def test_a_server_gone_while_its_clients_answer_fails_their_calls() -> None:
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    first = sent(proto.client_request("a", call(7)))
+    proto.server_message(input_required(first["id"], q=QUESTION))
+    withdrawn, failed = proto.server_gone("exited")
+    assert withdrawn.message["method"] == "notifications/cancelled"
+    assert failed.message["id"] == 7 and failed.message["error"]["code"] == -32000
+
+
+def test_a_modern_clients_call_passes_through_with_its_own_meta() -> None:
+    proto, _ = modern_server()
+    proto.attach("m", {}, modern=True)
+    own = {PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {"roots": {}}}
+    request = call("c1", **own)
+    assert proto.forward_fast("m", request)  # (no note: the fast path)
+    assert request["params"]["_meta"] == own  # not stamped over
+    answer = input_required(request["id"], q=QUESTION)
+    assert proto.response_fast(answer) == "m"  # as it is, for the client to retry
+    assert answer["result"]["resultType"] == "input_required"
+
+
+def test_a_legacy_server_gets_a_modern_clients_call_without_the_modern_keys() -> None:
+    proto = UpstreamProtocol("old")
+    proto.start()
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "o"}}
+    proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, init))
+    proto.attach("m", {}, modern=True)
+    request = call("c1", **{PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {},
+                            LOG_LEVEL_KEY: "info", "progressToken": 3})  # fmt: skip
+    assert proto.forward_fast("m", request)
+    assert request["params"]["_meta"] == {"progressToken": request["id"]}
+
+
+# -- the broker's listen ------------------------------------------------------------
+
+
+def test_the_listen_carries_every_list_and_the_subscribed_uris() -> None:
+    proto, listen = modern_server()
+    assert listen["method"] == "subscriptions/listen"
+    assert listen["params"]["notifications"] == {
+        "toolsListChanged": True, "resourcesListChanged": True}  # fmt: skip
+    proto.attach("a", {})
+    proto.attach("b", {})
+    subscribe = {"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe",
+                 "params": {"uri": "f:///x"}}  # fmt: skip
+    cancel, again, done = proto.client_request("a", subscribe)
+    assert isinstance(cancel, SendUpstream) and isinstance(again, SendUpstream)
+    assert cancel.message["params"]["requestId"] == listen["id"]
+    assert again.message["params"]["notifications"]["resourceSubscriptions"] == ["f:///x"]
+    assert isinstance(done, Deliver) and done.message == jsonrpc.result_response(1, {})
+    (done,) = proto.client_request("b", {**subscribe, "id": 2})  # (already in the filter)
+    stream = again.message["id"]
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"_meta": {SUBSCRIPTION_ID_KEY: stream},
+                      "notifications": again.message["params"]["notifications"]}}  # fmt: skip
+    assert proto.server_message(ack) == []
+    updated = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
+               "params": {"uri": "f:///x", "_meta": {SUBSCRIPTION_ID_KEY: stream}}}  # fmt: skip
+    delivered = proto.server_message(updated)
+    assert sorted(d.session for d in delivered) == ["a", "b"]  # type: ignore[union-attr]
+    assert delivered[0].message["params"] == {"uri": "f:///x"}  # type: ignore[union-attr]
+    old = {**updated, "params": {"uri": "f:///x", "_meta": {SUBSCRIPTION_ID_KEY: listen["id"]}}}
+    assert proto.server_message(old) == []  # the replaced stream's straggler
+    changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+               "params": {"_meta": {SUBSCRIPTION_ID_KEY: stream}}}  # fmt: skip
+    (told,) = proto.server_message(changed)
+    assert isinstance(told, ListChanged)
+    # The last subscriber gone: the listen goes back to the lists only.
+    proto.session_closed("a")
+    cancel_and_listen = proto.session_closed("b")
+    assert [m.get("method") for m in cancel_and_listen] == [
+        "notifications/cancelled", "subscriptions/listen"]  # fmt: skip
+    assert "resourceSubscriptions" not in cancel_and_listen[1]["params"]["notifications"]
+
+
+def test_a_stream_ended_is_opened_again_and_its_lists_fetched_again() -> None:
+    proto, listen = modern_server()
+    again, tools, resources = proto.server_message(jsonrpc.result_response(listen["id"], {}))
+    assert isinstance(again, SendUpstream)
+    assert again.message["method"] == "subscriptions/listen"
+    assert again.message["id"] != listen["id"]
+    assert isinstance(tools, ListChanged) and isinstance(resources, ListChanged)
+    assert {tools.message["method"], resources.message["method"]} == {
+        "notifications/tools/list_changed", "notifications/resources/list_changed"}  # fmt: skip
+    refused = jsonrpc.error_response(again.message["id"], -32603, "Subscription limit reached")
+    (warn,) = proto.server_message(refused)
+    assert isinstance(warn, Warn) and "Subscription limit reached" in warn.detail
+
+
+def test_a_listen_the_link_lost_is_opened_again_only_if_it_had_worked() -> None:
+    proto, listen = modern_server()
+    assert proto.listen_failed(42, "HTTP 500") is None  # (not the listen's)
+    # Lost before its acknowledgement: taken as refused, not asked again.
+    (warn,) = proto.listen_failed(listen["id"], "HTTP 500")  # type: ignore[misc]
+    assert isinstance(warn, Warn) and "HTTP 500" in warn.detail
+    proto, listen = modern_server()
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+           "params": {"_meta": {SUBSCRIPTION_ID_KEY: listen["id"]},
+                      "notifications": listen["params"]["notifications"]}}  # fmt: skip
+    proto.server_message(ack)
+    lost = proto.listen_failed(listen["id"], "connection reset")
+    assert lost is not None
+    warn, again, *changed = lost
+    assert isinstance(again, SendUpstream) and again.message["method"] == "subscriptions/listen"
+    assert [type(c) for c in changed] == [ListChanged, ListChanged]
+
+
+def test_a_server_without_subscriptions_refuses_a_subscribe() -> None:
+    proto = UpstreamProtocol("m", era="auto")
+    proto.start()
+    bare = {**DISCOVERED, "capabilities": {"resources": {}}}
+    (ready,) = proto.server_message(jsonrpc.result_response(PROBE_ID, bare))  # (no listen)
+    assert isinstance(ready, Ready)
+    proto.attach("a", {})
+    subscribe = {"jsonrpc": "2.0", "id": 1, "method": "resources/subscribe",
+                 "params": {"uri": "f:///x"}}  # fmt: skip
+    with pytest.raises(jsonrpc.JsonRpcError, match="takes no resource subscriptions"):
+        proto.client_request("a", subscribe)
+
+
+def test_a_modern_servers_log_messages_go_to_sessions_whose_requests_asked() -> None:
+    proto, _ = modern_server()
+    for session in ("quiet", "chatty", "idle"):
+        proto.attach(session, {})
+    proto.client_log_level("chatty", "info")
+    proto.client_log_level("idle", "info")
+    proto.client_request("quiet", call(1))
+    proto.client_request("chatty", call(1))
+    log = {"jsonrpc": "2.0", "method": "notifications/message",
+           "params": {"level": "warning", "data": "x"}}  # fmt: skip
+    (delivered,) = proto.server_message(log)
+    assert isinstance(delivered, Deliver) and delivered.session == "chatty"
+
+
+# -- opening: a modern-only server under "era": "legacy" -----------------------------
+
+
+def test_a_server_refusing_initialize_with_modern_versions_is_opened_modern() -> None:
+    proto = UpstreamProtocol("m")  # "era": "legacy", the default
+    assert proto.start()["method"] == "initialize"
+    refusal = jsonrpc.error_response(
+        HANDSHAKE_ID, -32022, "no handshake", data={"supported": [MODERN]}
+    )
+    probe = sent(proto.server_message(refusal))
+    assert probe["method"] == "server/discover" and probe["id"] == PROBE_ID
+    listen, ready = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert isinstance(ready, Ready) and proto.modern
+    assert isinstance(listen, SendUpstream)  # (what its sessions want: the lists)
+
+
+def test_a_server_refusing_initialize_otherwise_fails_its_handshake() -> None:
+    proto = UpstreamProtocol("m")
+    proto.start()
+    refusal = jsonrpc.error_response(HANDSHAKE_ID, -32600, "no")
+    with pytest.raises(HandshakeError):
+        proto.server_message(refusal)
+    proto = UpstreamProtocol("m")
+    proto.start()
+    refusal = jsonrpc.error_response(
+        HANDSHAKE_ID, -32022, "no handshake", data={"supported": [MODERN]}
+    )
+    proto.server_message(refusal)
+    with pytest.raises(HandshakeError, match="not modern"):
+        proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "no discover either"))
