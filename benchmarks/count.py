@@ -17,7 +17,8 @@ the same for fewer calls (which cancels start-up and shutdown).
     installed), the compiled rules included; about a minute per figure.
 
 Both print one line per figure; ``--tree DIR`` counts another checkout or
-the compiled copy (``python -m benchmarks.compiled``).
+the compiled copy (``python -m benchmarks.compiled``); ``--era modern`` has
+the clients speak 2026-07-28 (no initialize, ``_meta`` on every request).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
     broker = json.loads(args.broker) if args.broker else None
     servers = {"echo": ECHO_SERVER}
     with workdir() as directory, daemon(directory, servers, prefix, module, broker=broker) as dm:
-        target = socket_target(dm.socket, "echo", args.clients)
+        target = socket_target(dm.socket, "echo", args.clients, args.era)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
         errors = result["result"].get("errors")
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
+    parser.add_argument(
+        "--era", choices=["legacy", "modern"], default="legacy", help="the clients' protocol era"
+    )
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(
         "--broker",
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tree:
         os.chdir(args.tree)
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
-    load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls"
+    load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls, {args.era}"
     print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))
     return 0
 

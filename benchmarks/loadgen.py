@@ -42,6 +42,7 @@ def _targets(spec: dict[str, Any], key: str = "targets") -> list[Target]:
             argv=tuple(target.get("argv", ())),
             env=target.get("env"),
             cwd=target.get("cwd"),
+            era=target.get("era", "legacy"),
         )
         targets += [target] * int(entry.get("count", 1))
     return targets

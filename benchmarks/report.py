@@ -16,6 +16,7 @@ TITLES = {
     "idle": "idle sessions: daemon memory per session",
     "payload": "large payloads: a 1 MiB tools/call result, 1 x 1",
     "shims": "the host path: clients on stdio through `mcpbroker connect`",
+    "modern": "the modern era (2026-07-28) beside the legacy one, through the daemon's socket",
 }
 KIB, MIB = 1024, 1024 * 1024
 
@@ -224,7 +225,20 @@ def render_shims(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_modern(result: dict[str, Any]) -> list[str]:
+    """Per load: modern clients, legacy ones, and the ratio (modern / legacy)."""
+    lines = [f"### {TITLES['modern']}", ""]
+    for name, pair in result.items():
+        lines += [f"{TITLES[name].split(':')[0]}, {pair['clients']} clients in all:", ""]
+        paths = {"modern": pair["modern"], "legacy": pair["legacy"]}
+        lines += load_rows(paths, ["daemon", "server", "loadgen"])
+        lines.append("")
+    return lines
+
+
 def render_scenario(name: str, result: dict[str, Any]) -> list[str]:
+    if name == "modern":
+        return render_modern(result)
     if name == "idle":
         return render_idle(result)
     if name == "shims":
@@ -280,7 +294,30 @@ def check_targets(results: dict[str, Any]) -> list[Check]:
         )
     if "shims" in results:
         checks += _shim_checks(results["shims"])
+    if "modern" in results:
+        checks += _modern_checks(results["modern"])
     return checks
+
+
+def _modern_checks(result: dict[str, Any]) -> list[Check]:
+    """Modern calls at the legacy figures (#16): calls/s, and the daemon's CPU per call."""
+    pair = result["throughput"]
+    modern, legacy = pair["modern"]["result"]["throughput"], pair["legacy"]["result"]["throughput"]
+    cpu = {era: _cpu(pair[era], "daemon") for era in ("modern", "legacy")}
+    calls = {era: pair[era]["result"]["calls"] for era in ("modern", "legacy")}
+    each = {era: (cpu[era] or 0.0) / calls[era] * 1e6 if calls[era] else None for era in cpu}
+    return [
+        Check(
+            "modern 64 x 16: >= 0.9 x legacy calls/s",
+            _ratio(modern, legacy, 2),
+            modern >= 0.9 * legacy,
+        ),
+        Check(
+            "modern 64 x 16: daemon CPU per call <= 1.1 x legacy",
+            f"{_num(each['modern'], 1)} vs {_num(each['legacy'], 1)} µs",
+            None not in each.values() and each["modern"] <= 1.1 * each["legacy"],  # type: ignore[operator]
+        ),
+    ]
 
 
 def _shim_checks(result: dict[str, Any]) -> list[Check]:
