@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from hypothesis import given, settings
@@ -120,3 +121,40 @@ def is_request(message: Any) -> bool:
         return jsonrpc.classify(message) is jsonrpc.Kind.REQUEST
     except jsonrpc.JsonRpcError:
         return False
+
+
+def _modern(view: tuple[str, ...], transparent: bool, attached: bool) -> Any:
+    session = become_modern(SessionProtocol(view, Catalogs(), transparent=transparent), b"k" * 16)
+    if attached:  # (its first request attaches it; forward_fast takes none before)
+        meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
+        discover = {"jsonrpc": "2.0", "id": "d", "method": "server/discover"}
+        session.receive({**discover, "params": {"_meta": meta}}, settled=True)
+    return session
+
+
+def _state(session: Any) -> tuple[Any, ...]:
+    return (
+        session.inflight,
+        session.methods,
+        session.call_servers,
+        session.call_capabilities,
+        session.client_capabilities,
+        session.client_info,
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(modern_requests, messages), max_size=5), st.booleans(), st.booleans())
+def test_the_modern_fast_path_does_what_receive_does(
+    received: list[Any], transparent: bool, attached: bool
+) -> None:
+    view = ("a",) if transparent else ("a", "b")
+    fast, slow = _modern(view, transparent, attached), _modern(view, transparent, attached)
+    for message in received:
+        taken = fast.forward_fast(copy.deepcopy(message))
+        answer = slow.receive(copy.deepcopy(message))
+        if taken is None:
+            fast.receive(copy.deepcopy(message))
+        else:
+            assert answer == [Forward(*taken)]
+        assert _state(fast) == _state(slow)

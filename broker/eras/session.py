@@ -70,7 +70,6 @@ from broker.states import SessionState, SessionTrigger
 from broker.tasks import TASK_METHODS
 from broker.views import initialize_for
 from broker.wire.envelope import Answer
-from broker.wire.frames import Frame
 
 # Methods of the legacy era that 2026-07-28 removed.
 GONE = frozenset(
@@ -78,6 +77,8 @@ GONE = frozenset(
     | TASK_METHODS
 )
 MODERN_ROUTED = ROUTED_METHODS - GONE
+# What forward_fast takes: the routed methods that are neither lists nor streams.
+FAST_METHODS = MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
 # The ids of the session's own requests (subscriptions for its streams).
 OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
@@ -122,12 +123,37 @@ class ModernSessionProtocol(SessionProtocol):
     # -- input --------------------------------------------------------------
 
     def forward_fast(self, message: Any) -> tuple[str, Message] | None:
-        return None  # every request is checked: receive() decides
-
-    def take_forwards(
-        self, frames: list[Frame], start: int, forwards: dict[str, list[Message]]
-    ) -> int:
-        return start
+        """The common case, as the legacy session's: a call (``tools/call``,
+        ``prompts/get``, ``resources/read``, ``completion/complete``) with a
+        good ``_meta`` and no log level, once attached; its ``_meta`` checked
+        and stripped, then routed as :meth:`SessionProtocol.forward_fast` does
+        (so the inherited ``take_forwards`` sends a run of them to a server
+        at once). None for anything else: :meth:`receive` decides.
+        tests/test_eras_fuzz.py holds the two to the same answers."""
+        if not self.attached or type(message) is not dict:
+            return None
+        method, params = message.get("method"), message.get("params")
+        if method not in FAST_METHODS or type(params) is not dict:
+            return None
+        if method in INPUT_METHODS and is_ours(params.get("requestState")):
+            return None  # a retry: the bridge's
+        try:
+            meta = read_meta(message)
+        except JsonRpcError:
+            return None
+        if meta.log_level is not None:
+            return None  # (it may change the session's level: receive() says so)
+        forward = super().forward_fast(bridge.to_legacy_request(message))
+        if forward is None:
+            return None
+        id = message["id"]
+        self.client_capabilities = meta.capabilities
+        self.client_info = meta.client_info
+        self.methods[id] = method
+        if method in INPUT_METHODS:
+            self.call_servers[id] = forward[0]
+            self.call_capabilities[id] = meta.capabilities
+        return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
