@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from broker.eras.versions import (
     SUBSCRIPTION_ID_KEY,
 )
 from broker.session import Defer, Forward, Reply, SessionProtocol
+from broker.wire.envelope import Answer, split_answer
 from tests.test_fuzz import Catalogs, json_values, levels, messages
 
 MODERN_METHODS = [
@@ -157,4 +159,51 @@ def test_the_modern_fast_path_does_what_receive_does(
             fast.receive(copy.deepcopy(message))
         else:
             assert answer == [Forward(*taken)]
+        assert _state(fast) == _state(slow)
+
+
+small_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=2),
+    max_leaves=4,
+)  # fmt: skip
+answer_bodies = st.one_of(
+    st.builds(lambda r: {"result": r}, st.dictionaries(st.sampled_from(["content", "x"]),
+                                                        small_values, max_size=2)),
+    st.just({"result": {"resultType": "complete", "content": []}}),
+    st.just({"result": []}),
+    st.just({"error": {"code": -1, "message": "no"}}),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["tools/call", "prompts/get"]),
+                       answer_bodies, st.booleans()), max_size=6),
+    st.integers(0, 2**31),
+)  # fmt: skip
+def test_answers_written_unparsed_are_the_answers_written_parsed(
+    calls: list[tuple[int, str, dict[str, Any], bool]], upstream_id: int
+) -> None:
+    """The fast way out (an Answer stamped as it is) writes what the client would
+    read had it been parsed, and leaves the session in the same state."""
+    fast, slow = _modern(("a",), True, True), _modern(("a",), True, True)
+    meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
+    for id, method, body, typescript_shape in calls:
+        request = {"jsonrpc": "2.0", "id": id, "method": method,
+                   "params": {"name": "t", "_meta": meta}}  # fmt: skip
+        fast.receive(copy.deepcopy(request))
+        slow.receive(copy.deepcopy(request))
+        message = {**body, "jsonrpc": "2.0", "id": upstream_id} if typescript_shape else {
+            "jsonrpc": "2.0", "id": upstream_id, **body}  # fmt: skip
+        answer = split_answer(orjson.dumps(message))
+        assert answer is not None
+        answer.id = id  # (matched by the upstream)
+        parsed = {**message, "id": id}
+        out_fast: list[Any] = []
+        out_slow: list[Any] = []
+        fast.take_outgoing([answer], out_fast)
+        slow.take_outgoing([parsed], out_slow)
+        assert [m.read() if isinstance(m, Answer) else m for m in out_fast] == out_slow
         assert _state(fast) == _state(slow)

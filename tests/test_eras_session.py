@@ -28,7 +28,7 @@ from broker.session import (
     SetLogLevel,
 )
 from broker.states import SessionState
-from broker.wire.envelope import split_answer
+from broker.wire.envelope import Answer, split_answer
 from tests.test_session_protocol import FILES, GITHUB, LOADING, Catalogs, server
 
 KEY = b"k" * 32
@@ -62,9 +62,10 @@ def opened(proto: ModernSessionProtocol) -> ModernSessionProtocol:
 
 
 def written(proto: ModernSessionProtocol, *messages: Any) -> list[Any]:
+    """What the client reads (an answer passed on unparsed, parsed here)."""
     out: list[Any] = []
     proto.take_outgoing(list(messages), out)
-    return out
+    return [message.read() if isinstance(message, Answer) else message for message in out]
 
 
 def test_a_modern_session_has_no_handshake_and_attaches_on_its_first_request() -> None:

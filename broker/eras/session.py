@@ -33,7 +33,13 @@ from typing import Any
 
 from broker import jsonrpc
 from broker.eras import bridge
-from broker.eras.modern import INPUT_METHODS, complete_result, discover_result, read_meta
+from broker.eras.modern import (
+    INPUT_METHODS,
+    complete_answer,
+    complete_result,
+    discover_result,
+    read_meta,
+)
 from broker.eras.subscriptions import (
     FLAG_OF,
     UPDATED,
@@ -329,12 +335,34 @@ class ModernSessionProtocol(SessionProtocol):
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
                 if type(message) is Answer:
+                    stamped = self._answer_fast(message)
+                    if stamped is not None:
+                        out.append(stamped)
+                        continue
                     message = message.read()
                 if isinstance(message, dict):
                     out.extend(self._outgoing_modern(message))
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
+
+    def _answer_fast(self, answer: Answer) -> Answer | None:
+        """The common case of :meth:`_outgoing_modern`, without parsing: the
+        answer to a request passed on, while no call waits for a retry (the
+        bridge's) and none was taken over by one; stamped by
+        :func:`~broker.eras.modern.complete_answer`. None: read it."""
+        if self.aliases or self.questions:
+            return None
+        id = answer.id
+        method = self.methods.get(id)
+        stamped = answer if method is None else complete_answer(answer, method)
+        if stamped is None:
+            return None
+        self.inflight.discard(id)
+        self._forget(id)
+        if self.calls is not None:
+            self.calls.answered(id, answer)
+        return stamped
 
     def take_upstream_answers(self) -> list[tuple[str, Message]]:
         answers, self.upstream_answers = self.upstream_answers, []
