@@ -167,7 +167,6 @@ _HINTS = (
     + b',"cacheScope":'
     + orjson.dumps(DEFAULT_CACHE_SCOPE)
 )
-_STAMPED_KEYS = (b'"resultType"', b'"ttlMs"', b'"cacheScope"')
 _RESULT_AFTER_ID = b',"result":{'  # a result after the id (envelope.PREFIX's shape)
 _RESULT_FIRST = b'{"result":{'  # a result before the id (the TypeScript SDK's shape)
 
@@ -189,7 +188,7 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
         line, at = head, len(_RESULT_FIRST)
     else:
         return answer if head.startswith(b'{"error":') else None
-    if any(key in line for key in _STAMPED_KEYS):
+    if b'"resultType"' in line or b'"ttlMs"' in line or b'"cacheScope"' in line:
         return None
     stamp = _STAMP + _HINTS if method in CACHEABLE_METHODS else _STAMP
     if line[at : at + 1] != b"}":  # (a result with keys of its own)

@@ -50,8 +50,12 @@ from broker.eras.subscriptions import (
 )
 from broker.eras.tokens import is_ours
 from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
     LATEST_MODERN_VERSION,
+    LOG_LEVEL_KEY,
     MODERN_VERSIONS,
+    PROTOCOL_VERSION_KEY,
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
@@ -143,22 +147,23 @@ class ModernSessionProtocol(SessionProtocol):
             return None
         if method in INPUT_METHODS and is_ours(params.get("requestState")):
             return None  # a retry: the bridge's
-        try:
-            meta = read_meta(message)
-        except JsonRpcError:
+        # read_meta's checks, for a good request: anything else receive() refuses.
+        meta = params.get("_meta")
+        if type(meta) is not dict or meta.get(PROTOCOL_VERSION_KEY) != LATEST_MODERN_VERSION:
             return None
-        if meta.log_level is not None:
-            return None  # (it may change the session's level: receive() says so)
+        capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
+        if type(capabilities) is not dict or LOG_LEVEL_KEY in meta:
+            return None  # (a log level may change the session's: receive() says so)
         forward = super().forward_fast(bridge.to_legacy_request(message))
         if forward is None:
             return None
         id = message["id"]
-        self.client_capabilities = meta.capabilities
-        self.client_info = meta.client_info
+        self.client_capabilities = capabilities
+        self.client_info = meta.get(CLIENT_INFO_KEY)
         self.methods[id] = method
         if method in INPUT_METHODS:
             self.call_servers[id] = forward[0]
-            self.call_capabilities[id] = meta.capabilities
+            self.call_capabilities[id] = capabilities
         return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
