@@ -87,6 +87,7 @@ GONE = frozenset(
     | TASK_METHODS
 )
 MODERN_ROUTED = ROUTED_METHODS - GONE
+MODERN_META = frozenset(bridge.MODERN_META_KEYS)
 # What forward_fast takes: the routed methods that are neither lists nor streams.
 FAST_METHODS = MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
 # The ids of the session's own requests (subscriptions for its streams).
@@ -154,7 +155,13 @@ class ModernSessionProtocol(SessionProtocol):
         capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
         if type(capabilities) is not dict or LOG_LEVEL_KEY in meta:
             return None  # (a log level may change the session's: receive() says so)
-        forward = super().forward_fast(bridge.to_legacy_request(message))
+        if meta.keys() <= MODERN_META:  # (the usual: bridge.to_legacy_request, quicker)
+            legacy_params = dict(params)
+            del legacy_params["_meta"]
+            legacy = {**message, "params": legacy_params}
+        else:
+            legacy = bridge.to_legacy_request(message)
+        forward = super().forward_fast(legacy)
         if forward is None:
             return None
         id = message["id"]
