@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from broker.catalog import Catalog
-from broker.eras.session import ModernSessionProtocol, become_modern
+from broker.eras import bridge
+from broker.eras.session import MODERN_META, ModernSessionProtocol, become_modern
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     LOG_LEVEL_KEY,
@@ -301,3 +302,7 @@ def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None
                           "method": "resources/unsubscribe", "params": {"uri": readme}})
     ]  # fmt: skip
     assert written(proto, updated) == []
+
+
+def test_the_fast_path_strips_the_keys_the_bridge_strips() -> None:
+    assert frozenset(bridge.MODERN_META_KEYS) == MODERN_META

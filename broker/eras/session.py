@@ -56,6 +56,7 @@ from broker.eras.versions import (
     LOG_LEVEL_KEY,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
+    SUBSCRIPTION_ID_KEY,
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
@@ -87,7 +88,16 @@ GONE = frozenset(
     | TASK_METHODS
 )
 MODERN_ROUTED = ROUTED_METHODS - GONE
-MODERN_META = frozenset(bridge.MODERN_META_KEYS)
+# The _meta keys bridge.to_legacy_request removes (bridge.MODERN_META_KEYS).
+MODERN_META = frozenset(
+    {
+        PROTOCOL_VERSION_KEY,
+        CLIENT_CAPABILITIES_KEY,
+        CLIENT_INFO_KEY,
+        LOG_LEVEL_KEY,
+        SUBSCRIPTION_ID_KEY,
+    }
+)
 # What forward_fast takes: the routed methods that are neither lists nor streams.
 FAST_METHODS = MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
 # The ids of the session's own requests (subscriptions for its streams).
