@@ -303,9 +303,7 @@ def _modern_checks(result: dict[str, Any]) -> list[Check]:
     """Modern calls at the legacy figures (#16): calls/s, and the daemon's CPU per call."""
     pair = result["throughput"]
     modern, legacy = pair["modern"]["result"]["throughput"], pair["legacy"]["result"]["throughput"]
-    cpu = {era: _cpu(pair[era], "daemon") for era in ("modern", "legacy")}
-    calls = {era: pair[era]["result"]["calls"] for era in ("modern", "legacy")}
-    each = {era: (cpu[era] or 0.0) / calls[era] * 1e6 if calls[era] else None for era in cpu}
+    cpu_modern, cpu_legacy = (_cpu_per_call(pair[era]) for era in ("modern", "legacy"))
     return [
         Check(
             "modern 64 x 16: >= 0.9 x legacy calls/s",
@@ -314,10 +312,16 @@ def _modern_checks(result: dict[str, Any]) -> list[Check]:
         ),
         Check(
             "modern 64 x 16: daemon CPU per call <= 1.1 x legacy",
-            f"{_num(each['modern'], 1)} vs {_num(each['legacy'], 1)} µs",
-            None not in each.values() and each["modern"] <= 1.1 * each["legacy"],  # type: ignore[operator]
+            f"{_num(cpu_modern, 1)} vs {_num(cpu_legacy, 1)} µs",
+            cpu_modern is not None and cpu_legacy is not None and cpu_modern <= 1.1 * cpu_legacy,
         ),
     ]
+
+
+def _cpu_per_call(out: dict[str, Any]) -> float | None:
+    """The daemon's CPU µs per call of a load (None: not measured)."""
+    cpu, calls = _cpu(out, "daemon"), out["result"]["calls"]
+    return None if cpu is None or not calls else cpu / calls * 1e6
 
 
 def _shim_checks(result: dict[str, Any]) -> list[Check]:
