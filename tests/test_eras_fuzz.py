@@ -142,6 +142,7 @@ def _state(session: Any) -> tuple[Any, ...]:
         session.call_capabilities,
         session.client_capabilities,
         session.client_info,
+        session.log_levels.level(),
     )
 
 
@@ -179,31 +180,35 @@ answer_bodies = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["tools/call", "prompts/get"]),
-                       answer_bodies, st.booleans()), max_size=6),
-    st.integers(0, 2**31),
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["tools/call", "prompts/get"]),
+                       st.sampled_from([None, "debug", "error"]), answer_bodies, st.booleans()),
+             max_size=6),
+    st.randoms(use_true_random=False),
 )  # fmt: skip
 def test_answers_written_unparsed_are_the_answers_written_parsed(
-    calls: list[tuple[int, str, dict[str, Any], bool]], upstream_id: int
+    calls: list[tuple[int, str, str | None, dict[str, Any], bool]], random: Any
 ) -> None:
     """The fast way out (an Answer stamped as it is) writes what the client would
-    read had it been parsed, and leaves the session in the same state."""
+    read had it been parsed, and leaves the session in the same state: calls in
+    flight together, some asking for log messages, answered in any order."""
     fast, slow = _modern(("a",), True, True), _modern(("a",), True, True)
-    meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
-    for id, method, body, typescript_shape in calls:
+    for id, method, level, _, _ in calls:
+        meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
+        if level is not None:
+            meta[LOG_LEVEL_KEY] = level
         request = {"jsonrpc": "2.0", "id": id, "method": method,
                    "params": {"name": "t", "_meta": meta}}  # fmt: skip
-        fast.receive(copy.deepcopy(request))
-        slow.receive(copy.deepcopy(request))
+        assert fast.receive(copy.deepcopy(request)) == slow.receive(copy.deepcopy(request))
+    random.shuffle(calls)
+    for upstream_id, (id, _, _, body, typescript_shape) in enumerate(calls):
         message = {**body, "jsonrpc": "2.0", "id": upstream_id} if typescript_shape else {
             "jsonrpc": "2.0", "id": upstream_id, **body}  # fmt: skip
         answer = split_answer(orjson.dumps(message))
         assert answer is not None
         answer.id = id  # (matched by the upstream)
-        parsed = {**message, "id": id}
         out_fast: list[Any] = []
         out_slow: list[Any] = []
         fast.take_outgoing([answer], out_fast)
-        slow.take_outgoing([parsed], out_slow)
+        slow.take_outgoing([{**message, "id": id}], out_slow)
         assert [m.read() if isinstance(m, Answer) else m for m in out_fast] == out_slow
         assert _state(fast) == _state(slow)

@@ -381,7 +381,13 @@ class ModernSessionProtocol(SessionProtocol):
         if stamped is None:
             return None
         self.inflight.discard(id)
-        self._forget(id)
+        if method is not None:  # (what _forget does, in fewer steps)
+            del self.methods[id]
+            if method in INPUT_METHODS:
+                self.call_servers.pop(id, None)
+                self.call_capabilities.pop(id, None)
+        if self.log_levels.level() is not None:
+            self.log_levels.close(id)
         if self.calls is not None:
             self.calls.answered(id, answer)
         return stamped
