@@ -234,6 +234,18 @@ def test_a_question_the_call_did_not_declare_goes_back_to_the_server() -> None:
     assert proto.take_upstream_answers() == []
 
 
+def test_a_question_whose_params_are_not_an_object_goes_back_to_the_server() -> None:
+    # (Found by test_a_modern_session_answers_anything: it raised, which failed
+    # the session.)
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    assert written(proto, {**question(), "params": 1}) == []
+    ((server, error),) = proto.take_upstream_answers()
+    assert server == "files" and error["id"] == "mcpbroker:files:1"
+    assert error["error"]["code"] == -32602
+    assert proto.state is SessionState.OPERATING
+
+
 def test_a_question_with_two_calls_at_that_server_is_not_guessed() -> None:
     proto = opened(session())
     for id in (1, 2):

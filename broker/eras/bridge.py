@@ -329,6 +329,9 @@ class AnsweringServers:
         (what names it, such as its upstream id; the client's id; its method)."""
         method, params = request["method"], request.get("params") or {}
         name, client_id, call_method = call
+        if not isinstance(params, dict):
+            message = f"Invalid params: {method} needs an object"
+            return [SendServer(jsonrpc.error_response(request["id"], INVALID_PARAMS, message))]
         if method not in CAPABILITY_OF:
             message = f"Method not found: {method}"
             return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
