@@ -21,7 +21,8 @@ its socket (``benchmarks.http_load``'s clients, one call in flight each):
 what the Streamable HTTP listener executes per call.
 
 Both print one line per figure; ``--tree DIR`` counts another checkout or
-the compiled copy (``python -m benchmarks.compiled``).
+the compiled copy (``python -m benchmarks.compiled``); ``--era modern`` has
+the clients speak 2026-07-28 (no initialize, ``_meta`` on every request).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
         if args.http:
             _drive_http(dm.socket, args.clients, calls, args.http == "sse")
             return
-        target = socket_target(dm.socket, "echo", args.clients)
+        target = socket_target(dm.socket, "echo", args.clients, args.era)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
         errors = result["result"].get("errors")
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--http", choices=["json", "sse"], help="through serve --http")
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
+    parser.add_argument(
+        "--era", choices=["legacy", "modern"], default="legacy", help="the clients' protocol era"
+    )
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(
         "--broker",
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tree:
         os.chdir(args.tree)
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
-    load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls"
+    load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls, {args.era}"
     if args.http:
         load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls"
     print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))

@@ -222,8 +222,11 @@ def loadgen(spec: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
     return answer
 
 
-def socket_target(path: str, server: str | None = None, count: int = 1) -> dict[str, Any]:
-    target: dict[str, Any] = {"socket": path}
+def socket_target(
+    path: str, server: str | None = None, count: int = 1, era: str = "legacy"
+) -> dict[str, Any]:
+    """``count`` clients on a unix socket; ``era="modern"``: speaking 2026-07-28."""
+    target: dict[str, Any] = {"socket": path, "era": era}
     if server is not None:
         target["servers"] = [server]
     return {"target": target, "count": count}

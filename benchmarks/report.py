@@ -16,6 +16,7 @@ TITLES = {
     "idle": "idle sessions: daemon memory per session",
     "payload": "large payloads: a 1 MiB tools/call result, 1 x 1",
     "shims": "the host path: clients on stdio through `mcpbroker connect`",
+    "modern": "the modern era (2026-07-28) beside the legacy one, through the daemon's socket",
     "http": "Streamable HTTP: hosts that connect by URL, through `serve --http` and to an "
     "SDK server",
 }
@@ -266,7 +267,20 @@ def _p50(paths: dict[str, Any], path: str) -> float:
     return float(paths[path]["result"]["latency_us"]["p50"] or math.nan)
 
 
+def render_modern(result: dict[str, Any]) -> list[str]:
+    """Per load: modern clients, legacy ones, and the ratio (modern / legacy)."""
+    lines = [f"### {TITLES['modern']}", ""]
+    for name, pair in result.items():
+        lines += [f"{TITLES[name].split(':')[0]}, {pair['clients']} clients in all:", ""]
+        paths = {"modern": pair["modern"], "legacy": pair["legacy"]}
+        lines += load_rows(paths, ["daemon", "server", "loadgen"])
+        lines.append("")
+    return lines
+
+
 def render_scenario(name: str, result: dict[str, Any]) -> list[str]:
+    if name == "modern":
+        return render_modern(result)
     if name == "idle":
         return render_idle(result)
     if name == "shims":
@@ -329,7 +343,34 @@ def check_targets(results: dict[str, Any]) -> list[Check]:
         checks.append(
             Check("http 64 clients: broker (`--http`) >= 5,000 calls/s", _num(rate), rate >= 5000)
         )
+    if "modern" in results:
+        checks += _modern_checks(results["modern"])
     return checks
+
+
+def _modern_checks(result: dict[str, Any]) -> list[Check]:
+    """Modern calls at the legacy figures (#16): calls/s, and the daemon's CPU per call."""
+    pair = result["throughput"]
+    modern, legacy = pair["modern"]["result"]["throughput"], pair["legacy"]["result"]["throughput"]
+    cpu_modern, cpu_legacy = (_cpu_per_call(pair[era]) for era in ("modern", "legacy"))
+    return [
+        Check(
+            "modern 64 x 16: >= 0.9 x legacy calls/s",
+            _ratio(modern, legacy, 2),
+            modern >= 0.9 * legacy,
+        ),
+        Check(
+            "modern 64 x 16: daemon CPU per call <= 1.1 x legacy",
+            f"{_num(cpu_modern, 1)} vs {_num(cpu_legacy, 1)} µs",
+            cpu_modern is not None and cpu_legacy is not None and cpu_modern <= 1.1 * cpu_legacy,
+        ),
+    ]
+
+
+def _cpu_per_call(out: dict[str, Any]) -> float | None:
+    """The daemon's CPU µs per call of a load (None: not measured)."""
+    cpu, calls = _cpu(out, "daemon"), out["result"]["calls"]
+    return None if cpu is None or not calls else cpu / calls * 1e6
 
 
 def _shim_checks(result: dict[str, Any]) -> list[Check]:

@@ -136,6 +136,32 @@ def payload(s: Settings, directory: str) -> dict[str, Any]:
     return _compare(s, directory, clients=1, in_flight=1, tool="payload", arguments={"size": MIB})
 
 
+def _eras(
+    s: Settings, directory: str, *, clients: int, in_flight: int, upstreams: int = 1
+) -> dict[str, Any]:
+    """The same load through one daemon's socket by legacy clients, then by modern
+    ones (2026-07-28: no initialize, ``_meta`` on every request), at the legacy
+    echo server(s)."""
+    names = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
+    per = max(1, clients // len(names))
+    out: dict[str, Any] = {"clients": per * len(names), "in_flight": in_flight}
+    with daemon(directory, dict.fromkeys(names, ECHO_SERVER)) as dm:
+        watch = {"daemon": dm.pid} | {f"server:{n}": dm.server_pids[n] for n in names}
+        for era in ("legacy", "modern"):
+            targets = [socket_target(dm.socket, name, per, era) for name in names]
+            out[era] = _load(s, targets, in_flight, watch)
+    return out
+
+
+def modern(s: Settings, directory: str) -> dict[str, Any]:
+    """Modern-era calls beside legacy ones, at the loads of the socket scenarios."""
+    return {
+        "latency": _eras(s, directory, clients=1, in_flight=1),
+        "throughput": _eras(s, directory, clients=64, in_flight=16),
+        "upstreams": _eras(s, directory, clients=64, in_flight=16, upstreams=8),
+    }
+
+
 def idle(s: Settings, directory: str) -> dict[str, Any]:
     """Memory per session: the daemon's RSS before and after N idle clients connect."""
     with daemon(directory, {"echo": ECHO_SERVER}) as dm:
@@ -241,4 +267,5 @@ SCENARIOS: dict[str, Callable[[Settings, str], dict[str, Any]]] = {
     "payload": payload,
     "shims": shims,
     "http": http,
+    "modern": modern,
 }

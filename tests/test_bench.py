@@ -193,3 +193,96 @@ async def test_counting_per_call_cancels_start_up_and_sees_every_call() -> None:
     assert found is not None and float(found[1]) > float(found[2]) > 0, out
     for function in ("broker/session.py:forward_fast", "broker/upstream.py:answer_fast"):
         assert re.search(rf"1\.00 calls  {function}$", out, re.MULTILINE), out
+
+
+def engine_answers(target: Target, load: Load) -> tuple[dict[str, Any], list[Any]]:
+    """A run's summary, and the last answer a client read (its line, parsed)."""
+    engine = Engine()
+    seen: list[Any] = []
+    receive = engine._receive
+
+    def spy(client: Any, line: bytes, now: int) -> None:
+        seen.append(orjson.loads(line))
+        receive(client, line, now)
+
+    engine._receive = spy  # type: ignore[method-assign]
+    try:
+        engine.open([target])
+        return engine.run(load).summary(), seen
+    finally:
+        engine.close()
+
+
+async def test_the_engine_speaks_the_modern_era(socket_path: str) -> None:
+    """A modern client opens with server/discover (no initialize) and puts _meta on
+    every call: the daemon answers each as 2026-07-28 (resultType)."""
+    target = Target(socket=socket_path, servers=("echo",), era="modern")
+    load = Load(3, "echo", {"text": "hi"}, requests=30)
+    with trio.fail_after(30):
+        async with running_daemon({"echo": echo_server()}, socket_path) as daemon:
+            summary, seen = await trio.to_thread.run_sync(engine_answers, target, load)
+            status = daemon.statistics()
+    assert (summary["calls"], summary["ok"], summary["errors"], summary["lost"]) == (30, 30, {}, 0)
+    discover, *calls = seen
+    assert (
+        discover["id"] == "bench-init" and "2026-07-28" in discover["result"]["supportedVersions"]
+    )
+    assert len(calls) == 30
+    assert all(c["result"] == {"resultType": "complete", **ECHOED} for c in calls), calls[:2]
+    assert all(s.protocol_version == "2026-07-28" for s in status.sessions)
+
+
+ECHOED = {"content": [{"type": "text", "text": "hi"}]}
+
+
+async def test_harness_modern_scenario_counts_both_eras() -> None:
+    json_path = os.path.join(tempfile.mkdtemp(prefix="mcpb-bench-test-"), "results.json")
+    command = [sys.executable, "-m", "benchmarks", "--tiny"]
+    command += ["--scenarios", "modern", "--json", json_path]
+    try:
+        with trio.fail_after(90):
+            done = await trio.run_process(
+                command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
+            )
+        assert done.returncode == 0, done.stderr.decode()
+        results = orjson.loads(await trio.Path(json_path).read_bytes())["results"]
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(partial(_remove, json_path))
+    assert set(results["modern"]) == {"latency", "throughput", "upstreams"}
+    for load in results["modern"].values():
+        for era in ("legacy", "modern"):
+            result = load[era]["result"]
+            assert (result["calls"], result["ok"], result["errors"], result["lost"]) == (
+                40, 40, {}, 0)  # fmt: skip
+            assert load[era]["cpu_s"]["daemon"] >= 0
+    out = done.stdout.decode()
+    assert out.count("| modern |") == out.count("| legacy |") == 3
+    assert "modern 64 x 16: >= 0.9 x legacy calls/s" in out
+
+
+async def test_counting_a_modern_call_sees_the_fast_paths() -> None:
+    # A modern call goes through the modern session's fast paths, in and out,
+    # exactly once: nothing parsed again, nothing one request at a time.
+    command = [sys.executable, "-m", "benchmarks.count", "lines", "--era", "modern"]
+    command += ["--clients", "2", "--in-flight", "2", "--calls", "500", "--top", "100"]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    assert "500 calls, modern:" in out
+    calls = {
+        found[2]: float(found[1])
+        for found in re.finditer(r"^ +[0-9.]+ lines +([0-9.]+) calls  (\S+)$", out, re.MULTILINE)
+    }
+    for function in (
+        "broker/eras/session.py:forward_fast",
+        "broker/eras/session.py:_answer_fast",
+        "broker/eras/modern.py:complete_answer",
+        "broker/upstream.py:answer_fast",
+    ):
+        assert calls.get(function) == 1.0, out
+    for slow in ("broker/eras/session.py:_request", "broker/eras/session.py:_outgoing_modern"):
+        assert calls.get(slow, 0.0) < 0.01, out

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +19,7 @@ from broker.eras.versions import (
     SUBSCRIPTION_ID_KEY,
 )
 from broker.session import Defer, Forward, Reply, SessionProtocol
+from broker.wire.envelope import Answer, split_answer
 from tests.test_fuzz import Catalogs, json_values, levels, messages
 
 MODERN_METHODS = [
@@ -120,3 +123,92 @@ def is_request(message: Any) -> bool:
         return jsonrpc.classify(message) is jsonrpc.Kind.REQUEST
     except jsonrpc.JsonRpcError:
         return False
+
+
+def _modern(view: tuple[str, ...], transparent: bool, attached: bool) -> Any:
+    session = become_modern(SessionProtocol(view, Catalogs(), transparent=transparent), b"k" * 16)
+    if attached:  # (its first request attaches it; forward_fast takes none before)
+        meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
+        discover = {"jsonrpc": "2.0", "id": "d", "method": "server/discover"}
+        session.receive({**discover, "params": {"_meta": meta}}, settled=True)
+    return session
+
+
+def _state(session: Any) -> tuple[Any, ...]:
+    return (
+        session.inflight,
+        session.methods,
+        session.call_servers,
+        session.call_capabilities,
+        session.client_capabilities,
+        session.client_info,
+        session.log_levels.level(),
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(modern_requests, messages), max_size=5), st.booleans(), st.booleans())
+def test_the_modern_fast_path_does_what_receive_does(
+    received: list[Any], transparent: bool, attached: bool
+) -> None:
+    view = ("a",) if transparent else ("a", "b")
+    fast, slow = _modern(view, transparent, attached), _modern(view, transparent, attached)
+    for message in received:
+        taken = fast.forward_fast(copy.deepcopy(message))
+        answer = slow.receive(copy.deepcopy(message))
+        if taken is None:
+            fast.receive(copy.deepcopy(message))
+        else:
+            assert answer == [Forward(*taken)]
+        assert _state(fast) == _state(slow)
+
+
+small_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=2),
+    max_leaves=4,
+)  # fmt: skip
+answer_bodies = st.one_of(
+    st.builds(lambda r: {"result": r}, st.dictionaries(st.sampled_from(["content", "x"]),
+                                                        small_values, max_size=2)),
+    st.just({"result": {"resultType": "complete", "content": []}}),
+    st.just({"result": []}),
+    st.just({"error": {"code": -1, "message": "no"}}),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["tools/call", "prompts/get"]),
+                       st.sampled_from([None, "debug", "error"]), answer_bodies, st.booleans()),
+             max_size=6),
+    st.randoms(use_true_random=False),
+)  # fmt: skip
+def test_answers_written_unparsed_are_the_answers_written_parsed(
+    calls: list[tuple[int, str, str | None, dict[str, Any], bool]], random: Any
+) -> None:
+    """The fast way out (an Answer stamped as it is) writes what the client would
+    read had it been parsed, and leaves the session in the same state: calls in
+    flight together, some asking for log messages, answered in any order."""
+    fast, slow = _modern(("a",), True, True), _modern(("a",), True, True)
+    for id, method, level, _, _ in calls:
+        meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {}}
+        if level is not None:
+            meta[LOG_LEVEL_KEY] = level
+        request = {"jsonrpc": "2.0", "id": id, "method": method,
+                   "params": {"name": "t", "_meta": meta}}  # fmt: skip
+        assert fast.receive(copy.deepcopy(request)) == slow.receive(copy.deepcopy(request))
+    random.shuffle(calls)
+    for upstream_id, (id, _, _, body, typescript_shape) in enumerate(calls):
+        message = {**body, "jsonrpc": "2.0", "id": upstream_id} if typescript_shape else {
+            "jsonrpc": "2.0", "id": upstream_id, **body}  # fmt: skip
+        answer = split_answer(orjson.dumps(message))
+        assert answer is not None
+        answer.id = id  # (matched by the upstream)
+        out_fast: list[Any] = []
+        out_slow: list[Any] = []
+        fast.take_outgoing([answer], out_fast)
+        slow.take_outgoing([{**message, "id": id}], out_slow)
+        assert [m.read() if isinstance(m, Answer) else m for m in out_fast] == out_slow
+        assert _state(fast) == _state(slow)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from broker.eras.modern import (
     RequestMeta,
     check_input_requests,
     client_era,
+    complete_answer,
     complete_result,
     discover_result,
     read_meta,
@@ -29,6 +31,7 @@ from broker.eras.versions import (
 from broker.jsonrpc import JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.states import ServerState
+from broker.wire.envelope import Answer, split_answer
 
 META = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {"sampling": {}}}
 
@@ -218,3 +221,45 @@ def test_an_unknown_input_request_is_invalid() -> None:
     with pytest.raises(JsonRpcError) as caught:
         check_input_requests({"sampling": {}}, {"a": {"method": "tools/call"}})
     assert caught.value.code == -32602
+
+
+# -- stamping an answer without parsing it --------------------------------------
+
+STAMPED_KEYS = (b'"resultType"', b'"ttlMs"', b'"cacheScope"')
+results = st.dictionaries(
+    st.sampled_from(["content", "isError", "resultType", "ttlMs", "cacheScope", "x"]),
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**53), 2**53), st.text(max_size=12)),
+    max_size=4,
+)
+bodies = st.one_of(
+    st.builds(lambda r: {"result": r}, results),
+    st.builds(lambda v: {"result": v}, st.none() | st.lists(st.integers(0, 9), max_size=2)),
+    st.builds(lambda c: {"error": {"code": c, "message": "no"}}, st.integers(-32700, 0)),
+)
+
+
+@given(bodies, st.sampled_from(["tools/call", "resources/read", "prompts/get"]), st.booleans())
+def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
+    body: dict[str, Any], method: str, typescript_shape: bool
+) -> None:
+    """In both compact shapes servers write (broker/wire/envelope.py), with the
+    client's id in place of the server's, as the session writes it. Only a
+    result that is not an object, or a line with those keys anywhere, is left
+    to the parser."""
+    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
+        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
+    line = orjson.dumps(message)
+    answer = split_answer(line)
+    assert answer is not None
+    answer.id = "c1"
+    stamped = complete_answer(answer, method)
+    readable = "error" in body or (
+        isinstance(body["result"], dict) and not any(key in line for key in STAMPED_KEYS)
+    )
+    assert (stamped is not None) == readable
+    if stamped is not None:
+        expected = {**message, "id": "c1"}
+        if "result" in expected:
+            expected["result"] = complete_result(method, expected["result"])
+        assert isinstance(stamped, Answer) and stamped.id == "c1"
+        assert orjson.loads(stamped.encode()) == expected

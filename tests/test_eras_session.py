@@ -28,7 +28,7 @@ from broker.session import (
     SetLogLevel,
 )
 from broker.states import SessionState
-from broker.wire.envelope import split_answer
+from broker.wire.envelope import Answer, split_answer
 from tests.test_session_protocol import FILES, GITHUB, LOADING, Catalogs, server
 
 KEY = b"k" * 32
@@ -62,9 +62,10 @@ def opened(proto: ModernSessionProtocol) -> ModernSessionProtocol:
 
 
 def written(proto: ModernSessionProtocol, *messages: Any) -> list[Any]:
+    """What the client reads (an answer passed on unparsed, parsed here)."""
     out: list[Any] = []
     proto.take_outgoing(list(messages), out)
-    return out
+    return [message.read() if isinstance(message, Answer) else message for message in out]
 
 
 def test_a_modern_session_has_no_handshake_and_attaches_on_its_first_request() -> None:
@@ -233,6 +234,18 @@ def test_a_question_the_call_did_not_declare_goes_back_to_the_server() -> None:
     assert server == "files" and error["id"] == "mcpbroker:files:1"
     assert "'elicitation'" in error["error"]["message"]
     assert proto.take_upstream_answers() == []
+
+
+def test_a_question_whose_params_are_not_an_object_goes_back_to_the_server() -> None:
+    # (Found by test_a_modern_session_answers_anything: it raised, which failed
+    # the session.)
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    assert written(proto, {**question(), "params": 1}) == []
+    ((server, error),) = proto.take_upstream_answers()
+    assert server == "files" and error["id"] == "mcpbroker:files:1"
+    assert error["error"]["code"] == -32602
+    assert proto.state is SessionState.OPERATING
 
 
 def test_a_question_with_two_calls_at_that_server_is_not_guessed() -> None:

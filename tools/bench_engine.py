@@ -13,7 +13,10 @@ reached by URL). A client opens with the hello
 at once by a new request, and everything a client has to send is written in
 one ``write`` (over HTTP, each request is a POST on a keep-alive connection of
 its own, and the calls wait until the server has taken the
-``notifications/initialized``).
+``notifications/initialized``). A client of the modern era (2026-07-28,
+``Target.era``; sockets and commands) opens with ``server/discover`` instead,
+and every request it sends carries the ``_meta`` that era requires (its
+version, capabilities and clientInfo).
 
 What counts (documented in ``mcpbroker bench --help`` and benchmarks/README.md):
 a JSON-RPC error response is an error, counted by its code; a result with
@@ -44,6 +47,14 @@ from tools.bench_http import ACCEPT_BOTH, HttpClient, HttpFailure
 READ_SIZE = 1024 * 1024
 INIT_ID = "bench-init"
 PROTOCOL_VERSION = "2025-11-25"
+MODERN_VERSION = "2026-07-28"
+CLIENT_INFO = {"name": "mcpbroker-bench", "version": "1"}
+# What every request of a modern client carries in params._meta.
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
+}
 PROGRESS_EVERY = 0.25
 _now = time.perf_counter_ns
 
@@ -66,6 +77,7 @@ class Target:
     headers: dict[str, str] | None = None  # HTTP only: sent with every POST
     accept: str = ACCEPT_BOTH  # HTTP only: "application/json" asks for JSON bodies, not SSE
     version: str = PROTOCOL_VERSION  # the initialize's protocolVersion
+    era: str = "legacy"  # or "modern": no initialize, _meta on every request
 
 
 @attrs.frozen
@@ -164,7 +176,9 @@ class Client:
             self.rfd, self.wfd = self.process.stdout.fileno(), self.process.stdin.fileno()
             os.set_blocking(self.rfd, False)
             os.set_blocking(self.wfd, False)
-        self.out = bytearray(out + _initialize(target.version))
+        self.modern = target.era == "modern"
+        self.out = bytearray(out + (_discover() if self.modern else _initialize(target.version)))
+        self.suffix = b""  # the end of each tools/call it sends (set by Engine.run)
         self.rest: list[bytes] = []
         self.pending: dict[int, int] = {}  # request id -> when it was written (ns)
         self.next_id = 1
@@ -196,9 +210,16 @@ def _initialize(version: str) -> bytes:
     params = {
         "protocolVersion": version,
         "capabilities": {},
-        "clientInfo": {"name": "mcpbroker-bench", "version": "1"},
+        "clientInfo": CLIENT_INFO,
     }
     request = {"jsonrpc": "2.0", "id": INIT_ID, "method": "initialize", "params": params}
+    return orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _discover() -> bytes:
+    """A modern client's opening: ``server/discover`` (it has no handshake)."""
+    params = {"_meta": MODERN_META}
+    request = {"jsonrpc": "2.0", "id": INIT_ID, "method": "server/discover", "params": params}
     return orjson.dumps(request, option=orjson.OPT_APPEND_NEWLINE)
 
 
@@ -215,7 +236,7 @@ class Engine:
         self._stderr = stderr
         self._writing: set[Client] = set()
         self._load = Load()
-        self._prefix = self._suffix = b""
+        self._prefix = b""
         self._budget: int | None = None  # requests still to issue (requests mode)
         self._issuing = False
         self._measuring = False
@@ -247,6 +268,8 @@ class Engine:
 
     def _open_http(self, target: Target) -> HttpClient:
         assert target.url is not None
+        if target.era != "legacy":
+            raise BenchError("the engine's HTTP clients speak the legacy era only")
         try:
             client = HttpClient(target.url, target.headers, target.accept, self._selector, _now())
             client.post(_initialize(target.version), INIT_ID)
@@ -315,9 +338,14 @@ class Engine:
         if (load.duration is None) == (load.requests is None):
             raise ValueError("give exactly one of duration and requests")
         self._load, self._result = load, Result()
-        params = orjson.dumps({"name": load.tool, "arguments": load.arguments})
+        call = {"name": load.tool, "arguments": load.arguments}
+        suffixes = {
+            era: b',"method":"tools/call","params":' + orjson.dumps(params) + b"}\n"
+            for era, params in ((False, call), (True, {**call, "_meta": MODERN_META}))
+        }
+        for client in self.clients:
+            client.suffix = suffixes[client.modern]
         self._prefix = b'{"jsonrpc":"2.0","id":'
-        self._suffix = b',"method":"tools/call","params":' + params + b"}\n"
         self._budget = load.requests
         self._issuing = True
         start = _now()
@@ -386,7 +414,7 @@ class Engine:
         sent = _now()
         first = client.next_id
         client.next_id += need
-        prefix, suffix, pending = self._prefix, self._suffix, client.pending
+        prefix, suffix, pending = self._prefix, client.suffix, client.pending
         if isinstance(client, HttpClient):
             for id in range(first, first + need):  # pending once sent: none is lost unsent
                 if not self._post(client, prefix + str(id).encode() + suffix, id):
@@ -512,8 +540,9 @@ class Engine:
             self._post(client, INITIALIZED, client.initialized_id)
             return
         client.ready_ns = _now()
-        client.out += INITIALIZED
-        self._flush(client)
+        if not client.modern:
+            client.out += INITIALIZED
+            self._flush(client)
 
     def _answer(self, client: AnyClient, request: dict[str, Any]) -> None:
         if request["method"] == "ping":

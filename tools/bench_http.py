@@ -246,6 +246,7 @@ class HttpClient:
 
     pid = None
     process = None
+    modern = False  # (the modern era is for socket and command clients)
 
     def __init__(
         self,
@@ -277,6 +278,7 @@ class HttpClient:
         self.init_error: Any = None
         self.session = b""
         self.initialized_id: Any = object()  # marks the notifications/initialized POST
+        self.suffix = b""  # the end of each tools/call it sends (set by Engine.run)
 
     # -- what the engine calls ---------------------------------------------------
 

@@ -43,6 +43,7 @@ from broker.eras.tokens import is_ours
 from broker.jsonrpc import CONNECTION_CLOSED, RequestId, id_key
 from broker.wire import http as wire
 from broker.wire import sse
+from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 from broker.wire.http_modern import ModernPost, status_of
 
@@ -101,6 +102,8 @@ class ModernContext:
                 self.dropped += 1
                 continue
             data = wire.encode(message)
+            if type(message) is Answer:  # (unparsed, from the session's fast path)
+                message = message.read()  # this listener reads each answer: its status
             self.pending.append((message, data))
             self.pending_bytes += len(data)
             if self.pending_bytes > self.max_queued_bytes:

@@ -66,6 +66,7 @@ MODERN_META_KEYS = (
     LOG_LEVEL_KEY,
     SUBSCRIPTION_ID_KEY,
 )
+_MODERN_META_SET = frozenset(MODERN_META_KEYS)
 MODERN_RESULT_KEYS = ("resultType", "ttlMs", "cacheScope")
 
 
@@ -128,10 +129,11 @@ def to_legacy_request(request: Message) -> Message:
     meta = params.get("_meta") if isinstance(params, dict) else None
     if not isinstance(params, dict) or not isinstance(meta, dict):
         return request
-    kept = {k: v for k, v in meta.items() if k not in MODERN_META_KEYS}
-    new_params = {k: v for k, v in params.items() if k != "_meta"}
-    if kept:
-        new_params["_meta"] = kept
+    new_params = dict(params)
+    if meta.keys() <= _MODERN_META_SET:  # (the usual: the modern keys alone)
+        del new_params["_meta"]
+    else:
+        new_params["_meta"] = {k: v for k, v in meta.items() if k not in _MODERN_META_SET}
     return {**request, "params": new_params}
 
 
@@ -356,6 +358,9 @@ class AnsweringServers:
         (what names it, such as its upstream id; the client's id; its method)."""
         method, params = request["method"], request.get("params") or {}
         name, client_id, call_method = call
+        if not isinstance(params, dict):
+            message = f"Invalid params: {method} needs an object"
+            return [SendServer(jsonrpc.error_response(request["id"], INVALID_PARAMS, message))]
         if method not in CAPABILITY_OF:
             message = f"Method not found: {method}"
             return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import orjson
 
 from broker.catalog import Catalog
 from broker.eras.versions import (
@@ -36,6 +37,7 @@ from broker.fanout import level_rank
 from broker.jsonrpc import INVALID_PARAMS, JsonRpcError, Message
 from broker.server_requests import CAPABILITY_OF, supports
 from broker.views import initialize_for
+from broker.wire.envelope import PREFIX, Answer
 
 # The results the spec makes cacheable (server/utilities/caching): they carry
 # ``ttlMs`` and ``cacheScope`` once complete.
@@ -155,6 +157,46 @@ def complete_result(method: str, result: Any) -> Any:
         if "cacheScope" not in result:
             added["cacheScope"] = DEFAULT_CACHE_SCOPE
     return {**result, **added} if added else result
+
+
+# What complete_answer puts first in a result: resultType, and the caching hints.
+_STAMP = b'"resultType":"complete"'
+_HINTS = (
+    b',"ttlMs":'
+    + orjson.dumps(DEFAULT_TTL_MS)
+    + b',"cacheScope":'
+    + orjson.dumps(DEFAULT_CACHE_SCOPE)
+)
+_RESULT_AFTER_ID = b',"result":{'  # a result after the id (envelope.PREFIX's shape)
+_RESULT_FIRST = b'{"result":{'  # a result before the id (the TypeScript SDK's shape)
+
+
+def complete_answer(answer: Answer, method: str) -> Answer | None:
+    """:func:`complete_result` on a server's answer as it wrote it (broker/wire/envelope.py),
+    without parsing it: ``resultType`` (and on a cacheable method the caching
+    hints) put first in its result; an error as it is. None when the bytes do
+    not tell: a result that is not an object, or any of those keys anywhere in
+    the line (perhaps the server's own: the caller reads the answer instead)."""
+    head, tail = bytes(answer.head), bytes(answer.tail)
+    if head == PREFIX:
+        if tail.startswith(b',"error":'):
+            return answer
+        if not tail.startswith(_RESULT_AFTER_ID):
+            return None
+        line, at = tail, len(_RESULT_AFTER_ID)
+    elif head.startswith(_RESULT_FIRST):
+        line, at = head, len(_RESULT_FIRST)
+    else:
+        return answer if head.startswith(b'{"error":') else None
+    if b'"resultType"' in line or b'"ttlMs"' in line or b'"cacheScope"' in line:
+        return None
+    stamp = _STAMP + _HINTS if method in CACHEABLE_METHODS else _STAMP
+    if line[at : at + 1] != b"}":  # (a result with keys of its own)
+        stamp += b","
+    stamped = line[:at] + stamp + line[at:]
+    if line is tail:
+        return Answer(head, answer.id, stamped)
+    return Answer(stamped, answer.id, tail)
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

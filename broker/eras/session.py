@@ -33,7 +33,13 @@ from typing import Any
 
 from broker import jsonrpc
 from broker.eras import bridge
-from broker.eras.modern import INPUT_METHODS, complete_result, discover_result, read_meta
+from broker.eras.modern import (
+    INPUT_METHODS,
+    complete_answer,
+    complete_result,
+    discover_result,
+    read_meta,
+)
 from broker.eras.subscriptions import (
     FLAG_OF,
     UPDATED,
@@ -44,8 +50,12 @@ from broker.eras.subscriptions import (
 )
 from broker.eras.tokens import is_ours
 from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
     LATEST_MODERN_VERSION,
+    LOG_LEVEL_KEY,
     MODERN_VERSIONS,
+    PROTOCOL_VERSION_KEY,
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
@@ -70,7 +80,6 @@ from broker.states import SessionState, SessionTrigger
 from broker.tasks import TASK_METHODS
 from broker.views import initialize_for
 from broker.wire.envelope import Answer
-from broker.wire.frames import Frame
 
 # Methods of the legacy era that 2026-07-28 removed.
 GONE = frozenset(
@@ -78,6 +87,8 @@ GONE = frozenset(
     | TASK_METHODS
 )
 MODERN_ROUTED = ROUTED_METHODS - GONE
+# What forward_fast takes: the routed methods that are neither lists nor streams.
+FAST_METHODS = MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
 # The ids of the session's own requests (subscriptions for its streams).
 OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
@@ -122,12 +133,40 @@ class ModernSessionProtocol(SessionProtocol):
     # -- input --------------------------------------------------------------
 
     def forward_fast(self, message: Any) -> tuple[str, Message] | None:
-        return None  # every request is checked: receive() decides
-
-    def take_forwards(
-        self, frames: list[Frame], start: int, forwards: dict[str, list[Message]]
-    ) -> int:
-        return start
+        """The common case, as the legacy session's: a call (``tools/call``,
+        ``prompts/get``, ``resources/read``, ``completion/complete``) with a
+        good ``_meta`` and no log level, once attached; its ``_meta`` checked,
+        then routed as :meth:`SessionProtocol.forward_fast` does
+        (so the inherited ``take_forwards`` sends a run of them to a server
+        at once). None for anything else: :meth:`receive` decides.
+        tests/test_eras_fuzz.py holds the two to the same answers."""
+        if not self.attached or type(message) is not dict:
+            return None
+        method, params = message.get("method"), message.get("params")
+        if method not in FAST_METHODS or type(params) is not dict:
+            return None
+        if method in INPUT_METHODS and is_ours(params.get("requestState")):
+            return None  # a retry: the bridge's
+        # read_meta's checks, for a good request: anything else receive() refuses.
+        meta = params.get("_meta")
+        if type(meta) is not dict or meta.get(PROTOCOL_VERSION_KEY) != LATEST_MODERN_VERSION:
+            return None
+        capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
+        if type(capabilities) is not dict or LOG_LEVEL_KEY in meta:
+            return None  # (a log level may change the session's: receive() says so)
+        # (with its _meta, as receive() forwards it: a modern server reads it,
+        # the Upstream strips it for a legacy one)
+        forward = super().forward_fast(message)
+        if forward is None:
+            return None
+        id = message["id"]
+        self.client_capabilities = capabilities
+        self.client_info = meta.get(CLIENT_INFO_KEY)
+        self.methods[id] = method
+        if method in INPUT_METHODS:
+            self.call_servers[id] = forward[0]
+            self.call_capabilities[id] = capabilities
+        return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
@@ -304,12 +343,40 @@ class ModernSessionProtocol(SessionProtocol):
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
                 if type(message) is Answer:
+                    stamped = self._answer_fast(message)
+                    if stamped is not None:
+                        out.append(stamped)
+                        continue
                     message = message.read()
                 if isinstance(message, dict):
                     out.extend(self._outgoing_modern(message))
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
+
+    def _answer_fast(self, answer: Answer) -> Answer | None:
+        """The common case of :meth:`_outgoing_modern`, without parsing: the
+        answer to a request passed on, while no call waits for a retry (the
+        bridge's) and none was taken over by one; stamped by
+        :func:`~broker.eras.modern.complete_answer`. None: read it."""
+        if self.aliases or self.questions:
+            return None
+        id = answer.id
+        method = self.methods.get(id)
+        stamped = answer if method is None else complete_answer(answer, method)
+        if stamped is None:
+            return None
+        self.inflight.discard(id)
+        if method is not None:  # (what _forget does, in fewer steps)
+            del self.methods[id]
+            if method in INPUT_METHODS:
+                self.call_servers.pop(id, None)
+                self.call_capabilities.pop(id, None)
+        if self.log_levels.level() is not None:
+            self.log_levels.close(id)
+        if self.calls is not None:
+            self.calls.answered(id, answer)
+        return stamped
 
     def take_upstream_answers(self) -> list[tuple[str, Message]]:
         answers, self.upstream_answers = self.upstream_answers, []
