@@ -114,16 +114,19 @@ async def by_url(era: str, socket_path: str) -> None:
                         *("--tool-arg", f"text=by url {path}"),
                     )
                     assert called["content"] == [{"type": "text", "text": f"by url {path}"}]
-            assert [(s["protocol_version"], s["transport"]) for s in opened] == [
-                (ERA_VERSIONS[era], "http")
-            ] * 4
+            spoken = [(s["protocol_version"], s["transport"]) for s in opened]
+            if era == "modern":
+                # A context per POST (docs/eras.md), logged at debug level; the
+                # Inspector's modern era does not fall back, so no legacy session.
+                assert set(spoken) <= {(ERA_VERSIONS[era], "http")}
+            else:
+                assert spoken == [(ERA_VERSIONS[era], "http")] * 4
 
 
 async def test_the_inspector_by_url_legacy(socket_path: str) -> None:
     await by_url("legacy", socket_path)
 
 
-@pytest.mark.xfail(strict=True, reason="modern clients over HTTP: branch modernhttp")
 async def test_the_inspector_by_url_modern(socket_path: str) -> None:
     await by_url("modern", socket_path)
 
