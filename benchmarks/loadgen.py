@@ -46,6 +46,7 @@ def _targets(spec: dict[str, Any], key: str = "targets") -> list[Target]:
             url=target.get("url"),
             headers=target.get("headers"),
             accept=target.get("accept", ACCEPT_BOTH),
+            era=target.get("era", "legacy"),
         )
         targets += [target] * int(entry.get("count", 1))
     return targets

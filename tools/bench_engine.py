@@ -13,7 +13,9 @@ reached by URL). A client opens with the hello
 at once by a new request, and everything a client has to send is written in
 one ``write`` (over HTTP, each request is a POST on a keep-alive connection of
 its own, and the calls wait until the server has taken the
-``notifications/initialized``).
+``notifications/initialized``). An HTTP client of the modern era (2026-07-28,
+``Target.era``) opens with ``server/discover`` instead, and every request it
+sends carries the ``_meta`` and the headers that era requires.
 
 What counts (documented in ``mcpbroker bench --help`` and benchmarks/README.md):
 a JSON-RPC error response is an error, counted by its code; a result with
@@ -39,7 +41,14 @@ from typing import Any
 import attrs
 import orjson
 
-from tools.bench_http import ACCEPT_BOTH, HttpClient, HttpFailure
+from tools.bench_http import (
+    ACCEPT_BOTH,
+    MODERN_META,
+    HttpClient,
+    HttpFailure,
+    discover_body,
+    modern_fields,
+)
 
 READ_SIZE = 1024 * 1024
 INIT_ID = "bench-init"
@@ -66,6 +75,7 @@ class Target:
     headers: dict[str, str] | None = None  # HTTP only: sent with every POST
     accept: str = ACCEPT_BOTH  # HTTP only: "application/json" asks for JSON bodies, not SSE
     version: str = PROTOCOL_VERSION  # the initialize's protocolVersion
+    era: str = "legacy"  # HTTP: or "modern", no initialize, _meta and headers on every request
 
 
 @attrs.frozen
@@ -215,7 +225,7 @@ class Engine:
         self._stderr = stderr
         self._writing: set[Client] = set()
         self._load = Load()
-        self._prefix = self._suffix = b""
+        self._prefix = self._suffix = self._modern_suffix = b""
         self._budget: int | None = None  # requests still to issue (requests mode)
         self._issuing = False
         self._measuring = False
@@ -248,8 +258,14 @@ class Engine:
     def _open_http(self, target: Target) -> HttpClient:
         assert target.url is not None
         try:
-            client = HttpClient(target.url, target.headers, target.accept, self._selector, _now())
-            client.post(_initialize(target.version), INIT_ID)
+            modern = target.era == "modern"
+            client = HttpClient(
+                target.url, target.headers, target.accept, self._selector, _now(), modern
+            )
+            if modern:
+                client.post(discover_body(INIT_ID), INIT_ID, modern_fields("server/discover"))
+            else:
+                client.post(_initialize(target.version), INIT_ID)
         except HttpFailure as exc:
             raise BenchError(str(exc)) from None
         return client
@@ -315,9 +331,14 @@ class Engine:
         if (load.duration is None) == (load.requests is None):
             raise ValueError("give exactly one of duration and requests")
         self._load, self._result = load, Result()
-        params = orjson.dumps({"name": load.tool, "arguments": load.arguments})
+        call = {"name": load.tool, "arguments": load.arguments}
         self._prefix = b'{"jsonrpc":"2.0","id":'
-        self._suffix = b',"method":"tools/call","params":' + params + b"}\n"
+        self._suffix = b',"method":"tools/call","params":' + orjson.dumps(call) + b"}\n"
+        modern = orjson.dumps({**call, "_meta": MODERN_META})
+        self._modern_suffix = b',"method":"tools/call","params":' + modern + b"}\n"
+        for client in self.clients:
+            if isinstance(client, HttpClient) and client.modern:
+                client.call_fields = modern_fields("tools/call", load.tool)
         self._budget = load.requests
         self._issuing = True
         start = _now()
@@ -388,8 +409,9 @@ class Engine:
         client.next_id += need
         prefix, suffix, pending = self._prefix, self._suffix, client.pending
         if isinstance(client, HttpClient):
+            suffix, fields = (self._modern_suffix if client.modern else suffix), client.call_fields
             for id in range(first, first + need):  # pending once sent: none is lost unsent
-                if not self._post(client, prefix + str(id).encode() + suffix, id):
+                if not self._post(client, prefix + str(id).encode() + suffix, id, fields):
                     return
                 pending[id] = sent
             return
@@ -440,11 +462,11 @@ class Engine:
             self._failed(client, id, error, now)
         self._top_up(client)
 
-    def _post(self, client: HttpClient, body: bytes, id: Any = None) -> bool:
+    def _post(self, client: HttpClient, body: bytes, id: Any = None, fields: bytes = b"") -> bool:
         """POST a message; a server that can no longer be reached ends the client
         (what it has in flight is lost), as a closed socket ends a stream client."""
         try:
-            client.post(body, id)
+            client.post(body, id, fields)
         except HttpFailure as exc:
             client.init_error = client.init_error or str(exc)
             self._drop(client)
@@ -504,6 +526,9 @@ class Engine:
         if "error" in message:
             client.init_error = message["error"].get("message", message["error"])
             self._drop(client)
+            return
+        if isinstance(client, HttpClient) and client.modern:  # (server/discover: no handshake)
+            client.ready_ns = _now()
             return
         if isinstance(client, HttpClient):  # ready once the server has taken the notification
             result = message.get("result")
