@@ -25,7 +25,12 @@ A context ends with its answer, except two kinds:
 
 Closing a POST's stream before its answer is the request's cancellation: the
 context ends, and its session's end cancels what it had in flight upstream
-(``notifications/cancelled`` to the server), as when any client leaves.
+(``notifications/cancelled`` to the server), as when any client leaves. A
+task watches for that only once a POST has waited past one tick of the
+listener's clock (:data:`TICK_SECONDS`; the same tick paces the SSE
+keep-alive comments): nearly every call is answered sooner, and a watcher
+per POST cost more than the rest of the POST's handling (the client that
+leaves sooner is noticed by then, or by the write of its answer).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ PARK_SECONDS = 600.0  # how long a call that asked for input waits for its clien
 MAX_PARKED = 1024  # calls waiting so at once; past it the oldest is cancelled
 MAX_CONTEXTS = 4096  # modern requests at once (answering, listening or parked): past it, 503
 KEEPALIVE_SECONDS = 15.0  # silence before the answer becomes an SSE stream (and between comments)
+KEEPALIVE_TICKS = 3  # (ticks of TICK_SECONDS: quiet for 15 to 20 s)
+TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS  # how often waiting POSTs are told to look
 
 OpenSession = Callable[[Any, tuple[str, ...] | None, bool], Awaitable[None]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -69,8 +76,9 @@ class ModernContext:
 
     transport = "http"
     related = False  # one request at a time: everything it is sent is that request's
+    per_request = True  # (its session's opening and closing are logged at debug)
 
-    def __init__(self, max_queued_bytes: int) -> None:
+    def __init__(self, max_queued_bytes: int, log: Any = None) -> None:
         self.max_queued_bytes = max_queued_bytes
         self.cancel_scope = trio.CancelScope()  # cancelled: the context ends
         self.closed = False
@@ -80,10 +88,10 @@ class ModernContext:
         self.dropped = 0  # messages that came while no POST was being answered
         self.token: str | None = None  # parked under this requestState
         self.route: tuple[tuple[str, ...] | None, bool] = (None, False)  # its URL's view
-        self.park_scope = trio.CancelScope()
+        self.park_scope: trio.CancelScope | None = None  # (its timer's, while parked)
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
         self._waker = trio.Event()
-        self._log = get_logger()
+        self._log = get_logger() if log is None else log  # (its listener's: one per call cost)
 
     # -- the Connection protocol ------------------------------------------
 
@@ -150,6 +158,10 @@ class ModernContext:
         self._log.debug("http.modern_context_ending", reason=reason)
         self.cancel_scope.cancel()
 
+    def wake(self) -> None:
+        """Wake the POST waiting on it (to look at the time: a tick)."""
+        self._wake()
+
     def _wake(self) -> None:
         self._waker.set()
         self._waker = trio.Event()
@@ -174,15 +186,23 @@ class ModernHttp:
         self.max_contexts = max_contexts
         self.contexts: set[ModernContext] = set()
         self.parked: dict[str, ModernContext] = {}  # by requestState, oldest first
+        self.ticks = 0  # how often the waiting POSTs were told to look (see run)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the contexts' sessions (and the parked ones' timers) until cancelled."""
+        """Own the contexts' sessions (and the parked ones' timers) until
+        cancelled; every :data:`TICK_SECONDS`, wake the POSTs waiting for an
+        answer (one task for all: a timer per wait cost a tenth of a call)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            while True:
+                await trio.sleep(TICK_SECONDS)
+                self.ticks += 1
+                for context in self.contexts:
+                    if context.waiting is not None:
+                        context.wake()
 
     async def answer(
         self,
@@ -209,13 +229,12 @@ class ModernHttp:
             return await _json(send, 200, _error(post.id, "mcpbroker: the request's session ended"))
         answer: dict[str, Any] | None = None
         reason = "the client closed the request's stream (cancelled)"
+        watch = _Watch(context, receive)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                answer = await _write_answer(context, post.id, sse_ok, json_ok, send)
-                reason = "answered"
-                nursery.cancel_scope.cancel()
+            answer = await self._write_answer(context, watch, post.id, sse_ok, json_ok, send)
+            reason = "answered"
         finally:
+            await watch.stop()
             context.waiting = None
             token = _parked_token(answer)
             if token is not None and not context.closed:
@@ -223,11 +242,60 @@ class ModernHttp:
             else:
                 context.end(reason)
 
+    async def _write_answer(
+        self,
+        context: ModernContext,
+        watch: _Watch,
+        id: RequestId,
+        sse_ok: bool,
+        json_ok: bool,
+        send: Send,
+    ) -> dict[str, Any] | None:
+        """Write what the context has for request ``id`` until its answer (which is
+        returned), as one JSON body or, once something must go before it, an SSE
+        stream. None if the context ended first. At the first tick it is still
+        waiting, the client's leaving is watched for (``watch``)."""
+        streaming = sse_ok and not json_ok and await _start_sse(send)
+        wanted = id_key(id)
+        written = self.ticks
+        while True:
+            waker = context.waker()
+            for message, data in context.take():
+                if _answers(message, wanted):
+                    if streaming:
+                        await _body(send, sse.event(data), more=False)
+                    else:
+                        error = message.get("error")
+                        code = error.get("code") if isinstance(error, dict) else None
+                        await _json(send, status_of(code) if type(code) is int else 200, data)
+                    return message  # type: ignore[no-any-return]
+                if not sse_ok:
+                    continue  # (a client that takes JSON only gets the answer alone)
+                if not streaming:
+                    streaming = await _start_sse(send)
+                await _body(send, sse.event(data))
+                written = self.ticks
+            if context.closed:
+                if streaming:
+                    await _body(send, b"", more=False)
+                else:
+                    ended = _error(id, "mcpbroker: the request's session ended before its answer")
+                    await _json(send, 200, ended)
+                return None
+            if self.ticks != written:
+                watch.start(self._nursery)
+                if self.ticks - written >= KEEPALIVE_TICKS and sse_ok:  # quiet for 15 to 20 s
+                    if not streaming:
+                        streaming = await _start_sse(send)
+                    await _body(send, sse.KEEPALIVE)
+                    written = self.ticks
+            await waker.wait()
+
     # -- contexts -----------------------------------------------------------
 
     def _start(self, target: wire.Target) -> ModernContext:
         assert self._nursery is not None
-        context = ModernContext(self._max_queued_bytes)
+        context = ModernContext(self._max_queued_bytes, self._log)
         context.route = (target.view, target.transparent)
         self.contexts.add(context)
         self._nursery.start_soon(self._run, context, target.view, target.transparent)
@@ -243,7 +311,8 @@ class ModernHttp:
             self.contexts.discard(context)
             if context.token is not None and self.parked.get(context.token) is context:
                 del self.parked[context.token]
-            context.park_scope.cancel()
+            if context.park_scope is not None:
+                context.park_scope.cancel()
             await context.aclose()  # (idempotent: the Session closed it already)
 
     def _park(self, context: ModernContext, token: str) -> None:
@@ -253,12 +322,12 @@ class ModernHttp:
             _, oldest = _pop_oldest(self.parked)
             oldest.end(f"more than {self.max_parked} calls wait for their clients' input")
         context.token = token
-        context.park_scope = trio.CancelScope()
+        context.park_scope = park_scope = trio.CancelScope()
         self.parked[token] = context
-        self._nursery.start_soon(self._expire, context, token)
+        self._nursery.start_soon(self._expire, context, token, park_scope)
 
-    async def _expire(self, context: ModernContext, token: str) -> None:
-        with context.park_scope:
+    async def _expire(self, context: ModernContext, token: str, scope: trio.CancelScope) -> None:
+        with scope:
             await trio.sleep(self.park_seconds)
             if self.parked.get(token) is context:
                 del self.parked[token]
@@ -276,7 +345,8 @@ class ModernHttp:
             return None
         del self.parked[token]
         context.token = None
-        context.park_scope.cancel()
+        if context.park_scope is not None:
+            context.park_scope.cancel()
         return context
 
 
@@ -292,45 +362,6 @@ def _parked_token(answer: dict[str, Any] | None) -> str | None:
         return None
     state = result.get("requestState")
     return state if is_ours(state) else None
-
-
-async def _write_answer(
-    context: ModernContext, id: RequestId, sse_ok: bool, json_ok: bool, send: Send
-) -> dict[str, Any] | None:
-    """Write what the context has for request ``id`` until its answer (which is
-    returned), as one JSON body or, once something must go before it, an SSE
-    stream. None if the context ended first."""
-    streaming = sse_ok and not json_ok and await _start_sse(send)
-    wanted = id_key(id)
-    while True:
-        waker = context.waker()
-        for message, data in context.take():
-            if _answers(message, wanted):
-                if streaming:
-                    await _body(send, sse.event(data), more=False)
-                else:
-                    error = message.get("error")
-                    code = error.get("code") if isinstance(error, dict) else None
-                    await _json(send, status_of(code) if type(code) is int else 200, data)
-                return message  # type: ignore[no-any-return]
-            if not sse_ok:
-                continue  # (a client that takes JSON only gets the answer alone)
-            if not streaming:
-                streaming = await _start_sse(send)
-            await _body(send, sse.event(data))
-        if context.closed:
-            if streaming:
-                await _body(send, b"", more=False)
-            else:
-                ended = _error(id, "mcpbroker: the request's session ended before its answer")
-                await _json(send, 200, ended)
-            return None
-        with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
-            await waker.wait()
-        if idle.cancelled_caught and sse_ok:
-            if not streaming:
-                streaming = await _start_sse(send)
-            await _body(send, sse.KEEPALIVE)
 
 
 def _answers(message: Any, wanted: tuple[type, Any]) -> bool:
@@ -361,8 +392,36 @@ async def _body(send: Send, data: bytes, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` once the client has gone (ASGI's ``http.disconnect``)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+class _Watch:
+    """A task watching one POST's client leave (ASGI's ``http.disconnect``),
+    which ends its context; started only for a POST still waiting at a tick."""
+
+    def __init__(self, context: ModernContext, receive: Receive) -> None:
+        self._context = context
+        self._receive = receive
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    def start(self, nursery: trio.Nursery | None) -> None:
+        if self._scope is not None or nursery is None:
+            return
+        self._scope, self._done = trio.CancelScope(), trio.Event()
+        nursery.start_soon(self._run, self._scope, self._done)
+
+    async def stop(self) -> None:
+        """Stop watching, and wait until the task is gone: the connection's
+        task reads the socket next."""
+        if self._scope is None or self._done is None:
+            return
+        self._scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._done.wait()
+
+    async def _run(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        try:
+            with scope:
+                while (await self._receive())["type"] != "http.disconnect":
+                    pass
+                self._context.end("the client closed the request's stream (cancelled)")
+        finally:
+            done.set()
