@@ -169,6 +169,12 @@ class Session:
         return self._handle
 
     @property
+    def idle(self) -> bool:
+        """No client's now: a 2026-07-28 HTTP context kept for a next POST
+        (actors/downstream/http_modern.py); ``mcpbroker status`` omits it."""
+        return bool(getattr(self._connection, "idle", False))
+
+    @property
     def busy(self) -> bool:
         """Whether requests of this session are in flight (or wait for their servers)."""
         return bool(self._protocol.inflight or self._deferred)

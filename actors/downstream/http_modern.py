@@ -10,7 +10,16 @@ before it (progress, a log message the request asked for, a listen stream's
 acknowledgement) or it takes longer than :data:`KEEPALIVE_SECONDS`: then as
 an SSE stream (a JSON error keeps its HTTP status, as the SDK's server does).
 
-A context ends with its answer, except two kinds:
+A context whose request is answered is kept *idle* for the next POST to the
+same URL (at most :data:`MAX_IDLE`, each for :data:`IDLE_SECONDS`): its
+session stays attached to its servers, so a call costs what a legacy HTTP
+session's does, not a session's opening and closing. A context serves one
+POST at a time, its session's per-request state (the call's method, log
+level, capabilities) is forgotten with its answer, and an idle context is not
+a client's: ``mcpbroker status`` does not list it (docs/eras.md, "Over
+Streamable HTTP"). A context ends instead of waiting idle when its request
+was a listen stream, was cancelled (below), or was parked; and these two
+kinds outlive their answer:
 
 - ``subscriptions/listen``: its stream stays open, carrying the
   notifications stamped with its subscription id, until the client closes it.
@@ -49,15 +58,18 @@ from broker.jsonrpc import CONNECTION_CLOSED, RequestId, id_key
 from broker.wire import http as wire
 from broker.wire import sse
 from broker.wire.frames import Frame
-from broker.wire.http_modern import ModernPost, status_of
+from broker.wire.http_modern import LISTEN, ModernPost, status_of
 
 PARK_SECONDS = 600.0  # how long a call that asked for input waits for its client's retry
 MAX_PARKED = 1024  # calls waiting so at once; past it the oldest is cancelled
 MAX_CONTEXTS = 4096  # modern requests at once (answering, listening or parked): past it, 503
+MAX_IDLE = 256  # answered contexts kept for the next POSTs (their sessions stay open)
+IDLE_SECONDS = 60.0  # an idle context not taken again this long ends
 KEEPALIVE_SECONDS = 15.0  # silence before the answer becomes an SSE stream (and between comments)
 KEEPALIVE_TICKS = 3  # (ticks of TICK_SECONDS: quiet for 15 to 20 s)
 TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS  # how often waiting POSTs are told to look
 
+Route = tuple[tuple[str, ...] | None, bool]  # a URL's view: its servers, and whether transparent
 OpenSession = Callable[[Any, tuple[str, ...] | None, bool], Awaitable[None]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -77,6 +89,9 @@ class ModernContext:
     transport = "http"
     related = False  # one request at a time: everything it is sent is that request's
     per_request = True  # (its session's opening and closing are logged at debug)
+    # Kept for the next POST (since ``idle_since``): no client's session (status omits it).
+    idle = False
+    idle_since = 0.0
 
     def __init__(self, max_queued_bytes: int, log: Any = None) -> None:
         self.max_queued_bytes = max_queued_bytes
@@ -87,7 +102,7 @@ class ModernContext:
         self.pending_bytes = 0
         self.dropped = 0  # messages that came while no POST was being answered
         self.token: str | None = None  # parked under this requestState
-        self.route: tuple[tuple[str, ...] | None, bool] = (None, False)  # its URL's view
+        self.route: Route = (None, False)  # its URL's view
         self.park_scope: trio.CancelScope | None = None  # (its timer's, while parked)
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
         self._waker = trio.Event()
@@ -134,8 +149,12 @@ class ModernContext:
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if the context has ended."""
+        item: tuple[list[Frame], int] = ([body], len(body))
         try:
-            await self._inbox_send.send(([body], len(body)))
+            try:
+                self._inbox_send.send_nowait(item)  # no pass through the scheduler
+            except trio.WouldBlock:  # when the session is not waiting for it yet
+                await self._inbox_send.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
@@ -178,13 +197,20 @@ class ModernHttp:
         park_seconds: float = PARK_SECONDS,
         max_parked: int = MAX_PARKED,
         max_contexts: int = MAX_CONTEXTS,
+        max_idle: int = MAX_IDLE,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self._open_session = open_session
         self._max_queued_bytes = max_queued_bytes
         self.park_seconds = park_seconds
         self.max_parked = max_parked
         self.max_contexts = max_contexts
+        self.max_idle = max_idle
+        self.idle_seconds = idle_seconds
         self.contexts: set[ModernContext] = set()
+        # Answered contexts by their URL's view, the most recently used last.
+        self.idle: dict[Route, list[ModernContext]] = {}
+        self.idle_count = 0
         self.parked: dict[str, ModernContext] = {}  # by requestState, oldest first
         self.ticks = 0  # how often the waiting POSTs were told to look (see run)
         self._nursery: trio.Nursery | None = None
@@ -203,6 +229,7 @@ class ModernHttp:
                 for context in self.contexts:
                     if context.waiting is not None:
                         context.wake()
+                self._end_idle(trio.current_time() - self.idle_seconds)
 
     async def answer(
         self,
@@ -218,9 +245,13 @@ class ModernHttp:
         """Answer one request POST (checked already: broker/wire/http_modern.py):
         as an SSE stream if ``sse_ok`` and something must go before the answer,
         or the client takes no JSON (not ``json_ok``); else as JSON."""
-        context = self._unpark(post.request_state, (target.view, target.transparent))
+        route = (target.view, target.transparent)
+        context = self._unpark(post.request_state, route)
+        parked = context is not None
         if context is None:
-            if len(self.contexts) >= self.max_contexts:
+            context = self._take_idle(route)
+        if context is None:
+            if len(self.contexts) - self.idle_count >= self.max_contexts:
                 why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
                 return await _json(send, 503, _error(post.id, why))
             context = self._start(target)
@@ -239,7 +270,7 @@ class ModernHttp:
             token = _parked_token(answer)
             if token is not None and not context.closed:
                 self._park(context, token)
-            else:
+            elif answer is None or parked or post.method == LISTEN or not self._keep(context):
                 context.end(reason)
 
     async def _write_answer(
@@ -293,6 +324,38 @@ class ModernHttp:
 
     # -- contexts -----------------------------------------------------------
 
+    def _keep(self, context: ModernContext) -> bool:
+        """Keep an answered context idle for the next POST to its URL, if there is room."""
+        if context.closed or self.idle_count >= self.max_idle:
+            return False
+        context.idle, context.idle_since = True, trio.current_time()
+        self.idle.setdefault(context.route, []).append(context)
+        self.idle_count += 1
+        return True
+
+    def _take_idle(self, route: Route) -> ModernContext | None:
+        """The idle context used last for this URL (one whose session is still open)."""
+        idle = self.idle.get(route)
+        while idle:
+            context = idle.pop()
+            self.idle_count -= 1
+            context.idle = False
+            if not context.closed:
+                return context
+        return None
+
+    def _end_idle(self, before: float) -> None:
+        """End the idle contexts not taken since ``before``."""
+        for route, idle in list(self.idle.items()):
+            stale = [context for context in idle if context.idle_since < before]
+            for context in stale:
+                idle.remove(context)
+                self.idle_count -= 1
+                context.idle = False
+                context.end(f"idle for more than {self.idle_seconds:g} s")
+            if not idle:
+                del self.idle[route]
+
     def _start(self, target: wire.Target) -> ModernContext:
         assert self._nursery is not None
         context = ModernContext(self._max_queued_bytes, self._log)
@@ -309,6 +372,10 @@ class ModernHttp:
                 await self._open_session(context, view, transparent)
         finally:
             self.contexts.discard(context)
+            if context.idle:  # (its session ended while it waited: a reload, a shutdown)
+                context.idle = False
+                self.idle[context.route].remove(context)
+                self.idle_count -= 1
             if context.token is not None and self.parked.get(context.token) is context:
                 del self.parked[context.token]
             if context.park_scope is not None:
@@ -333,9 +400,7 @@ class ModernHttp:
                 del self.parked[token]
                 context.end(f"no retry came within {self.park_seconds:g} s")
 
-    def _unpark(
-        self, token: str | None, route: tuple[tuple[str, ...] | None, bool]
-    ) -> ModernContext | None:
+    def _unpark(self, token: str | None, route: Route) -> ModernContext | None:
         """The parked call a retry's ``requestState`` names (spent: taken out),
         if the retry came to the same URL (elsewhere the token is unknown)."""
         if token is None or not is_ours(token):
