@@ -158,7 +158,9 @@ class Daemon:
             socket=self.socket_path,
             uptime=trio.current_time() - self._started,
             servers=tuple(upstream.statistics() for upstream in self.upstreams.values()),
-            sessions=tuple(s.statistics() for s in self._sessions if not s.is_control),
+            sessions=tuple(
+                s.statistics() for s in self._sessions if not s.is_control and not s.idle
+            ),
             websocket=self.websocket_url,
             started_by=self.started_by,
             socket_activated=self.socket_activated,

@@ -150,6 +150,11 @@ class Session:
         self._idle = trio.Event()  # set (and renewed) whenever the writer may have made it idle
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
+        # A session per request (a 2026-07-28 POST) logs its opening and closing
+        # at debug: at info they were three lines per call.
+        self._note = (
+            self._log.debug if getattr(connection, "per_request", False) else self._log.info
+        )
 
     def reconfigure(self, settings: BrokerSettings) -> None:
         """New live settings (a reload): the session's limits, from now on."""
@@ -164,6 +169,12 @@ class Session:
         return self._handle
 
     @property
+    def idle(self) -> bool:
+        """No client's now: a 2026-07-28 HTTP context kept for a next POST
+        (actors/downstream/http_modern.py); ``mcpbroker status`` omits it."""
+        return bool(getattr(self._connection, "idle", False))
+
+    @property
     def busy(self) -> bool:
         """Whether requests of this session are in flight (or wait for their servers)."""
         return bool(self._protocol.inflight or self._deferred)
@@ -175,7 +186,7 @@ class Session:
             await self._idle.wait()
 
     async def run(self) -> None:
-        self._log.info("session.opened")
+        self._note("session.opened")
         try:
             with self._handle.cancel_scope:
                 async with trio.open_nursery() as nursery:
@@ -199,7 +210,7 @@ class Session:
                 self._protocol.calls.closed()  # what it still had in flight: cancelled
                 self._write_audit()
             self._idle.set()
-            self._log.info("session.closed", reason=self._handle.close_reason or "client left")
+            self._note("session.closed", reason=self._handle.close_reason or "client left")
 
     # -- reading ------------------------------------------------------------
 
@@ -431,7 +442,7 @@ class Session:
     async def _attach(self, action: AttachServers) -> None:
         """Once initialized: hear from the view's servers and from the Registry."""
         info = self._protocol.client_info if isinstance(self._protocol.client_info, dict) else {}
-        self._log.info(
+        self._note(
             "session.initialized",
             client=info.get("name"),
             client_version=info.get("version"),

@@ -18,7 +18,8 @@ the same for fewer calls (which cancels start-up and shutdown).
 
 ``--http json|sse`` drives the daemon through ``serve --http`` instead of
 its socket (``benchmarks.http_load``'s clients, one call in flight each):
-what the Streamable HTTP listener executes per call.
+what the Streamable HTTP listener executes per call; with ``--era modern``
+the HTTP clients speak 2026-07-28 (a POST per call, no session).
 
 Both print one line per figure; ``--tree DIR`` counts another checkout or
 the compiled copy (``python -m benchmarks.compiled``); ``--era modern`` has
@@ -76,7 +77,7 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
         daemon(directory, servers, prefix, module, options, broker=broker) as dm,
     ):
         if args.http:
-            _drive_http(dm.socket, args.clients, calls, args.http == "sse")
+            _drive_http(dm.socket, args.clients, calls, args.http == "sse", args.era)
             return
         target = socket_target(dm.socket, "echo", args.clients, args.era)
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
@@ -86,7 +87,7 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
             raise SystemExit(f"the load had errors: {errors}")
 
 
-def _drive_http(socket_path: str, clients: int, calls: int, sse: bool) -> None:
+def _drive_http(socket_path: str, clients: int, calls: int, sse: bool, era: str) -> None:
     """``calls`` tools/call round trips through the daemon's HTTP listener,
     ``clients`` keep-alive sessions at once (http_load's clients: the load
     engine's, tools/bench_http.py)."""
@@ -96,7 +97,8 @@ def _drive_http(socket_path: str, clients: int, calls: int, sse: bool) -> None:
     from tools.bench_http import ACCEPT_BOTH
 
     url = fetch_status(socket_path)["http"].rstrip("/") + "/echo"
-    target = Target(url=url, accept=ACCEPT_BOTH if sse else "application/json", version=VERSION)
+    accept = ACCEPT_BOTH if sse else "application/json"
+    target = Target(url=url, accept=accept, version=VERSION, era=era)
     engine = Engine()
     try:
         engine.open([target] * clients, timeout=60.0)
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
     load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls, {args.era}"
     if args.http:
-        load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls"
+        load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls, {args.era}"
     print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))
     return 0
 

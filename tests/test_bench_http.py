@@ -22,11 +22,12 @@ import pytest
 import trio
 import trustme
 
+from broker.wire.http_modern import decode_header_value
 from tests.conftest import MCPBROKER, REPO, running_daemon
 from tests.test_bench import _remove, echo_server, engine_run
 from tests.test_http_upstream_e2e import http_server
 from tools.bench_engine import Engine, Load, Target
-from tools.bench_http import HttpClient, Response
+from tools.bench_http import HttpClient, Response, modern_fields
 
 # -- the response reader, fed as the network may cut it --------------------------
 
@@ -88,6 +89,16 @@ def test_a_bad_url_or_header_is_refused_before_connecting() -> None:
         ):
             with pytest.raises(Exception, match=r"not an http|not a valid HTTP header"):
                 HttpClient(url, headers, "application/json", selector, 0)
+
+
+def test_modern_fields_name_the_method_and_the_tool_as_the_broker_reads_them() -> None:
+    assert modern_fields("server/discover") == b"Mcp-Method: server/discover\r\n"
+    plain = modern_fields("tools/call", "echo")
+    assert plain == b"Mcp-Method: tools/call\r\nMcp-Name: echo\r\n"
+    for name in ("écho", "=?base64?eA==?=", "a\tb"):  # not sent as they are
+        field = modern_fields("tools/call", name).split(b"\r\n")[1]
+        value = field.removeprefix(b"Mcp-Name: ").decode("ascii")
+        assert value.startswith("=?base64?") and decode_header_value(value) == name
 
 
 # -- the engine over HTTP ------------------------------------------------------------
@@ -154,6 +165,30 @@ async def test_engine_through_the_daemons_listener_json_and_sse(socket_path: str
             load = Load(1, "flaky", {"every": 2}, requests=10)
             flaky = await trio.to_thread.run_sync(engine_run, Target(url=url), load)
     assert (flaky["ok"], flaky["errors"]) == (5, {"-32603": 5})
+
+
+async def test_engine_in_the_modern_era_through_the_daemons_listener(socket_path: str) -> None:
+    # No initialize and no session: a legacy POST so would be refused (400),
+    # and headers that disagree with the body too (-32020), so every call
+    # answered means the client spoke 2026-07-28 as the listener checks it.
+    config = {"echo": echo_server()}
+    broker = {"http": "127.0.0.1:0"}
+    with trio.fail_after(40):
+        async with running_daemon(config, socket_path, broker=broker) as daemon:
+            url = daemon.http_url.rstrip("/") + "/echo"
+            for accept in ("application/json", "application/json, text/event-stream"):
+                target = Target(url=url, accept=accept, era="modern")
+                load = Load(2, "echo", {"text": "hi"}, requests=50)
+                out = await trio.to_thread.run_sync(engine_run, target, load)
+                assert (out["calls"], out["ok"], out["errors"], out["lost"]) == (50, 50, {}, 0)
+            target = Target(url=url, era="modern")
+            flaky = await trio.to_thread.run_sync(
+                engine_run, target, Load(1, "flaky", {"every": 2}, requests=10)
+            )
+            missing = await trio.to_thread.run_sync(engine_run, target, Load(1, "nope", requests=3))
+    assert (flaky["ok"], flaky["errors"]) == (5, {"-32603": 5})
+    # (an unknown tool is -32602, whose HTTP status, 400, is what the engine counts)
+    assert (missing["ok"], missing["errors"]) == (0, {"HTTP 400": 3})
 
 
 async def test_engine_over_http_ends_when_the_server_dies_mid_run() -> None:

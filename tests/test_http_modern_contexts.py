@@ -6,6 +6,7 @@ the way the broker's modern session does."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import orjson
@@ -16,7 +17,7 @@ import trio.testing
 from actors.downstream.http_modern import ModernContext, ModernHttp
 from actors.errors import TransportClosed
 from broker.wire import http
-from broker.wire.http_modern import ModernPost
+from broker.wire.http_modern import LISTEN, ModernPost
 
 TARGET = http.Target("POST", None, False, {}, modern=True)
 
@@ -77,9 +78,9 @@ def call(id: int, method: str = "tools/call", **params: Any) -> tuple[ModernPost
     return ModernPost(message, True), orjson.dumps(message)
 
 
-async def ask(contexts: ModernHttp, id: int, **params: Any) -> Exchange:
+async def ask(contexts: ModernHttp, id: int, method: str = "tools/call", **params: Any) -> Exchange:
     exchange = Exchange()
-    post, body = call(id, **params)
+    post, body = call(id, method, **params)
     await contexts.answer(TARGET, post, body, True, exchange.receive, exchange.send)
     return exchange
 
@@ -210,3 +211,85 @@ async def test_a_retry_at_another_url_does_not_find_the_call(autojump_clock: Any
         await ask(contexts, 3, requestState="mcpbroker.1")
         assert script.retries[-1] == (1, 3)
         nursery.cancel_scope.cancel()
+
+
+async def test_an_answered_context_serves_the_next_post_to_its_url(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        for id in (1, 2, 3):
+            exchange = await ask(contexts, id, method="tools/list")
+            assert exchange.answer()["id"] == id
+        assert script.opened == 1 and script.retries == [(1, 1), (1, 2), (1, 3)]
+        assert contexts.idle_count == 1 and script.ended == []
+        # Another URL's view: a context of its own.
+        elsewhere = http.Target("POST", ("s",), True, {}, modern=True)
+        exchange = Exchange()
+        post, body = call(4, "tools/list")
+        await contexts.answer(elsewhere, post, body, True, exchange.receive, exchange.send)
+        assert script.opened == 2 and contexts.idle_count == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_idle_contexts_are_bounded_and_end_when_not_taken(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20, max_idle=1, idle_seconds=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        async with trio.open_nursery() as posts:  # two at once: two contexts
+            for id in (1, 2):
+                posts.start_soon(partial(ask, contexts, id, method="slow"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert script.opened == 2 and len(script.ended) == 1  # room for one idle
+        assert contexts.idle_count == 1
+        await trio.sleep(30 + 10)  # (idle ones are looked for at each tick)
+        assert len(script.ended) == 2 and not contexts.contexts and contexts.idle_count == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_listen_or_cancelled_context_is_not_kept(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1, method=LISTEN)
+        await trio.testing.wait_all_tasks_blocked()
+        assert script.ended == [1] and contexts.idle_count == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_client_is_watched_only_once_a_post_outlives_a_tick(autojump_clock: Any) -> None:
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        quick = Watched()
+        post, body = call(1, "tools/list")
+        await contexts.answer(TARGET, post, body, True, quick.receive, quick.send)
+        assert quick.receives == 0  # answered at once: no watcher was started
+        slow = Watched()
+        post, body = call(2, "slow")
+        await contexts.answer(TARGET, post, body, False, slow.receive, slow.send)  # (JSON)
+        assert slow.receives == 1 and slow.answer()["id"] == 2
+        await trio.testing.wait_all_tasks_blocked()
+        assert slow.watching == 0  # (stopped with the answer: the connection reads next)
+        nursery.cancel_scope.cancel()
+
+
+class Watched(Exchange):
+    """A client that never leaves, counting the watcher's reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.receives = 0
+        self.watching = 0
+
+    async def receive(self) -> dict[str, Any]:
+        self.receives += 1
+        self.watching += 1
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.watching -= 1
+        raise AssertionError("unreachable")

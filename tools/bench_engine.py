@@ -14,9 +14,9 @@ at once by a new request, and everything a client has to send is written in
 one ``write`` (over HTTP, each request is a POST on a keep-alive connection of
 its own, and the calls wait until the server has taken the
 ``notifications/initialized``). A client of the modern era (2026-07-28,
-``Target.era``; sockets and commands) opens with ``server/discover`` instead,
-and every request it sends carries the ``_meta`` that era requires (its
-version, capabilities and clientInfo).
+``Target.era``) opens with ``server/discover`` instead, and every request it
+sends carries the ``_meta`` that era requires (its version, capabilities and
+clientInfo), over HTTP with the era's headers.
 
 What counts (documented in ``mcpbroker bench --help`` and benchmarks/README.md):
 a JSON-RPC error response is an error, counted by its code; a result with
@@ -42,19 +42,19 @@ from typing import Any
 import attrs
 import orjson
 
-from tools.bench_http import ACCEPT_BOTH, HttpClient, HttpFailure
+from tools.bench_http import (
+    ACCEPT_BOTH,
+    MODERN_META,
+    HttpClient,
+    HttpFailure,
+    discover_body,
+    modern_fields,
+)
 
 READ_SIZE = 1024 * 1024
 INIT_ID = "bench-init"
 PROTOCOL_VERSION = "2025-11-25"
-MODERN_VERSION = "2026-07-28"
 CLIENT_INFO = {"name": "mcpbroker-bench", "version": "1"}
-# What every request of a modern client carries in params._meta.
-MODERN_META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
-    "io.modelcontextprotocol/clientCapabilities": {},
-    "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
-}
 PROGRESS_EVERY = 0.25
 _now = time.perf_counter_ns
 
@@ -77,7 +77,7 @@ class Target:
     headers: dict[str, str] | None = None  # HTTP only: sent with every POST
     accept: str = ACCEPT_BOTH  # HTTP only: "application/json" asks for JSON bodies, not SSE
     version: str = PROTOCOL_VERSION  # the initialize's protocolVersion
-    era: str = "legacy"  # or "modern": no initialize, _meta on every request
+    era: str = "legacy"  # or "modern": no initialize, _meta (over HTTP, headers) on every request
 
 
 @attrs.frozen
@@ -268,11 +268,15 @@ class Engine:
 
     def _open_http(self, target: Target) -> HttpClient:
         assert target.url is not None
-        if target.era != "legacy":
-            raise BenchError("the engine's HTTP clients speak the legacy era only")
         try:
-            client = HttpClient(target.url, target.headers, target.accept, self._selector, _now())
-            client.post(_initialize(target.version), INIT_ID)
+            modern = target.era == "modern"
+            client = HttpClient(
+                target.url, target.headers, target.accept, self._selector, _now(), modern
+            )
+            if modern:
+                client.post(discover_body(INIT_ID), INIT_ID, modern_fields("server/discover"))
+            else:
+                client.post(_initialize(target.version), INIT_ID)
         except HttpFailure as exc:
             raise BenchError(str(exc)) from None
         return client
@@ -346,6 +350,9 @@ class Engine:
         for client in self.clients:
             client.suffix = suffixes[client.modern]
         self._prefix = b'{"jsonrpc":"2.0","id":'
+        for client in self.clients:
+            if isinstance(client, HttpClient) and client.modern:
+                client.call_fields = modern_fields("tools/call", load.tool)
         self._budget = load.requests
         self._issuing = True
         start = _now()
@@ -416,8 +423,9 @@ class Engine:
         client.next_id += need
         prefix, suffix, pending = self._prefix, client.suffix, client.pending
         if isinstance(client, HttpClient):
+            fields = client.call_fields
             for id in range(first, first + need):  # pending once sent: none is lost unsent
-                if not self._post(client, prefix + str(id).encode() + suffix, id):
+                if not self._post(client, prefix + str(id).encode() + suffix, id, fields):
                     return
                 pending[id] = sent
             return
@@ -468,11 +476,11 @@ class Engine:
             self._failed(client, id, error, now)
         self._top_up(client)
 
-    def _post(self, client: HttpClient, body: bytes, id: Any = None) -> bool:
+    def _post(self, client: HttpClient, body: bytes, id: Any = None, fields: bytes = b"") -> bool:
         """POST a message; a server that can no longer be reached ends the client
         (what it has in flight is lost), as a closed socket ends a stream client."""
         try:
-            client.post(body, id)
+            client.post(body, id, fields)
         except HttpFailure as exc:
             client.init_error = client.init_error or str(exc)
             self._drop(client)
@@ -532,6 +540,9 @@ class Engine:
         if "error" in message:
             client.init_error = message["error"].get("message", message["error"])
             self._drop(client)
+            return
+        if isinstance(client, HttpClient) and client.modern:  # (server/discover: no handshake)
+            client.ready_ns = _now()
             return
         if isinstance(client, HttpClient):  # ready once the server has taken the notification
             result = message.get("result")

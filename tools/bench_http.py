@@ -19,6 +19,12 @@ connection the server closed before a byte of the answer came is the
 keep-alive race (the server timed out the idle connection as the request
 went out): the request is sent again, once, on a new connection.
 
+A client of the 2026-07-28 revision (``modern``) has no session: it opens
+with ``server/discover`` (no ``initialize``, no ``Mcp-Session-Id``), and
+every POST carries the headers that revision asks for beside its body's
+``_meta``: ``MCP-Protocol-Version``, ``Mcp-Method`` and, for a
+``tools/call``, ``Mcp-Name`` (the tool's name; :func:`modern_fields`).
+
 Not here: the GET stream for the server's own notifications (the engine
 counts answers to calls, which come on their POSTs), DELETE of the session
 at the end (the server's idle timeout ends it), legacy HTTP+SSE.
@@ -26,6 +32,7 @@ at the end (the server's idle timeout ends it), legacy HTTP+SSE.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import selectors
 import socket
@@ -35,7 +42,16 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 ACCEPT_BOTH = "application/json, text/event-stream"  # what SDK clients send
+MODERN_VERSION = "2026-07-28"
+# What every request of a modern client carries in params._meta.
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "mcpbroker-bench", "version": "1"},
+}
 READ_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 10.0
 MAX_HEAD = 64 * 1024
@@ -62,6 +78,29 @@ def _field(name: str, value: str) -> bytes:
     if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
         raise HttpFailure(f"not a valid HTTP header: {name!r}")
     return f"{name}: {value}\r\n".encode()
+
+
+def discover_body(id: str) -> bytes:
+    """A modern client's first POST: ``server/discover`` (there is no handshake)."""
+    request = {
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "server/discover",
+        "params": {"_meta": MODERN_META},
+    }
+    return orjson.dumps(request)
+
+
+def modern_fields(method: str, name: str | None = None) -> bytes:
+    """The header fields a 2026-07-28 POST of ``method`` carries beside its body:
+    ``Mcp-Method``, and ``Mcp-Name`` (``name``: a tool's, a prompt's, a URI),
+    in the spec's ``=?base64?...?=`` form unless it is plain printable ASCII."""
+    fields = _field("Mcp-Method", method)
+    if name is not None:
+        if not (name.isascii() and name.isprintable()) or name.startswith("=?"):
+            name = f"=?base64?{base64.b64encode(name.encode()).decode()}?="
+        fields += _field("Mcp-Name", name)
+    return fields
 
 
 class Response:
@@ -241,12 +280,12 @@ class HttpClient:
     ``pending``, ``closed``, ``init_error``, ``pid``, ``process``); the
     engine marks it ready once the server has taken its
     ``notifications/initialized`` (a call that overtook it on another
-    connection could be refused).
+    connection could be refused), or, ``modern``, once ``server/discover``
+    is answered.
     """
 
     pid = None
     process = None
-    modern = False  # (the modern era is for socket and command clients)
 
     def __init__(
         self,
@@ -255,6 +294,7 @@ class HttpClient:
         accept: str,
         selector: selectors.BaseSelector,
         opened: int,
+        modern: bool = False,
     ) -> None:
         self.scheme, self.host, self.port, path = split_url(url)
         self.url = url
@@ -263,9 +303,13 @@ class HttpClient:
         authority = host if self.port == default else f"{host}:{self.port}"
         head = f"POST {path} HTTP/1.1\r\n".encode() + _field("Host", authority)
         head += _field("Content-Type", "application/json") + _field("Accept", accept)
+        if modern:  # (no session: the version goes on every POST from the first)
+            head += _field("MCP-Protocol-Version", MODERN_VERSION)
         for name, value in (headers or {}).items():
             head += _field(name, value)
         self._head = head
+        self.modern = modern
+        self.call_fields = b""  # modern: a tools/call's Mcp-Method and Mcp-Name (the engine's)
         self._selector = selector
         self._tls = ssl.create_default_context() if self.scheme == "https" else None
         self.connections: dict[int, Connection] = {}
@@ -282,10 +326,12 @@ class HttpClient:
 
     # -- what the engine calls ---------------------------------------------------
 
-    def post(self, body: bytes, id: Any = None) -> None:
-        """Send one message on an idle connection (a new one if none is)."""
+    def post(self, body: bytes, id: Any = None, fields: bytes = b"") -> None:
+        """Send one message on an idle connection (a new one if none is), with
+        header ``fields`` of its own beside the session's."""
         conn = self._idle.pop() if self._idle else self._connect()
-        conn.request = self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        length = b"Content-Length: %d\r\n\r\n" % len(body)
+        conn.request = self._head + fields + length + body
         conn.id, conn.busy, conn.retried, conn.response = id, True, False, Response()
         conn.out += conn.request
         self._write(conn)

@@ -10,7 +10,16 @@ before it (progress, a log message the request asked for, a listen stream's
 acknowledgement) or it takes longer than :data:`KEEPALIVE_SECONDS`: then as
 an SSE stream (a JSON error keeps its HTTP status, as the SDK's server does).
 
-A context ends with its answer, except two kinds:
+A context whose request is answered is kept *idle* for the next POST to the
+same URL (at most :data:`MAX_IDLE`, each for :data:`IDLE_SECONDS`): its
+session stays attached to its servers, so a call costs what a legacy HTTP
+session's does, not a session's opening and closing. A context serves one
+POST at a time, its session's per-request state (the call's method, log
+level, capabilities) is forgotten with its answer, and an idle context is not
+a client's: ``mcpbroker status`` does not list it (docs/eras.md, "Over
+Streamable HTTP"). A context ends instead of waiting idle when its request
+was a listen stream, was cancelled (below), or was parked; and these two
+kinds outlive their answer:
 
 - ``subscriptions/listen``: its stream stays open, carrying the
   notifications stamped with its subscription id, until the client closes it.
@@ -25,7 +34,12 @@ A context ends with its answer, except two kinds:
 
 Closing a POST's stream before its answer is the request's cancellation: the
 context ends, and its session's end cancels what it had in flight upstream
-(``notifications/cancelled`` to the server), as when any client leaves.
+(``notifications/cancelled`` to the server), as when any client leaves. A
+task watches for that only once a POST has waited past one tick of the
+listener's clock (:data:`TICK_SECONDS`; the same tick paces the SSE
+keep-alive comments): nearly every call is answered sooner, and a watcher
+per POST cost more than the rest of the POST's handling (the client that
+leaves sooner is noticed by then, or by the write of its answer).
 """
 
 from __future__ import annotations
@@ -45,13 +59,18 @@ from broker.wire import http as wire
 from broker.wire import sse
 from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
-from broker.wire.http_modern import ModernPost, status_of
+from broker.wire.http_modern import LISTEN, ModernPost, status_of
 
 PARK_SECONDS = 600.0  # how long a call that asked for input waits for its client's retry
 MAX_PARKED = 1024  # calls waiting so at once; past it the oldest is cancelled
 MAX_CONTEXTS = 4096  # modern requests at once (answering, listening or parked): past it, 503
+MAX_IDLE = 256  # answered contexts kept for the next POSTs (their sessions stay open)
+IDLE_SECONDS = 60.0  # an idle context not taken again this long ends
 KEEPALIVE_SECONDS = 15.0  # silence before the answer becomes an SSE stream (and between comments)
+KEEPALIVE_TICKS = 3  # (ticks of TICK_SECONDS: quiet for 15 to 20 s)
+TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS  # how often waiting POSTs are told to look
 
+Route = tuple[tuple[str, ...] | None, bool]  # a URL's view: its servers, and whether transparent
 OpenSession = Callable[[Any, tuple[str, ...] | None, bool], Awaitable[None]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -70,8 +89,12 @@ class ModernContext:
 
     transport = "http"
     related = False  # one request at a time: everything it is sent is that request's
+    per_request = True  # (its session's opening and closing are logged at debug)
+    # Kept for the next POST (since ``idle_since``): no client's session (status omits it).
+    idle = False
+    idle_since = 0.0
 
-    def __init__(self, max_queued_bytes: int) -> None:
+    def __init__(self, max_queued_bytes: int, log: Any = None) -> None:
         self.max_queued_bytes = max_queued_bytes
         self.cancel_scope = trio.CancelScope()  # cancelled: the context ends
         self.closed = False
@@ -80,11 +103,11 @@ class ModernContext:
         self.pending_bytes = 0
         self.dropped = 0  # messages that came while no POST was being answered
         self.token: str | None = None  # parked under this requestState
-        self.route: tuple[tuple[str, ...] | None, bool] = (None, False)  # its URL's view
-        self.park_scope = trio.CancelScope()
+        self.route: Route = (None, False)  # its URL's view
+        self.park_scope: trio.CancelScope | None = None  # (its timer's, while parked)
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
         self._waker = trio.Event()
-        self._log = get_logger()
+        self._log = get_logger() if log is None else log  # (its listener's: one per call cost)
 
     # -- the Connection protocol ------------------------------------------
 
@@ -129,8 +152,12 @@ class ModernContext:
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if the context has ended."""
+        item: tuple[list[Frame], int] = ([body], len(body))
         try:
-            await self._inbox_send.send(([body], len(body)))
+            try:
+                self._inbox_send.send_nowait(item)  # no pass through the scheduler
+            except trio.WouldBlock:  # when the session is not waiting for it yet
+                await self._inbox_send.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         return True
@@ -153,6 +180,10 @@ class ModernContext:
         self._log.debug("http.modern_context_ending", reason=reason)
         self.cancel_scope.cancel()
 
+    def wake(self) -> None:
+        """Wake the POST waiting on it (to look at the time: a tick)."""
+        self._wake()
+
     def _wake(self) -> None:
         self._waker.set()
         self._waker = trio.Event()
@@ -169,23 +200,39 @@ class ModernHttp:
         park_seconds: float = PARK_SECONDS,
         max_parked: int = MAX_PARKED,
         max_contexts: int = MAX_CONTEXTS,
+        max_idle: int = MAX_IDLE,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self._open_session = open_session
         self._max_queued_bytes = max_queued_bytes
         self.park_seconds = park_seconds
         self.max_parked = max_parked
         self.max_contexts = max_contexts
+        self.max_idle = max_idle
+        self.idle_seconds = idle_seconds
         self.contexts: set[ModernContext] = set()
+        # Answered contexts by their URL's view, the most recently used last.
+        self.idle: dict[Route, list[ModernContext]] = {}
+        self.idle_count = 0
         self.parked: dict[str, ModernContext] = {}  # by requestState, oldest first
+        self.ticks = 0  # how often the waiting POSTs were told to look (see run)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the contexts' sessions (and the parked ones' timers) until cancelled."""
+        """Own the contexts' sessions (and the parked ones' timers) until
+        cancelled; every :data:`TICK_SECONDS`, wake the POSTs waiting for an
+        answer (one task for all: a timer per wait cost a tenth of a call)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            while True:
+                await trio.sleep(TICK_SECONDS)
+                self.ticks += 1
+                for context in self.contexts:
+                    if context.waiting is not None:
+                        context.wake()
+                self._end_idle(trio.current_time() - self.idle_seconds)
 
     async def answer(
         self,
@@ -201,9 +248,13 @@ class ModernHttp:
         """Answer one request POST (checked already: broker/wire/http_modern.py):
         as an SSE stream if ``sse_ok`` and something must go before the answer,
         or the client takes no JSON (not ``json_ok``); else as JSON."""
-        context = self._unpark(post.request_state, (target.view, target.transparent))
+        route = (target.view, target.transparent)
+        context = self._unpark(post.request_state, route)
+        parked = context is not None
         if context is None:
-            if len(self.contexts) >= self.max_contexts:
+            context = self._take_idle(route)
+        if context is None:
+            if len(self.contexts) - self.idle_count >= self.max_contexts:
                 why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
                 return await _json(send, 503, _error(post.id, why))
             context = self._start(target)
@@ -212,25 +263,105 @@ class ModernHttp:
             return await _json(send, 200, _error(post.id, "mcpbroker: the request's session ended"))
         answer: dict[str, Any] | None = None
         reason = "the client closed the request's stream (cancelled)"
+        watch = _Watch(context, receive)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                answer = await _write_answer(context, post.id, sse_ok, json_ok, send)
-                reason = "answered"
-                nursery.cancel_scope.cancel()
+            answer = await self._write_answer(context, watch, post.id, sse_ok, json_ok, send)
+            reason = "answered"
         finally:
+            await watch.stop()
             context.waiting = None
             token = _parked_token(answer)
             if token is not None and not context.closed:
                 self._park(context, token)
-            else:
+            elif answer is None or parked or post.method == LISTEN or not self._keep(context):
                 context.end(reason)
+
+    async def _write_answer(
+        self,
+        context: ModernContext,
+        watch: _Watch,
+        id: RequestId,
+        sse_ok: bool,
+        json_ok: bool,
+        send: Send,
+    ) -> dict[str, Any] | None:
+        """Write what the context has for request ``id`` until its answer (which is
+        returned), as one JSON body or, once something must go before it, an SSE
+        stream. None if the context ended first. At the first tick it is still
+        waiting, the client's leaving is watched for (``watch``)."""
+        streaming = sse_ok and not json_ok and await _start_sse(send)
+        wanted = id_key(id)
+        written = self.ticks
+        while True:
+            waker = context.waker()
+            for message, data in context.take():
+                if _answers(message, wanted):
+                    if streaming:
+                        await _body(send, sse.event(data), more=False)
+                    else:
+                        error = message.get("error")
+                        code = error.get("code") if isinstance(error, dict) else None
+                        await _json(send, status_of(code) if type(code) is int else 200, data)
+                    return message  # type: ignore[no-any-return]
+                if not sse_ok:
+                    continue  # (a client that takes JSON only gets the answer alone)
+                if not streaming:
+                    streaming = await _start_sse(send)
+                await _body(send, sse.event(data))
+                written = self.ticks
+            if context.closed:
+                if streaming:
+                    await _body(send, b"", more=False)
+                else:
+                    ended = _error(id, "mcpbroker: the request's session ended before its answer")
+                    await _json(send, 200, ended)
+                return None
+            if self.ticks != written:
+                watch.start(self._nursery)
+                if self.ticks - written >= KEEPALIVE_TICKS and sse_ok:  # quiet for 15 to 20 s
+                    if not streaming:
+                        streaming = await _start_sse(send)
+                    await _body(send, sse.KEEPALIVE)
+                    written = self.ticks
+            await waker.wait()
 
     # -- contexts -----------------------------------------------------------
 
+    def _keep(self, context: ModernContext) -> bool:
+        """Keep an answered context idle for the next POST to its URL, if there is room."""
+        if context.closed or self.idle_count >= self.max_idle:
+            return False
+        context.idle, context.idle_since = True, trio.current_time()
+        self.idle.setdefault(context.route, []).append(context)
+        self.idle_count += 1
+        return True
+
+    def _take_idle(self, route: Route) -> ModernContext | None:
+        """The idle context used last for this URL (one whose session is still open)."""
+        idle = self.idle.get(route)
+        while idle:
+            context = idle.pop()
+            self.idle_count -= 1
+            context.idle = False
+            if not context.closed:
+                return context
+        return None
+
+    def _end_idle(self, before: float) -> None:
+        """End the idle contexts not taken since ``before``."""
+        for route, idle in list(self.idle.items()):
+            stale = [context for context in idle if context.idle_since < before]
+            for context in stale:
+                idle.remove(context)
+                self.idle_count -= 1
+                context.idle = False
+                context.end(f"idle for more than {self.idle_seconds:g} s")
+            if not idle:
+                del self.idle[route]
+
     def _start(self, target: wire.Target) -> ModernContext:
         assert self._nursery is not None
-        context = ModernContext(self._max_queued_bytes)
+        context = ModernContext(self._max_queued_bytes, self._log)
         context.route = (target.view, target.transparent)
         self.contexts.add(context)
         self._nursery.start_soon(self._run, context, target.view, target.transparent)
@@ -244,9 +375,14 @@ class ModernHttp:
                 await self._open_session(context, view, transparent)
         finally:
             self.contexts.discard(context)
+            if context.idle:  # (its session ended while it waited: a reload, a shutdown)
+                context.idle = False
+                self.idle[context.route].remove(context)
+                self.idle_count -= 1
             if context.token is not None and self.parked.get(context.token) is context:
                 del self.parked[context.token]
-            context.park_scope.cancel()
+            if context.park_scope is not None:
+                context.park_scope.cancel()
             await context.aclose()  # (idempotent: the Session closed it already)
 
     def _park(self, context: ModernContext, token: str) -> None:
@@ -256,20 +392,18 @@ class ModernHttp:
             _, oldest = _pop_oldest(self.parked)
             oldest.end(f"more than {self.max_parked} calls wait for their clients' input")
         context.token = token
-        context.park_scope = trio.CancelScope()
+        context.park_scope = park_scope = trio.CancelScope()
         self.parked[token] = context
-        self._nursery.start_soon(self._expire, context, token)
+        self._nursery.start_soon(self._expire, context, token, park_scope)
 
-    async def _expire(self, context: ModernContext, token: str) -> None:
-        with context.park_scope:
+    async def _expire(self, context: ModernContext, token: str, scope: trio.CancelScope) -> None:
+        with scope:
             await trio.sleep(self.park_seconds)
             if self.parked.get(token) is context:
                 del self.parked[token]
                 context.end(f"no retry came within {self.park_seconds:g} s")
 
-    def _unpark(
-        self, token: str | None, route: tuple[tuple[str, ...] | None, bool]
-    ) -> ModernContext | None:
+    def _unpark(self, token: str | None, route: Route) -> ModernContext | None:
         """The parked call a retry's ``requestState`` names (spent: taken out),
         if the retry came to the same URL (elsewhere the token is unknown)."""
         if token is None or not is_ours(token):
@@ -279,7 +413,8 @@ class ModernHttp:
             return None
         del self.parked[token]
         context.token = None
-        context.park_scope.cancel()
+        if context.park_scope is not None:
+            context.park_scope.cancel()
         return context
 
 
@@ -295,45 +430,6 @@ def _parked_token(answer: dict[str, Any] | None) -> str | None:
         return None
     state = result.get("requestState")
     return state if is_ours(state) else None
-
-
-async def _write_answer(
-    context: ModernContext, id: RequestId, sse_ok: bool, json_ok: bool, send: Send
-) -> dict[str, Any] | None:
-    """Write what the context has for request ``id`` until its answer (which is
-    returned), as one JSON body or, once something must go before it, an SSE
-    stream. None if the context ended first."""
-    streaming = sse_ok and not json_ok and await _start_sse(send)
-    wanted = id_key(id)
-    while True:
-        waker = context.waker()
-        for message, data in context.take():
-            if _answers(message, wanted):
-                if streaming:
-                    await _body(send, sse.event(data), more=False)
-                else:
-                    error = message.get("error")
-                    code = error.get("code") if isinstance(error, dict) else None
-                    await _json(send, status_of(code) if type(code) is int else 200, data)
-                return message  # type: ignore[no-any-return]
-            if not sse_ok:
-                continue  # (a client that takes JSON only gets the answer alone)
-            if not streaming:
-                streaming = await _start_sse(send)
-            await _body(send, sse.event(data))
-        if context.closed:
-            if streaming:
-                await _body(send, b"", more=False)
-            else:
-                ended = _error(id, "mcpbroker: the request's session ended before its answer")
-                await _json(send, 200, ended)
-            return None
-        with trio.move_on_after(KEEPALIVE_SECONDS) as idle:
-            await waker.wait()
-        if idle.cancelled_caught and sse_ok:
-            if not streaming:
-                streaming = await _start_sse(send)
-            await _body(send, sse.KEEPALIVE)
 
 
 def _answers(message: Any, wanted: tuple[type, Any]) -> bool:
@@ -364,8 +460,36 @@ async def _body(send: Send, data: bytes, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` once the client has gone (ASGI's ``http.disconnect``)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
+class _Watch:
+    """A task watching one POST's client leave (ASGI's ``http.disconnect``),
+    which ends its context; started only for a POST still waiting at a tick."""
+
+    def __init__(self, context: ModernContext, receive: Receive) -> None:
+        self._context = context
+        self._receive = receive
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    def start(self, nursery: trio.Nursery | None) -> None:
+        if self._scope is not None or nursery is None:
+            return
+        self._scope, self._done = trio.CancelScope(), trio.Event()
+        nursery.start_soon(self._run, self._scope, self._done)
+
+    async def stop(self) -> None:
+        """Stop watching, and wait until the task is gone: the connection's
+        task reads the socket next."""
+        if self._scope is None or self._done is None:
+            return
+        self._scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._done.wait()
+
+    async def _run(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        try:
+            with scope:
+                while (await self._receive())["type"] != "http.disconnect":
+                    pass
+                self._context.end("the client closed the request's stream (cancelled)")
+        finally:
+            done.set()
