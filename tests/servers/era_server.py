@@ -2,10 +2,11 @@
 
 Run as ``python -m tests.servers.era_server MODE [--http PORT]`` (``legacy``,
 ``modern`` or ``dual``; with ``--http``, served over Streamable HTTP at
-``http://127.0.0.1:PORT/mcp`` instead of stdio). ``dual`` is ``MCPServer.run()``: the client's first request
-decides the era. ``legacy`` serves only the initialize handshake (the SDK's
-``serve_loop``), ``modern`` only 2026-07-28 (the SDK's modern stream loop:
-``server/discover``, ``subscriptions/listen``, no server-to-client requests).
+``http://127.0.0.1:PORT/mcp`` instead of stdio). ``dual`` is
+``MCPServer.run()``: the client's first request decides the era.
+``legacy`` serves only the initialize handshake (the SDK's ``serve_loop``),
+``modern`` only 2026-07-28 (the SDK's modern stream loop: ``server/discover``,
+``subscriptions/listen``, no server-to-client requests).
 
 Its tools ask for input the way that works in both eras, through the SDK's
 resolvers: ``ask_user`` (an elicitation), ``ask_llm`` (sampling) and
