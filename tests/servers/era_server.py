@@ -33,7 +33,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.resolve import Elicit, ListRoots, Resolve, Sample
 from mcp.server.runner import _serve_modern_stream, serve_loop
 from mcp.server.stdio import stdio_server
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 MODERN = "2026-07-28"
 server = MCPServer("era-server", instructions="Speaks one era, or both.")
@@ -148,14 +148,19 @@ def http_app(mode: str) -> Any:
     from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
     app = server.streamable_http_app(host="127.0.0.1")
-    if mode == "dual":
-        return app
     manager = server.session_manager
     header = MCP_PROTOCOL_VERSION_HEADER.encode()
 
     async def narrowed(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
+            return
+        if scope["path"] == "/stats":
+            import json
+
+            body = json.dumps(STATS).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
             return
         version = dict(scope["headers"]).get(header)
         if mode == "modern" and version != MODERN.encode() and scope["method"] == "POST":
@@ -201,8 +206,40 @@ async def refuse_legacy(receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
+def add_http_extras() -> None:
+    """What only the HTTP tests use: a tool whose argument goes in a header
+    (``x-mcp-header``), a resource whose URI is not plain ASCII, a slow tool
+    that tells whether it was cancelled (``GET /stats``)."""
+
+    @server.tool()
+    def region(
+        where: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], size: int = 0
+    ) -> str:
+        """Its argument ``where`` is mirrored in ``Mcp-Param-Region``."""
+        return f"region {where}"
+
+    @server.resource("test://era/café")
+    def cafe() -> str:
+        return "un café"
+
+    @server.tool()
+    async def slow() -> str:
+        """Waits a minute; a cancelled call is counted in /stats."""
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            STATS["cancelled"] += 1
+            raise
+        return "slow"
+
+
+STATS = {"cancelled": 0}
+
+
 async def serve_http(mode: str, port: int) -> None:
     import uvicorn
+
+    add_http_extras()
 
     config = uvicorn.Config(http_app(mode), host="127.0.0.1", port=port, log_level="warning")
     await uvicorn.Server(config).serve()
