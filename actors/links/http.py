@@ -443,6 +443,9 @@ class HttpLink:
         """POST one modern request: no session id, no resuming; an error
         status with a JSON-RPC error is its answer, anything else fails it."""
         assert self._client is not None and unit.modern is not None
+        if self._mode == rules.SSE:  # (the probe of a "type": "sse" server)
+            await self._failed(unit, "HTTP+SSE has no 2026-07-28 revision")
+            return
         headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json", **unit.modern}
         async with self._client.stream(
             "POST", self._endpoint, content=unit, headers=headers
