@@ -137,7 +137,8 @@ async def test_headers_mirror_the_body_as_the_server_checks_them(socket_path: st
     """The SDK's server refuses a tools/call without the Mcp-Param-Region its
     tool's schema marks, and an Mcp-Name that does not decode to the body's
     URI: the calls complete, so the link sent them right (a non-ASCII value
-    in the base64 form)."""
+    in the base64 form). A tool whose mark is invalid is not listed, as the
+    spec asks of a client over Streamable HTTP."""
     with trio.fail_after(60):
         async with (
             era_http_server("modern") as url,
@@ -145,6 +146,8 @@ async def test_headers_mirror_the_body_as_the_server_checks_them(socket_path: st
         ):
             for mode in ("legacy", "auto"):
                 async with client(socket_path, mode, User()) as session:
+                    names = [tool.name for tool in (await session.list_tools()).tools]
+                    assert "region" in names and "bad_mark" not in names  # (its mark is invalid)
                     for where in ("us-west1", "Zürich", " padded "):
                         result = await session.call_tool("region", {"where": where, "size": 2})
                         assert (text_of(result), result.is_error) == (f"region {where}", False)

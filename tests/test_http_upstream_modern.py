@@ -132,7 +132,7 @@ def test_a_nested_mark_reads_the_value_at_its_path() -> None:
     assert params.headers("t", {"where": "eu"}) == {}
 
 
-def test_a_tool_with_an_invalid_mark_gets_no_param_headers() -> None:
+def test_a_tool_with_an_invalid_mark_gets_no_param_headers_and_is_dropped() -> None:
     params = ParamHeaders()
     invalid = tool(
         "t", x={"type": "number", "x-mcp-header": "X"}, y={"type": "string", "x-mcp-header": "Y"}
@@ -193,3 +193,19 @@ def test_the_answer_on_a_stream_is_told_from_its_notifications() -> None:
     assert is_answer(b'{"jsonrpc":"2.0","id":1,"result":{}}')
     assert is_answer(b'{"jsonrpc":"2.0","id":1,"result":{"text":"\\"method\\""}}')
     assert not is_answer(b'{"jsonrpc":"2.0","method":"notifications/progress","params":{}}')
+
+
+def test_a_tool_with_invalid_marks_is_left_out_of_the_list() -> None:
+    """Over Streamable HTTP a client must exclude such a tool from tools/list."""
+    params = ParamHeaders()
+    bad = tool("bad", x={"type": "array", "items": {"type": "string", "x-mcp-header": "X"}})
+    good = tool("good", y={"type": "string", "x-mcp-header": "Y"})
+    plain = tool("plain", z={"type": "string"})
+    learnt = params.learn(listed(bad, good, plain), first_page=True)
+    assert learnt.dropped == ["bad"]
+    assert [t["name"] for t in orjson.loads(learnt.answer)["result"]["tools"]] == ["good", "plain"]
+    assert params.headers("good", {"y": "1"}) == {"mcp-param-Y": "1"}
+    # A property *named* x-mcp-header is no mark; an answer with nothing to drop is kept as it is.
+    named = tool("named", **{"x-mcp-header": {"type": "string"}})
+    answer = listed(named, plain)
+    assert params.learn(answer, first_page=True).answer is answer

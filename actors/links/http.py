@@ -454,8 +454,8 @@ class HttpLink:
             media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
             if 200 <= status < 300 and media == "application/json":
                 frames = await self._body(response, unit)
-                if unit.lists_tools is not None and frames and type(frames[0]) is bytes:
-                    self._params.learn(frames[0], first_page=unit.lists_tools)
+                if unit.lists_tools is not None and len(frames) == 1 and type(frames[0]) is bytes:
+                    frames = [self._learnt(frames[0], unit.lists_tools)]
                 await self._emit(frames)
             elif 200 <= status < 300 and media == "text/event-stream":
                 await self._modern_events(response, unit)
@@ -478,15 +478,30 @@ class HttpLink:
                 if event.event != "message" or not event.data:
                     continue  # (a priming event, a keep-alive)
                 data = event.data.encode()
+                if not modern_rules.is_answer(data):
+                    await self._emit([self._frame(data)])
+                    continue
+                if unit.lists_tools is not None and len(data) <= self._max:
+                    data = self._learnt(data, unit.lists_tools)
                 await self._emit([self._frame(data)])
-                if modern_rules.is_answer(data):
-                    if unit.lists_tools is not None and len(data) <= self._max:
-                        self._params.learn(data, first_page=unit.lists_tools)
-                    return  # (the answer ends the stream: closing it is no cancellation now)
+                return  # (the answer ends the stream: closing it is no cancellation now)
         except (httpx2.ReadError, httpx2.RemoteProtocolError) as exc:
             await self._failed(unit, f"its stream broke ({_describe(exc)})")
             return
         await self._failed(unit, "a stream that ended before its answer")
+
+    def _learnt(self, answer: bytes, first_page: bool) -> bytes:
+        """A modern ``tools/list`` answer: its ``x-mcp-header`` marks learnt,
+        and without the tools whose marks are invalid (the spec's rule for a
+        client over Streamable HTTP), each said in the log."""
+        learnt = self._params.learn(answer, first_page=first_page)
+        for name in learnt.dropped:
+            self._log.warning(
+                "server.tool_rejected",
+                tool=name,
+                reason="invalid x-mcp-header marks in its inputSchema",
+            )
+        return learnt.answer
 
     # -- a new session --------------------------------------------------------------
 

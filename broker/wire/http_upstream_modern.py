@@ -45,13 +45,14 @@ import base64
 import re
 from typing import Any
 
+import attrs
 import orjson
 
 from broker.eras.versions import MODERN_ERROR_CODES, MODERN_VERSIONS, PROTOCOL_VERSION_KEY
 from broker.jsonrpc import METHOD_NOT_FOUND, Message
 from broker.wire.http_modern import METHOD_HEADER, NAME_FIELDS, NAME_HEADER
 from broker.wire.http_upstream import VERSION_HEADER
-from broker.wire.param_headers import annotated_params
+from broker.wire.param_headers import annotated_params, is_marked
 
 PARAM_PREFIX = "mcp-param-"
 # Codes by which a refused initialize shows a modern server (no fallback then).
@@ -82,6 +83,15 @@ def encode_header_value(value: str) -> str:
     return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
 
 
+@attrs.frozen
+class Learnt:
+    """A ``tools/list`` answer as the link hands it up, and the tools it
+    left out (their ``x-mcp-header`` marks are invalid)."""
+
+    answer: bytes
+    dropped: list[str] = attrs.field(factory=list)
+
+
 class ParamHeaders:
     """Which arguments of each tool of a server go in ``Mcp-Param-*`` headers,
     as its ``tools/list`` answers said (a tool with an invalid annotation has
@@ -91,29 +101,46 @@ class ParamHeaders:
         # tool name -> (path of properties, header token) of each marked argument
         self._marked: dict[str, list[tuple[tuple[str, ...], str]]] = {}
 
-    def learn(self, answer: bytes, *, first_page: bool) -> None:
+    def learn(self, answer: bytes, *, first_page: bool) -> Learnt:
         """A ``tools/list`` answer: its tools' marks replace what was known
-        (all of it for a first page, a list asked for without a cursor)."""
+        (all of it for a first page, a list asked for without a cursor).
+
+        A tool whose marks are invalid is left out of the answer, as the
+        spec asks of a client over Streamable HTTP ("Schema Extension":
+        "exclude the invalid tool from the result of ``tools/list``")."""
         try:
             message = orjson.loads(answer)
         except orjson.JSONDecodeError:
-            return
+            return Learnt(answer)
         result = message.get("result") if isinstance(message, dict) else None
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
-            return
+            return Learnt(answer)
+        assert isinstance(result, dict)
         if first_page:
             self._marked.clear()
+        kept: list[Any] = []
+        dropped: list[str] = []
         for tool in tools:
             name = tool.get("name") if isinstance(tool, dict) else None
             if not isinstance(name, str):
+                kept.append(tool)
                 continue
             assert isinstance(tool, dict)
-            marks = [(path, token) for path, token, _ in annotated_params(tool.get("inputSchema"))]
+            schema = tool.get("inputSchema")
+            marks = [(path, token) for path, token, _ in annotated_params(schema)]
             if marks:
                 self._marked[name] = marks
             else:
                 self._marked.pop(name, None)
+                if is_marked(schema):
+                    dropped.append(name)
+                    continue
+            kept.append(tool)
+        if not dropped:
+            return Learnt(answer)
+        result["tools"] = kept
+        return Learnt(orjson.dumps(message), dropped)
 
     def headers(self, name: Any, arguments: Any) -> dict[str, str]:
         """The ``Mcp-Param-*`` headers of a call of tool ``name``: one per

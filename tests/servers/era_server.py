@@ -208,8 +208,9 @@ async def refuse_legacy(receive: Any, send: Any) -> None:
 
 def add_http_extras() -> None:
     """What only the HTTP tests use: a tool whose argument goes in a header
-    (``x-mcp-header``), a resource whose URI is not plain ASCII, a slow tool
-    that tells whether it was cancelled (``GET /stats``)."""
+    (``x-mcp-header``), one whose mark is invalid, a resource whose URI is
+    not plain ASCII, a slow tool that tells whether it was cancelled
+    (``GET /stats``)."""
 
     @server.tool()
     def region(
@@ -217,6 +218,16 @@ def add_http_extras() -> None:
     ) -> str:
         """Its argument ``where`` is mirrored in ``Mcp-Param-Region``."""
         return f"region {where}"
+
+    @server.tool()
+    def bad_mark(tags: list[str]) -> str:
+        """Marks an array argument: an invalid mark (clients over HTTP drop the tool)."""
+        return ",".join(tags)
+
+    # (put on after the SDK's checks, which refuse to define such a tool)
+    marked = server._tool_manager.get_tool("bad_mark")
+    assert marked is not None
+    marked.parameters["properties"]["tags"]["x-mcp-header"] = "Tags"
 
     @server.resource("test://era/café")
     def cafe() -> str:
