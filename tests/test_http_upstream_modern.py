@@ -202,7 +202,7 @@ def test_a_tool_with_invalid_marks_is_left_out_of_the_list() -> None:
     good = tool("good", y={"type": "string", "x-mcp-header": "Y"})
     plain = tool("plain", z={"type": "string"})
     learnt = params.learn(listed(bad, good, plain), first_page=True)
-    assert learnt.dropped == ["bad"]
+    assert learnt.dropped == ("bad",)
     assert [t["name"] for t in orjson.loads(learnt.answer)["result"]["tools"]] == ["good", "plain"]
     assert params.headers("good", {"y": "1"}) == {"mcp-param-Y": "1"}
     # A property *named* x-mcp-header is no mark; an answer with nothing to drop is kept as it is.

@@ -89,7 +89,7 @@ class Learnt:
     left out (their ``x-mcp-header`` marks are invalid)."""
 
     answer: bytes
-    dropped: list[str] = attrs.field(factory=list)
+    dropped: tuple[str, ...] = ()
 
 
 class ParamHeaders:
@@ -140,7 +140,7 @@ class ParamHeaders:
         if not dropped:
             return Learnt(answer)
         result["tools"] = kept
-        return Learnt(orjson.dumps(message), dropped)
+        return Learnt(orjson.dumps(message), tuple(dropped))
 
     def headers(self, name: Any, arguments: Any) -> dict[str, str]:
         """The ``Mcp-Param-*`` headers of a call of tool ``name``: one per
