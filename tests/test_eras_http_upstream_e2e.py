@@ -155,6 +155,24 @@ async def test_headers_mirror_the_body_as_the_server_checks_them(socket_path: st
                     assert read.contents[0].text == "un café"  # type: ignore[union-attr]
 
 
+async def test_a_call_refused_for_its_headers_is_tried_again_after_a_fresh_list(
+    socket_path: str,
+) -> None:
+    """The server marks a tool's argument without telling anyone: the next
+    call meets HeaderMismatch, the link lists the tools again (the spec's
+    advice) and the call goes once more with the header."""
+    with trio.fail_after(60):
+        async with (
+            era_http_server("modern") as url,
+            running_daemon({"s": url_server(url, None)}, socket_path),
+            client(socket_path, "legacy", User()) as session,
+        ):
+            assert text_of(await session.call_tool("shout", {"text": "a"})) == "A"
+            assert text_of(await session.call_tool("mark_shout", {})) == "marked"
+            result = await session.call_tool("shout", {"text": "b"})
+            assert (text_of(result), result.is_error) == ("B", False)
+
+
 async def test_cancelling_a_call_closes_its_stream_at_a_modern_server(socket_path: str) -> None:
     """A client's cancellation reaches a modern server over HTTP as the spec
     has it: the POST's stream is closed, and the server's handler is cancelled."""

@@ -15,10 +15,13 @@ from broker.wire.http_upstream_modern import (
     encode_header_value,
     error_answer,
     is_answer,
+    is_header_mismatch,
     is_tools_list_start,
     modern_headers,
     modern_refusal,
     modern_version,
+    next_cursor,
+    relist_request,
 )
 
 MODERN = "2026-07-28"
@@ -209,3 +212,23 @@ def test_a_tool_with_invalid_marks_is_left_out_of_the_list() -> None:
     named = tool("named", **{"x-mcp-header": {"type": "string"}})
     answer = listed(named, plain)
     assert params.learn(answer, first_page=True).answer is answer
+
+
+def test_after_a_header_mismatch_the_tools_are_listed_again_as_the_call_was_stamped() -> None:
+    mismatch = orjson.dumps({"jsonrpc": "2.0", "id": 7, "error": {"code": -32020, "message": "x"}})
+    assert is_header_mismatch(mismatch)
+    assert not is_header_mismatch(orjson.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))
+    assert not is_header_mismatch(b"nonsense")
+    call = request("tools/call", name="t", arguments={"a": 1})
+    call["params"]["_meta"]["progressToken"] = 3
+    first = relist_request(call, "mcpbroker-relist-1", None)
+    assert first == {
+        "jsonrpc": "2.0",
+        "id": "mcpbroker-relist-1",
+        "method": "tools/list",
+        "params": {"_meta": META},
+    }
+    assert relist_request(call, "r", "c2")["params"]["cursor"] == "c2"
+    page = {"jsonrpc": "2.0", "id": 1, "result": {"tools": [], "nextCursor": "c2"}}
+    assert next_cursor(orjson.dumps(page)) == "c2"
+    assert next_cursor(listed()) is None

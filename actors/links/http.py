@@ -111,6 +111,7 @@ class HttpLink:
         self._params = modern_rules.ParamHeaders()  # tools' Mcp-Param-* marks
         self._modern: set[Any] = set()  # modern requests not yet answered
         self._withdrawn: set[Any] = set()  # of those, cancelled before their POST
+        self._relists = 0  # the link's own tools/list, after a HeaderMismatch
         self._why: str | None = None  # why the link ended
         self._tasks: trio.Nursery | None = None
         self._closing = trio.Event()
@@ -439,14 +440,17 @@ class HttpLink:
             unit.lists_tools = modern_rules.is_tools_list_start(message)
         self._modern.add(unit.id)
 
-    async def _modern_exchange(self, unit: Unit) -> None:
+    async def _modern_exchange(self, unit: Unit, *, again: bool = False) -> None:
         """POST one modern request: no session id, no resuming; an error
-        status with a JSON-RPC error is its answer, anything else fails it."""
+        status with a JSON-RPC error is its answer, anything else fails it.
+        A call refused with ``HeaderMismatch`` goes once more if listing the
+        tools again changed its ``Mcp-Param-*`` headers (``again``: it is that)."""
         assert self._client is not None and unit.modern is not None
         if self._mode == rules.SSE:  # (the probe of a "type": "sse" server)
             await self._failed(unit, "HTTP+SSE has no 2026-07-28 revision")
             return
         headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json", **unit.modern}
+        answer: bytes | None = None  # (an error status's JSON-RPC error)
         async with self._client.stream(
             "POST", self._endpoint, content=unit, headers=headers
         ) as response:
@@ -462,10 +466,69 @@ class HttpLink:
             else:
                 body = await _error_body(response)
                 answer = modern_rules.error_answer(body, unit.id)
-                if answer is not None:
-                    await self._emit([self._frame(answer)])
-                else:
+                if answer is None:
                     await self._failed(unit, _status_text(response, body))
+                    return
+        if answer is not None:  # (out of the first POST: its connection is free)
+            mismatch = unit.method == "tools/call" and modern_rules.is_header_mismatch(answer)
+            retry = await self._remarked(unit) if mismatch and not again else None
+            if retry is not None:
+                await self._modern_exchange(retry, again=True)
+            else:
+                await self._emit([self._frame(answer)])
+
+    async def _remarked(self, unit: Unit) -> Unit | None:
+        """A call the server refused with ``HeaderMismatch``: list its tools
+        again (the spec's advice), and the call with the headers the marks
+        give now; None if they give the same (or the list failed)."""
+        assert unit.modern is not None
+        call = orjson.loads(bytes(unit))  # (orjson reads no subclass of bytes)
+        version = unit.modern[rules.VERSION_HEADER]
+        cursor: str | None = None
+        for page in range(modern_rules.MAX_RELIST_PAGES):
+            self._relists += 1
+            own = modern_rules.relist_request(call, f"mcpbroker-relist-{self._relists}", cursor)
+            listed = await self._own_answer(own, version)
+            if listed is None:
+                return None
+            self._params.learn(listed, first_page=page == 0)
+            cursor = modern_rules.next_cursor(listed)
+            if cursor is None:
+                break
+        headers = modern_rules.modern_headers(call, version, self._params)
+        if headers == unit.modern:
+            return None
+        self._log.info("server.tool_marks_changed", tool=call["params"].get("name"))
+        retry = Unit(unit)
+        retry.id, retry.method, retry.modern = unit.id, unit.method, headers
+        return retry
+
+    async def _own_answer(self, request: Message, version: str) -> bytes | None:
+        """POST one of the link's own modern requests: its answer (JSON or the
+        last of an SSE stream), None if it brought none within the size limit."""
+        assert self._client is not None
+        headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json"}
+        headers.update(modern_rules.modern_headers(request, version, self._params))
+        content = orjson.dumps(request)
+        async with self._client.stream(
+            "POST", self._endpoint, content=content, headers=headers
+        ) as response:
+            media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if not 200 <= response.status_code < 300:
+                return None
+            if media == "application/json":
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > self._max:
+                        return None
+                return body
+            if media == "text/event-stream":
+                async for event in httpx2.EventSource(response, self._max):
+                    data = event.data.encode()
+                    if event.event == "message" and data and modern_rules.is_answer(data):
+                        return data
+            return None
 
     async def _modern_events(self, response: httpx2.Response, unit: Unit) -> None:
         """A modern POST's SSE stream: its notifications (a listen's: for as

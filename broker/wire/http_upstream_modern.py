@@ -30,7 +30,9 @@ look like the sentinel) go as ``=?base64?UTF-8 in base64?=``
 **Answers.** A 2xx is read as a legacy POST's (JSON or SSE). An error status
 with a JSON-RPC error in its body is that request's answer (a modern server
 answers -32601 with 404, -32602/-32020/-32021/-32022 with 400):
-:func:`error_answer`. Anything else fails the request (``Failed``); for the
+:func:`error_answer`; a ``tools/call`` refused with ``HeaderMismatch`` is
+first tried once more, after the link listed the tools again, if the marks
+changed (:func:`relist_request`). Anything else fails the request (``Failed``); for the
 probe, that means legacy (a legacy server wants a session, or an old
 HTTP+SSE server has no such endpoint: 400, 404, 405). An ``initialize``
 refused with a *modern* error (:func:`modern_refusal`) is handed up as its
@@ -48,7 +50,14 @@ from typing import Any
 import attrs
 import orjson
 
-from broker.eras.versions import MODERN_ERROR_CODES, MODERN_VERSIONS, PROTOCOL_VERSION_KEY
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    HEADER_MISMATCH,
+    MODERN_ERROR_CODES,
+    MODERN_VERSIONS,
+    PROTOCOL_VERSION_KEY,
+)
 from broker.jsonrpc import METHOD_NOT_FOUND, Message
 from broker.wire.http_modern import METHOD_HEADER, NAME_FIELDS, NAME_HEADER
 from broker.wire.http_upstream import VERSION_HEADER
@@ -58,6 +67,7 @@ PARAM_PREFIX = "mcp-param-"
 # Codes by which a refused initialize shows a modern server (no fallback then).
 REFUSAL_CODES = MODERN_ERROR_CODES | {METHOD_NOT_FOUND}
 MAX_ERROR_BODY = 64 * 1024  # bytes of an error status's body read for its JSON-RPC error
+MAX_RELIST_PAGES = 100  # pages of tools/list the link reads after a HeaderMismatch
 # Printable ASCII and space (RFC 9110 field values; tab is left to the sentinel).
 _SAFE = re.compile(r"[\x20-\x7e]*")
 _SENTINEL = re.compile(r"=\?base64\?.*\?=", re.DOTALL)
@@ -246,3 +256,37 @@ def is_answer(data: bytes) -> bool:
     except orjson.JSONDecodeError:
         return True  # (not readable: the rules say what is wrong with it; nothing follows)
     return not isinstance(message, dict) or "method" not in message
+
+
+def is_header_mismatch(answer: bytes) -> bool:
+    """Whether an answer is the server's ``HeaderMismatch`` (-32020)."""
+    try:
+        message = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return False
+    error = message.get("error") if isinstance(message, dict) else None
+    return isinstance(error, dict) and error.get("code") == HEADER_MISMATCH
+
+
+def relist_request(call: Message, id: str, cursor: str | None) -> Message:
+    """The link's own ``tools/list`` after a call met ``HeaderMismatch`` (the
+    spec: "call tools/list to check for changes to the tool's inputSchema,
+    then retry"), stamped as the call was: its version, client info and
+    capabilities."""
+    meta = call["params"]["_meta"]
+    kept = (PROTOCOL_VERSION_KEY, CLIENT_INFO_KEY, CLIENT_CAPABILITIES_KEY)
+    params: dict[str, Any] = {"_meta": {key: meta[key] for key in kept if key in meta}}
+    if cursor is not None:
+        params["cursor"] = cursor
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params}
+
+
+def next_cursor(answer: bytes) -> str | None:
+    """A ``tools/list`` page's ``nextCursor`` (None: the last page, or no list)."""
+    try:
+        message = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return None
+    result = message.get("result") if isinstance(message, dict) else None
+    cursor = result.get("nextCursor") if isinstance(result, dict) else None
+    return cursor if isinstance(cursor, str) else None

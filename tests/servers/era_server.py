@@ -208,9 +208,9 @@ async def refuse_legacy(receive: Any, send: Any) -> None:
 
 def add_http_extras() -> None:
     """What only the HTTP tests use: a tool whose argument goes in a header
-    (``x-mcp-header``), one whose mark is invalid, a resource whose URI is
-    not plain ASCII, a slow tool that tells whether it was cancelled
-    (``GET /stats``)."""
+    (``x-mcp-header``), one whose mark is invalid, one that gets a mark
+    later (``mark_shout``), a resource whose URI is not plain ASCII, a slow
+    tool that tells whether it was cancelled (``GET /stats``)."""
 
     @server.tool()
     def region(
@@ -228,6 +228,18 @@ def add_http_extras() -> None:
     marked = server._tool_manager.get_tool("bad_mark")
     assert marked is not None
     marked.parameters["properties"]["tags"]["x-mcp-header"] = "Tags"
+
+    @server.tool()
+    def shout(text: str) -> str:
+        return text.upper()
+
+    @server.tool()
+    def mark_shout() -> str:
+        """Marks ``shout``'s argument ``x-mcp-header: Text``, telling no one."""
+        tool = server._tool_manager.get_tool("shout")
+        assert tool is not None
+        tool.parameters["properties"]["text"]["x-mcp-header"] = "Text"
+        return "marked"
 
     @server.resource("test://era/café")
     def cafe() -> str:
