@@ -29,7 +29,7 @@ META = {PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {}}
 
 
 def request(method: str, **params: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": META}}
+    return {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": dict(META)}}
 
 
 def listed(*tools: dict[str, Any]) -> bytes:
