@@ -36,6 +36,13 @@ then the POST that met the 404, once; ``Renewed`` tells the rules to ask the
 new session for what the old one held (subscriptions, the log level).
 
 **Closing** DELETEs the session (bounded, shielded), then closes the pool.
+
+**A modern server** (2026-07-28; the rules: broker/wire/http_upstream_modern.py,
+docs/eras.md "A modern server by URL"): a request stamped with a modern
+version in its ``_meta`` is its own POST with the headers mirroring its body,
+sent at once (no initialize, no session, no GET stream, no DELETE); its
+stream's messages go up as plain frames, as from stdio; cancelling it closes
+its stream (no ``notifications/cancelled`` is POSTed).
 """
 
 from __future__ import annotations
