@@ -888,6 +888,9 @@ class Upstream:
     def _failed(self, failed: Failed) -> list[Action]:
         """The link could not get the answer to one request: its caller is told."""
         request = failed.request
+        probe = self._protocol.probe_failed(request, failed.detail)
+        if probe is not None:  # the server/discover probe: the server is legacy
+            return probe
         listen = self._protocol.listen_failed(request, failed.detail)
         if listen is not None:  # the broker's subscriptions/listen (a modern server)
             return listen

@@ -71,6 +71,7 @@ from broker.eras.probe import (
     Legacy,
     Modern,
     Reprobe,
+    Verdict,
     discover_request,
     modern_only,
     read_probe_answer,
@@ -281,9 +282,20 @@ class UpstreamProtocol:
         self._probes = 0
         return [SendUpstream(initialize_request(HANDSHAKE_ID))]
 
+    def probe_failed(self, request: RequestId, detail: str) -> list[Action] | None:
+        """The link could not get an answer to ``request`` (HTTP: an error
+        status with no JSON-RPC error, such as a legacy server's 400 for a
+        POST without a session): if it was the probe, the server is legacy
+        (docs/eras.md); None: not the probe."""
+        if request != PROBE_ID or not self.probing:
+            return None
+        return self._verdict(Legacy(f"server/discover failed: {detail}"))
+
     def _probed(self, message: Message) -> list[Action]:
         """The server answered the probe: open the connection in its era."""
-        verdict = read_probe_answer(message, first=self._probes == 1)
+        return self._verdict(read_probe_answer(message, first=self._probes == 1))
+
+    def _verdict(self, verdict: Verdict) -> list[Action]:
         if isinstance(verdict, Reprobe):
             self._probes += 1
             return [SendUpstream(discover_request(PROBE_ID, verdict.version))]

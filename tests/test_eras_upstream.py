@@ -165,3 +165,16 @@ def test_a_clients_log_level_is_stamped_on_its_requests_to_a_modern_server() -> 
     assert isinstance(sent, SendUpstream) and meta_of(sent.message)[LOG_LEVEL_KEY] == "warning"
     (sent,) = proto.client_request("b", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
     assert isinstance(sent, SendUpstream) and LOG_LEVEL_KEY not in meta_of(sent.message)
+
+
+def test_a_probe_the_link_could_not_get_answered_means_legacy() -> None:
+    """HTTP: the probe's POST met an error status with no JSON-RPC error (a
+    legacy server's 400 without a session, an old server's 404 or 405)."""
+    proto, _ = started("auto")
+    assert proto.probe_failed("other", "HTTP 400") is None  # not the probe
+    (sent,) = proto.probe_failed(PROBE_ID, "HTTP 405 Method Not Allowed") or []
+    assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
+    assert proto.probe_failed(PROBE_ID, "HTTP 400") is None  # decided already
+    forced, _ = started("modern")
+    with pytest.raises(HandshakeError, match=r"not modern.*HTTP 404"):
+        forced.probe_failed(PROBE_ID, "HTTP 404 Not Found")

@@ -36,6 +36,13 @@ then the POST that met the 404, once; ``Renewed`` tells the rules to ask the
 new session for what the old one held (subscriptions, the log level).
 
 **Closing** DELETEs the session (bounded, shielded), then closes the pool.
+
+**A modern server** (2026-07-28; the rules: broker/wire/http_upstream_modern.py,
+docs/eras.md "A modern server by URL"): a request stamped with a modern
+version in its ``_meta`` is its own POST with the headers mirroring its body,
+sent at once (no initialize, no session, no GET stream, no DELETE); its
+stream's messages go up as plain frames, as from stdio; cancelling it closes
+its stream (no ``notifications/cancelled`` is POSTed).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.wire import http_upstream as rules
+from broker.wire import http_upstream_modern as modern_rules
 from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, OnStream, Oversize, Renewed
 
 MAX_STREAMS = 64  # requests whose POST is open at once (each holds a connection)
@@ -77,6 +85,8 @@ class Unit(bytes):
     id: Any = None  # a request's id (None: a notification or an answer)
     method: str | None = None
     cancels: Any = None  # a notifications/cancelled's requestId
+    modern: dict[str, str] | None = None  # a 2026-07-28 request's headers (its own POST)
+    lists_tools: bool | None = None  # a modern tools/list: whether it lists afresh
 
 
 class _Ended(Exception):
@@ -103,6 +113,12 @@ class HttpLink:
         self._frames_send, self._frames = trio.open_memory_channel[list[LinkFrame]](FRAMES_SIZE)
         self._initialized = trio.Event()  # notifications/initialized went: requests may follow
         self._streams: dict[Any, trio.CancelScope] = {}  # request id -> its POST's scope
+        # The 2026-07-28 revision (docs/eras.md, "A modern server by URL").
+        self._speaks_modern = False  # requests go modern (and no initialize went)
+        self._params = modern_rules.ParamHeaders()  # tools' Mcp-Param-* marks
+        self._modern: set[Any] = set()  # modern requests not yet answered
+        self._withdrawn: set[Any] = set()  # of those, cancelled before their POST
+        self._relists = 0  # the link's own tools/list, after a HeaderMismatch
         self._why: str | None = None  # why the link ended
         self._tasks: trio.Nursery | None = None
         self._closing = trio.Event()
@@ -118,6 +134,7 @@ class HttpLink:
             unit.method = method if isinstance(method, str) else None
             if unit.method is not None and "id" in message:
                 unit.id = message["id"]
+                self._modern_unit(unit, message)
             elif unit.method == "notifications/cancelled":
                 params = message.get("params")
                 unit.cancels = params.get("requestId") if isinstance(params, dict) else None
@@ -129,7 +146,8 @@ class HttpLink:
             raise TransportClosed(self._why)
         for i, unit in enumerate(units):
             assert isinstance(unit, Unit)
-            self._cancelling(unit)
+            if self._cancelling(unit):
+                continue
             try:
                 self._lane(unit).send_nowait(unit)
             except trio.WouldBlock:
@@ -141,8 +159,8 @@ class HttpLink:
             assert isinstance(unit, Unit)
             if self._why is not None:
                 raise TransportClosed(self._why)
-            self._cancelling(unit)
-            await self._lane(unit).send(unit)
+            if not self._cancelling(unit):
+                await self._lane(unit).send(unit)
 
     async def receive(self) -> list[LinkFrame]:
         try:
@@ -221,7 +239,7 @@ class HttpLink:
 
     async def _serve(self, lane: trio.MemoryReceiveChannel[Unit]) -> None:
         async for unit in lane:
-            if unit.method != "initialize" and lane is self._requests:
+            if unit.method != "initialize" and unit.modern is None and lane is self._requests:
                 await self._initialized.wait()
             try:
                 await self._post(unit)
@@ -237,14 +255,22 @@ class HttpLink:
     async def _post(self, unit: Unit) -> None:
         """One message to the server, and what its answer brings."""
         request = unit.id
+        if unit.modern is not None and request in self._withdrawn:
+            self._withdrawn.discard(request)  # (cancelled while it waited in the lane)
+            self._modern.discard(request)
+            return
         with trio.CancelScope() as scope:
             if request is not None:
                 self._streams[request] = scope
             try:
-                await self._exchange(unit)
+                if unit.modern is not None:
+                    await self._modern_exchange(unit)
+                else:
+                    await self._exchange(unit)
             finally:
                 if request is not None:
                     self._streams.pop(request, None)
+                    self._modern.discard(request)
         if unit.method == "notifications/initialized":
             self._initialized.set()
             if self._mode == rules.STREAMABLE:
@@ -273,6 +299,14 @@ class HttpLink:
             )
             if self._mode == rules.SSE:  # (every answer comes on the stream)
                 outcome = rules.ACCEPTED if 200 <= response.status_code < 300 else outcome
+            if initialize and outcome in (rules.FALLBACK, rules.FAILED):
+                body = await _error_body(response)
+                refusal = modern_rules.modern_refusal(body, unit.id)
+                if refusal is not None:  # a modern server: the Upstream probes it
+                    await self._emit([self._frame(refusal)])
+                    return
+                if outcome == rules.FAILED:
+                    raise _Ended(f"initialize was answered with {_status_text(response, body)}")
             if outcome == rules.FALLBACK:
                 await response.aclose()
                 await self._fall_back(unit)
@@ -394,6 +428,150 @@ class HttpLink:
                     raise
                 raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
         return answered, last_id, retry
+
+    # -- the 2026-07-28 revision ----------------------------------------------------
+
+    def _modern_unit(self, unit: Unit, message: Message) -> None:
+        """A request stamped with a modern version goes as the 2026-07-28
+        revision has it: its own POST, with the headers mirroring its body
+        (broker/wire/http_upstream_modern.py)."""
+        if unit.method == "initialize":
+            self._speaks_modern = False  # (a legacy session from now on)
+            return
+        version = modern_rules.modern_version(message)
+        if version is None:
+            return
+        self._speaks_modern = True
+        unit.modern = modern_rules.modern_headers(message, version, self._params)
+        if unit.method == "tools/list":
+            unit.lists_tools = modern_rules.is_tools_list_start(message)
+        self._modern.add(unit.id)
+
+    async def _modern_exchange(self, unit: Unit, *, again: bool = False) -> None:
+        """POST one modern request: no session id, no resuming; an error
+        status with a JSON-RPC error is its answer, anything else fails it.
+        A call refused with ``HeaderMismatch`` goes once more if listing the
+        tools again changed its ``Mcp-Param-*`` headers (``again``: it is that)."""
+        assert self._client is not None and unit.modern is not None
+        if self._mode == rules.SSE:  # (the probe of a "type": "sse" server)
+            await self._failed(unit, "HTTP+SSE has no 2026-07-28 revision")
+            return
+        headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json", **unit.modern}
+        answer: bytes | None = None  # (an error status's JSON-RPC error)
+        async with self._client.stream(
+            "POST", self._endpoint, content=unit, headers=headers
+        ) as response:
+            status = response.status_code
+            media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if 200 <= status < 300 and media == "application/json":
+                frames = await self._body(response, unit)
+                if unit.lists_tools is not None and len(frames) == 1 and type(frames[0]) is bytes:
+                    frames = [self._learnt(frames[0], unit.lists_tools)]
+                await self._emit(frames)
+            elif 200 <= status < 300 and media == "text/event-stream":
+                await self._modern_events(response, unit)
+            else:
+                body = await _error_body(response)
+                answer = modern_rules.error_answer(body, unit.id)
+                if answer is None:
+                    await self._failed(unit, _status_text(response, body))
+                    return
+        if answer is not None:  # (out of the first POST: its connection is free)
+            mismatch = unit.method == "tools/call" and modern_rules.is_header_mismatch(answer)
+            retry = await self._remarked(unit) if mismatch and not again else None
+            if retry is not None:
+                await self._modern_exchange(retry, again=True)
+            else:
+                await self._emit([self._frame(answer)])
+
+    async def _remarked(self, unit: Unit) -> Unit | None:
+        """A call the server refused with ``HeaderMismatch``: list its tools
+        again (the spec's advice), and the call with the headers the marks
+        give now; None if they give the same (or the list failed)."""
+        assert unit.modern is not None
+        call = orjson.loads(bytes(unit))  # (orjson reads no subclass of bytes)
+        version = unit.modern[rules.VERSION_HEADER]
+        cursor: str | None = None
+        for page in range(modern_rules.MAX_RELIST_PAGES):
+            self._relists += 1
+            own = modern_rules.relist_request(call, f"mcpbroker-relist-{self._relists}", cursor)
+            listed = await self._own_answer(own, version)
+            if listed is None:
+                return None
+            self._params.learn(listed, first_page=page == 0)
+            cursor = modern_rules.next_cursor(listed)
+            if cursor is None:
+                break
+        headers = modern_rules.modern_headers(call, version, self._params)
+        if headers == unit.modern:
+            return None
+        self._log.info("server.tool_marks_changed", tool=call["params"].get("name"))
+        retry = Unit(unit)
+        retry.id, retry.method, retry.modern = unit.id, unit.method, headers
+        return retry
+
+    async def _own_answer(self, request: Message, version: str) -> bytes | None:
+        """POST one of the link's own modern requests: its answer (JSON or the
+        last of an SSE stream), None if it brought none within the size limit."""
+        assert self._client is not None
+        headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json"}
+        headers.update(modern_rules.modern_headers(request, version, self._params))
+        content = orjson.dumps(request)
+        async with self._client.stream(
+            "POST", self._endpoint, content=content, headers=headers
+        ) as response:
+            media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if not 200 <= response.status_code < 300:
+                return None
+            if media == "application/json":
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > self._max:
+                        return None
+                return body
+            if media == "text/event-stream":
+                async for event in httpx2.EventSource(response, self._max):
+                    data = event.data.encode()
+                    if event.event == "message" and data and modern_rules.is_answer(data):
+                        return data
+            return None
+
+    async def _modern_events(self, response: httpx2.Response, unit: Unit) -> None:
+        """A modern POST's SSE stream: its notifications (a listen's: for as
+        long as it lasts), then its answer, as plain frames (the stdio link's
+        shape: a modern server sends no requests). A stream that ends or
+        breaks before its answer fails the request (the Upstream opens a
+        listen again: broker/eras/subscriptions.py)."""
+        try:
+            async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                if event.event != "message" or not event.data:
+                    continue  # (a priming event, a keep-alive)
+                data = event.data.encode()
+                if not modern_rules.is_answer(data):
+                    await self._emit([self._frame(data)])
+                    continue
+                if unit.lists_tools is not None and len(data) <= self._max:
+                    data = self._learnt(data, unit.lists_tools)
+                await self._emit([self._frame(data)])
+                return  # (the answer ends the stream: closing it is no cancellation now)
+        except (httpx2.ReadError, httpx2.RemoteProtocolError) as exc:
+            await self._failed(unit, f"its stream broke ({_describe(exc)})")
+            return
+        await self._failed(unit, "a stream that ended before its answer")
+
+    def _learnt(self, answer: bytes, first_page: bool) -> bytes:
+        """A modern ``tools/list`` answer: its ``x-mcp-header`` marks learnt,
+        and without the tools whose marks are invalid (the spec's rule for a
+        client over Streamable HTTP), each said in the log."""
+        learnt = self._params.learn(answer, first_page=first_page)
+        for name in learnt.dropped:
+            self._log.warning(
+                "server.tool_rejected",
+                tool=name,
+                reason="invalid x-mcp-header marks in its inputSchema",
+            )
+        return learnt.answer
 
     # -- a new session --------------------------------------------------------------
 
@@ -520,14 +698,19 @@ class HttpLink:
     def _lane(self, unit: Unit) -> trio.MemorySendChannel[Unit]:
         return self._notices_send if unit.id is None else self._requests_send
 
-    def _cancelling(self, unit: Unit) -> None:
+    def _cancelling(self, unit: Unit) -> bool:
         """A cancellation on its way: close the stream of the request it cancels
-        (the server is told by the notification; a closed stream alone is not
-        a cancellation)."""
+        (a legacy server is told by the notification: a closed stream alone is
+        not a cancellation). True: the unit is not to be sent: at a modern
+        server closing the stream *is* the cancellation, and the revision
+        has no notification from the client over HTTP."""
         if unit.cancels is not None:
             scope = self._streams.get(unit.cancels)
             if scope is not None:
                 scope.cancel()
+            elif unit.cancels in self._modern:
+                self._withdrawn.add(unit.cancels)  # (its POST has not begun)
+        return self._speaks_modern and unit.id is None
 
     def _frame(self, data: bytes) -> LinkFrame:
         if len(data) <= self._max:
@@ -580,14 +763,33 @@ async def launch_http(
 
 async def _status(response: httpx2.Response) -> str:
     """``HTTP 500 Internal Server Error``, and the start of the body if it says more."""
+    try:
+        body = await response.aread()
+    except httpx2.HTTPError:
+        body = b""
+    return _status_text(response, body)
+
+
+def _status_text(response: httpx2.Response, body: bytes) -> str:
     text = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
     if response.status_code == 401:
         text += " (it asks for authorization: run `mcpbroker auth` with this server's name)"
+    said = body[:ERROR_BODY].decode(errors="replace").strip()
+    return f"{text}: {said}" if said else text
+
+
+async def _error_body(response: httpx2.Response) -> bytes:
+    """The start of an error status's body (enough for a JSON-RPC error)."""
+    chunks, size = [], 0
     try:
-        body = (await response.aread())[:ERROR_BODY].decode(errors="replace").strip()
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > modern_rules.MAX_ERROR_BODY:
+                break
     except httpx2.HTTPError:
-        body = ""
-    return f"{text}: {body}" if body else text
+        pass  # (what came is what there is)
+    return b"".join(chunks)[: modern_rules.MAX_ERROR_BODY]
 
 
 def _describe(exc: BaseException) -> str:

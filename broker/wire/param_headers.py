@@ -130,6 +130,12 @@ def annotated_params(schema: Any) -> list[tuple[tuple[str, ...], str, str]]:
     return found
 
 
+def is_marked(schema: Any) -> bool:
+    """Whether any schema position of ``schema`` has an ``x-mcp-header``
+    (with :func:`annotated_params` empty: the marks are invalid)."""
+    return any(ANNOTATION in node for _, node in _positions(schema))
+
+
 def _positions(root: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, Any]]]:
     """Every schema position under ``root``, with its ``properties`` path (None
     once an applicator other than ``properties`` was crossed)."""
