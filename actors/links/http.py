@@ -49,6 +49,7 @@ import orjson
 import trio
 
 from actors.errors import TransportClosed
+from actors.links.http_pool import StackTransport
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
@@ -174,8 +175,9 @@ class HttpLink:
         limits = httpx2.Limits(max_connections=2 * MAX_STREAMS + NOTICE_TASKS + 1)
         started = False
         try:
+            transport = StackTransport(limits=limits)
             async with httpx2.AsyncClient(
-                headers=self._headers, timeout=timeout, limits=limits, auth=auth
+                headers=self._headers, timeout=timeout, transport=transport, auth=auth
             ) as client:
                 self._client = client
                 try:
