@@ -94,6 +94,7 @@ class HttpLink:
         self._log = context.log
         self._client: httpx2.AsyncClient | None = None
         self._endpoint = url  # where POSTs go (HTTP+SSE: the endpoint event's)
+        self._parsed = (url, httpx2.URL(url))  # _endpoint, parsed
         self._session_id: str | None = None
         self._version: str | None = None
         self._last_event_id: str | None = None  # the GET stream's
@@ -262,7 +263,7 @@ class HttpLink:
         headers = self._request_headers(rules.ACCEPT_POST)
         headers["content-type"] = "application/json"
         async with self._client.stream(
-            "POST", self._endpoint, content=unit, headers=headers
+            "POST", self._endpoint_url(), content=unit, headers=headers
         ) as response:
             if initialize and self._mode != rules.SSE:
                 self._session_id = response.headers.get(rules.SESSION_HEADER, self._session_id)
@@ -518,6 +519,12 @@ class HttpLink:
         if self._version is not None and self._mode == rules.STREAMABLE:
             headers[rules.VERSION_HEADER] = self._version
         return headers
+
+    def _endpoint_url(self) -> httpx2.URL:
+        """Where POSTs go, parsed once (httpx2 parses a string on every request)."""
+        if self._parsed[0] is not self._endpoint:
+            self._parsed = (self._endpoint, httpx2.URL(self._endpoint))
+        return self._parsed[1]
 
     def _lane(self, unit: Unit) -> trio.MemorySendChannel[Unit]:
         return self._notices_send if unit.id is None else self._requests_send
