@@ -39,11 +39,12 @@ class StackTransport(httpx2.AsyncHTTPTransport):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        if not isinstance(self._pool, httpcore2.AsyncConnectionPool):
-            raise TypeError("StackTransport does not go through proxies")
+        # (with a proxy, a subclass of it: its connections go through the proxy)
+        assert isinstance(self._pool, httpcore2.AsyncConnectionPool)
+        self.stack = ConnectionStack(self._pool)
         # The transport asks its pool for handle_async_request, aclose and the
         # async context manager's methods only.
-        self._pool = ConnectionStack(self._pool)  # type: ignore[assignment]
+        self._pool = self.stack  # type: ignore[assignment]
 
 
 class ConnectionStack:
