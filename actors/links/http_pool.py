@@ -25,7 +25,8 @@ requests (HTTP/2).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import httpcore2
@@ -54,7 +55,7 @@ class ConnectionStack:
     def __init__(self, factory: httpcore2.AsyncConnectionPool) -> None:
         self._factory = factory
         # (scheme, host, port) -> its idle connections, the one used last at the end
-        self._idle: dict[tuple[bytes, bytes, int], list[httpcore2.AsyncConnectionInterface]] = {}
+        self._idle: dict[tuple[bytes, bytes, int], deque[httpcore2.AsyncConnectionInterface]] = {}
         self._open: set[httpcore2.AsyncConnectionInterface] = set()
 
     @property
@@ -75,6 +76,7 @@ class ConnectionStack:
                 with trio.CancelScope(shield=True):
                     await self._release(origin, connection)
                 raise
+            assert isinstance(response.stream, AsyncIterable)
             return httpcore2.Response(
                 status=response.status,
                 headers=response.headers,
@@ -118,10 +120,10 @@ class ConnectionStack:
         if connection.is_closed() or not connection.is_idle():
             await self._close(connection)
             return
-        idle = self._idle.setdefault((origin.scheme, origin.host, origin.port), [])
+        idle = self._idle.setdefault((origin.scheme, origin.host, origin.port), deque())
         idle.append(connection)
         if len(idle) > 1 and idle[0].has_expired():
-            await self._close(idle.pop(0))
+            await self._close(idle.popleft())
 
     async def _close(self, connection: httpcore2.AsyncConnectionInterface) -> None:
         self._open.discard(connection)
@@ -134,7 +136,7 @@ class _Released:
 
     def __init__(
         self,
-        stream: object,
+        stream: AsyncIterable[bytes],
         stack: ConnectionStack,
         origin: httpcore2.Origin,
         connection: httpcore2.AsyncConnectionInterface,
@@ -146,7 +148,7 @@ class _Released:
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:  # type: ignore[attr-defined]
+        async for chunk in self._stream:
             yield chunk
 
     async def aclose(self) -> None:
@@ -154,5 +156,6 @@ class _Released:
             return
         self._closed = True
         with trio.CancelScope(shield=True):
-            await self._stream.aclose()  # type: ignore[attr-defined]
+            if (aclose := getattr(self._stream, "aclose", None)) is not None:
+                await aclose()
             await self._stack._release(self._origin, self._connection)
