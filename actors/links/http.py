@@ -2,8 +2,8 @@
 Streamable HTTP, or the older HTTP+SSE (the rules: broker/wire/http_upstream.py).
 
 One ``httpx2.AsyncClient`` per link (its connections, kept alive between
-POSTs, on actors/links/http_pool.py's stack), SSE parsed by httpx2's own ``EventSource`` (the parser
-of httpx-sse, which the official SDK uses too).
+POSTs, on actors/links/http_pool.py's stack), SSE parsed by httpx2's own
+``EventSource`` (the parser of httpx-sse, which the official SDK uses too).
 
 **Writing never waits.** :meth:`HttpLink.send_nowait` puts each message (a
 *unit*: its bytes, and what the link must know of it) in one of two bounded
