@@ -1,9 +1,9 @@
 """A server reached by HTTP (``"url": "http://..."`` or ``"https://..."``):
 Streamable HTTP, or the older HTTP+SSE (the rules: broker/wire/http_upstream.py).
 
-One ``httpx2.AsyncClient`` per link (its connection pool keeps connections
-alive between POSTs), SSE parsed by httpx2's own ``EventSource`` (the parser
-of httpx-sse, which the official SDK uses too).
+One ``httpx2.AsyncClient`` per link (its connections, kept alive between
+POSTs, on actors/links/http_pool.py's stack), SSE parsed by httpx2's own
+``EventSource`` (the parser of httpx-sse, which the official SDK uses too).
 
 **Writing never waits.** :meth:`HttpLink.send_nowait` puts each message (a
 *unit*: its bytes, and what the link must know of it) in one of two bounded
@@ -56,6 +56,7 @@ import orjson
 import trio
 
 from actors.errors import TransportClosed
+from actors.links.http_pool import StackTransport
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
@@ -103,6 +104,7 @@ class HttpLink:
         self._log = context.log
         self._client: httpx2.AsyncClient | None = None
         self._endpoint = url  # where POSTs go (HTTP+SSE: the endpoint event's)
+        self._parsed = (url, httpx2.URL(url))  # _endpoint, parsed
         self._session_id: str | None = None
         self._version: str | None = None
         self._last_event_id: str | None = None  # the GET stream's
@@ -192,8 +194,9 @@ class HttpLink:
         limits = httpx2.Limits(max_connections=2 * MAX_STREAMS + NOTICE_TASKS + 1)
         started = False
         try:
+            transport = StackTransport(limits=limits)
             async with httpx2.AsyncClient(
-                headers=self._headers, timeout=timeout, limits=limits, auth=auth
+                headers=self._headers, timeout=timeout, transport=transport, auth=auth
             ) as client:
                 self._client = client
                 try:
@@ -286,7 +289,7 @@ class HttpLink:
         headers = self._request_headers(rules.ACCEPT_POST)
         headers["content-type"] = "application/json"
         async with self._client.stream(
-            "POST", self._endpoint, content=unit, headers=headers
+            "POST", self._endpoint_url(), content=unit, headers=headers
         ) as response:
             if initialize and self._mode != rules.SSE:
                 self._session_id = response.headers.get(rules.SESSION_HEADER, self._session_id)
@@ -694,6 +697,12 @@ class HttpLink:
         if self._version is not None and self._mode == rules.STREAMABLE:
             headers[rules.VERSION_HEADER] = self._version
         return headers
+
+    def _endpoint_url(self) -> httpx2.URL:
+        """Where POSTs go, parsed once (httpx2 parses a string on every request)."""
+        if self._parsed[0] is not self._endpoint:
+            self._parsed = (self._endpoint, httpx2.URL(self._endpoint))
+        return self._parsed[1]
 
     def _lane(self, unit: Unit) -> trio.MemorySendChannel[Unit]:
         return self._notices_send if unit.id is None else self._requests_send
