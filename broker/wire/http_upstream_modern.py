@@ -61,7 +61,7 @@ from broker.eras.versions import (
 from broker.jsonrpc import METHOD_NOT_FOUND, Message
 from broker.wire.http_modern import METHOD_HEADER, NAME_FIELDS, NAME_HEADER
 from broker.wire.http_upstream import VERSION_HEADER
-from broker.wire.param_headers import annotated_params, is_marked
+from broker.wire.param_headers import annotated_params, is_marked, value_at
 
 PARAM_PREFIX = "mcp-param-"
 # Codes by which a refused initialize shows a modern server (no fallback then).
@@ -160,7 +160,7 @@ class ParamHeaders:
             return {}
         headers: dict[str, str] = {}
         for path, token in marks:
-            rendered = _render(_value_at(arguments, path))
+            rendered = _render(value_at(arguments, path))
             if rendered is not None:
                 headers[PARAM_PREFIX + token] = encode_header_value(rendered)
         return headers
@@ -216,15 +216,6 @@ def modern_refusal(body: bytes, request: Any) -> bytes | None:
         return None
     error = orjson.loads(answer)["error"]
     return answer if error.get("code") in REFUSAL_CODES else None
-
-
-def _value_at(arguments: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = arguments
-    for key in path:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(key)
-    return node
 
 
 def _render(value: Any) -> str | None:

@@ -87,7 +87,7 @@ def check(schema: Any, arguments: Any, headers: Sequence[tuple[bytes, bytes]]) -
     for path, token, kind in annotated:
         header = f"Mcp-Param-{token}"
         sent = values.get(PREFIX + token.lower())
-        value = _value_at(arguments, path)
+        value = value_at(arguments, path)
         where = ".".join(path)
         if sent is not None and len(sent) > 1:
             raise mismatch(f"{header} is sent more than once")
@@ -157,7 +157,8 @@ def _positions(root: Any) -> Iterator[tuple[tuple[str, ...] | None, dict[str, An
                 stack.extend((None, sub) for sub in value.values())
 
 
-def _value_at(arguments: dict[str, Any], path: tuple[str, ...]) -> Any:
+def value_at(arguments: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The argument at ``path`` (an ``x-mcp-header`` mark's place), or None."""
     node: Any = arguments
     for key in path:
         if not isinstance(node, dict):
