@@ -61,7 +61,7 @@ from broker.eras.bridge import (
     AskingClients,
     SendServer,
     is_input_required,
-    to_legacy_request,
+    legacy_params,
     to_legacy_result,
     to_modern_request,
 )
@@ -492,9 +492,10 @@ class UpstreamProtocol:
             if session not in self.modern_sessions:  # (a modern client's carries its own)
                 self._stamp(request, session)
         elif self.modern_sessions and session in self.modern_sessions:
-            stripped = to_legacy_request(request)  # a legacy server gets no modern keys
-            if stripped is not request:
-                request["params"] = stripped["params"]
+            params = request.get("params")  # a legacy server gets no modern keys
+            stripped = legacy_params(params) if type(params) is dict else None
+            if stripped is not None:
+                request["params"] = stripped
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:

@@ -16,6 +16,7 @@ from broker.eras.bridge import (
     CancelCall,
     Rebind,
     SendServer,
+    legacy_params,
     to_legacy_request,
     to_legacy_result,
     to_modern_request,
@@ -71,6 +72,31 @@ def test_a_modern_request_loses_its_modern_meta_for_a_legacy_server() -> None:
     }
     bare = {**request, "params": {"name": "x", "_meta": {PROTOCOL_VERSION_KEY: "2026-07-28"}}}
     assert to_legacy_request(bare)["params"] == {"name": "x"}
+
+
+MODERN_KEYS = [PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY]
+
+
+META_KEYS = st.sampled_from([*MODERN_KEYS, "progressToken", "x"])
+
+
+@given(st.dictionaries(META_KEYS, st.integers(), max_size=6), st.booleans())
+def test_the_upstreams_params_strip_leaves_all_but_the_modern_keys_and_changes_nothing(
+    meta: dict[str, Any], has_meta: bool
+) -> None:
+    """legacy_params (the Upstream's per-call strip) copies, never changes
+    what the session holds, and keeps every key that is not a modern one."""
+    params: dict[str, Any] = {"name": "x", "_meta": meta} if has_meta else {"name": "x"}
+    before = {**params, "_meta": dict(meta)} if has_meta else dict(params)
+    stripped = legacy_params(params)
+    assert params == before
+    if not has_meta:
+        assert stripped is None
+        return
+    assert stripped is not None and stripped is not params
+    kept = {k: v for k, v in meta.items() if k not in MODERN_KEYS}
+    assert stripped == ({"name": "x", "_meta": kept} if kept else {"name": "x"})
+    assert to_legacy_request({"id": 1, "params": params})["params"] == stripped
 
 
 def test_a_legacy_request_gains_what_its_initialize_said_for_a_modern_server() -> None:

@@ -126,15 +126,24 @@ def to_legacy_request(request: Message) -> Message:
     """A modern client's request for a legacy server: the modern ``_meta`` keys
     (version, capabilities, client info, log level) removed, all else kept."""
     params = request.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    if not isinstance(params, dict) or not isinstance(meta, dict):
-        return request
+    stripped = legacy_params(params) if isinstance(params, dict) else None
+    return request if stripped is None else {**request, "params": stripped}
+
+
+def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
+    """A request's ``params`` without the modern ``_meta`` keys, as a new dict
+    (``params`` itself is left as it is: the session's records may hold it);
+    None if it has no ``_meta`` object. The Upstream's per-call form of
+    :func:`to_legacy_request`, which copies only the params."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict):
+        return None
     new_params = dict(params)
     if meta.keys() <= _MODERN_META_SET:  # (the usual: the modern keys alone)
         del new_params["_meta"]
     else:
         new_params["_meta"] = {k: v for k, v in meta.items() if k not in _MODERN_META_SET}
-    return {**request, "params": new_params}
+    return new_params
 
 
 def to_modern_request(

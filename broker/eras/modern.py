@@ -159,7 +159,8 @@ def complete_result(method: str, result: Any) -> Any:
     return {**result, **added} if added else result
 
 
-# What complete_answer puts first in a result: resultType, and the caching hints.
+# What complete_answer puts first in a result: resultType, and the caching
+# hints; then a comma if the result has keys of its own.
 _STAMP = b'"resultType":"complete"'
 _HINTS = (
     b',"ttlMs":'
@@ -167,6 +168,12 @@ _HINTS = (
     + b',"cacheScope":'
     + orjson.dumps(DEFAULT_CACHE_SCOPE)
 )
+_STAMPS = {  # (cacheable, followed by keys): the bytes put in
+    (False, False): _STAMP,
+    (False, True): _STAMP + b",",
+    (True, False): _STAMP + _HINTS,
+    (True, True): _STAMP + _HINTS + b",",
+}
 _RESULT_AFTER_ID = b',"result":{'  # a result after the id (envelope.PREFIX's shape)
 _RESULT_FIRST = b'{"result":{'  # a result before the id (the TypeScript SDK's shape)
 
@@ -174,29 +181,31 @@ _RESULT_FIRST = b'{"result":{'  # a result before the id (the TypeScript SDK's s
 def complete_answer(answer: Answer, method: str) -> Answer | None:
     """:func:`complete_result` on a server's answer as it wrote it (broker/wire/envelope.py),
     without parsing it: ``resultType`` (and on a cacheable method the caching
-    hints) put first in its result; an error as it is. None when the bytes do
-    not tell: a result that is not an object, or any of those keys anywhere in
-    the line (perhaps the server's own: the caller reads the answer instead)."""
-    head, tail = bytes(answer.head), bytes(answer.tail)
-    if head == PREFIX:
-        if tail.startswith(b',"error":'):
-            return answer
-        if not tail.startswith(_RESULT_AFTER_ID):
-            return None
-        line, at = tail, len(_RESULT_AFTER_ID)
-    elif head.startswith(_RESULT_FIRST):
-        line, at = head, len(_RESULT_FIRST)
+    hints) put first in its result, in place (an answer is one session's, as
+    its id is); an error as it is. None, the answer untouched, when the bytes
+    do not tell: a result that is not an object, or any of those keys anywhere
+    in the line (perhaps the server's own: the caller reads the answer instead)."""
+    head = answer.head
+    after_id = head is PREFIX or head == PREFIX  # (split_answer's own PREFIX, usually)
+    if after_id:
+        line = bytes(answer.tail)
+        if not line.startswith(_RESULT_AFTER_ID):
+            return answer if line.startswith(b',"error":') else None
+        at = len(_RESULT_AFTER_ID)
     else:
-        return answer if head.startswith(b'{"error":') else None
+        line = bytes(head)
+        if not line.startswith(_RESULT_FIRST):
+            return answer if line.startswith(b'{"error":') else None
+        at = len(_RESULT_FIRST)
     if b'"resultType"' in line or b'"ttlMs"' in line or b'"cacheScope"' in line:
         return None
-    stamp = _STAMP + _HINTS if method in CACHEABLE_METHODS else _STAMP
-    if line[at : at + 1] != b"}":  # (a result with keys of its own)
-        stamp += b","
+    stamp = _STAMPS[method in CACHEABLE_METHODS, line[at : at + 1] != b"}"]  # "}": no keys
     stamped = line[:at] + stamp + line[at:]
-    if line is tail:
-        return Answer(head, answer.id, stamped)
-    return Answer(stamped, answer.id, tail)
+    if after_id:
+        answer.tail = stamped
+    else:
+        answer.head = stamped
+    return answer
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

@@ -145,7 +145,8 @@ class ModernSessionProtocol(SessionProtocol):
         method, params = message.get("method"), message.get("params")
         if method not in FAST_METHODS or type(params) is not dict:
             return None
-        if method in INPUT_METHODS and is_ours(params.get("requestState")):
+        state = params.get("requestState")
+        if state is not None and method in INPUT_METHODS and is_ours(state):
             return None  # a retry: the bridge's
         # read_meta's checks, for a good request: anything else receive() refuses.
         meta = params.get("_meta")
