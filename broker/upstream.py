@@ -491,11 +491,12 @@ class UpstreamProtocol:
         if self.modern:
             if session not in self.modern_sessions:  # (a modern client's carries its own)
                 self._stamp(request, session)
-        elif self.modern_sessions and session in self.modern_sessions:
-            params = request.get("params")  # a legacy server gets no modern keys
-            stripped = legacy_params(params) if type(params) is dict else None
-            if stripped is not None:
-                request["params"] = stripped
+        else:  # a legacy server gets no modern keys, whichever client sent them
+            params = request.get("params")
+            if type(params) is dict and "_meta" in params:
+                stripped = legacy_params(params)
+                if stripped is not None:
+                    request["params"] = stripped
         return upstream_id
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:

@@ -154,12 +154,15 @@ def test_a_modern_clients_call_passes_through_with_its_own_meta() -> None:
     assert answer["result"]["resultType"] == "input_required"
 
 
-def test_a_legacy_server_gets_a_modern_clients_call_without_the_modern_keys() -> None:
+@pytest.mark.parametrize("modern_client", [True, False])
+def test_a_legacy_server_gets_no_modern_keys_from_any_client(modern_client: bool) -> None:
+    # (A legacy client's modern keys too: the promise is the server's, and an
+    # HTTP link would take such a request for a modern one, docs/eras.md.)
     proto = UpstreamProtocol("old")
     proto.start()
     init = {"protocolVersion": "2025-06-18", "capabilities": {}, "serverInfo": {"name": "o"}}
     proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, init))
-    proto.attach("m", {}, modern=True)
+    proto.attach("m", {}, modern=modern_client)
     request = call("c1", **{PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {},
                             LOG_LEVEL_KEY: "info", "progressToken": 3})  # fmt: skip
     assert proto.forward_fast("m", request)

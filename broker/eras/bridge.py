@@ -133,10 +133,11 @@ def to_legacy_request(request: Message) -> Message:
 def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
     """A request's ``params`` without the modern ``_meta`` keys, as a new dict
     (``params`` itself is left as it is: the session's records may hold it);
-    None if it has no ``_meta`` object. The Upstream's per-call form of
-    :func:`to_legacy_request`, which copies only the params."""
+    None if its ``_meta`` holds no modern key (nothing to strip). The
+    Upstream's per-call form of :func:`to_legacy_request`, which copies only
+    the params."""
     meta = params.get("_meta")
-    if not isinstance(meta, dict):
+    if not isinstance(meta, dict) or meta.keys().isdisjoint(_MODERN_META_SET):
         return None
     new_params = dict(params)
     if meta.keys() <= _MODERN_META_SET:  # (the usual: the modern keys alone)
