@@ -8,13 +8,17 @@ from typing import Any
 import orjson
 import pytest
 
+from broker.eras.tokens import RequestStates
 from broker.eras.versions import SUPPORTED_VERSIONS
+from broker.jsonrpc import id_key
 from broker.wire import http
 from broker.wire.http_modern import (
     METHODS,
     ModernPost,
+    answers,
     decode_header_value,
     is_modern,
+    parked_token,
     read_post,
     status_of,
     wrong_verb,
@@ -191,3 +195,17 @@ def test_which_requests_are_modern_and_the_verbs_and_statuses() -> None:
         200,
         200,
     ]
+
+
+def test_only_the_brokers_own_input_required_parks_a_call() -> None:
+    ours = RequestStates(b"k" * 32).mint("session", {"call": 1})
+    result = {"resultType": "input_required", "inputRequests": {}, "requestState": ours}
+    assert parked_token({"jsonrpc": "2.0", "id": 1, "result": result}) == ours
+    server_state = {**result, "requestState": "a server's own"}  # (the client retries it)
+    assert parked_token({"jsonrpc": "2.0", "id": 1, "result": server_state}) is None
+    complete = {"resultType": "complete", "requestState": ours}
+    assert parked_token({"jsonrpc": "2.0", "id": 1, "result": complete}) is None
+    assert parked_token(None) is None
+    assert answers({"jsonrpc": "2.0", "id": 1, "result": {}}, id_key(1))
+    assert not answers({"jsonrpc": "2.0", "id": "1", "result": {}}, id_key(1))
+    assert not answers({"jsonrpc": "2.0", "id": 1, "method": "x"}, id_key(1))

@@ -56,7 +56,7 @@ from broker import jsonrpc
 from broker.eras.tokens import is_ours
 from broker.jsonrpc import CONNECTION_CLOSED, RequestId, id_key
 from broker.wire import http as wire
-from broker.wire import sse
+from broker.wire import http_modern, sse
 from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 from broker.wire.http_modern import LISTEN, ModernPost, status_of
@@ -270,7 +270,7 @@ class ModernHttp:
         finally:
             await watch.stop()
             context.waiting = None
-            token = _parked_token(answer)
+            token = http_modern.parked_token(answer)
             if token is not None and not context.closed:
                 self._park(context, token)
             elif answer is None or parked or post.method == LISTEN or not self._keep(context):
@@ -295,7 +295,7 @@ class ModernHttp:
         while True:
             waker = context.waker()
             for message, data in context.take():
-                if _answers(message, wanted):
+                if http_modern.answers(message, wanted):
                     if streaming:
                         await _body(send, sse.event(data), more=False)
                     else:
@@ -421,24 +421,6 @@ class ModernHttp:
 def _pop_oldest(parked: dict[str, ModernContext]) -> tuple[str, ModernContext]:
     token = next(iter(parked))
     return token, parked.pop(token)
-
-
-def _parked_token(answer: dict[str, Any] | None) -> str | None:
-    """The broker's ``requestState`` of an ``input_required`` answer, if it is one."""
-    result = answer.get("result") if answer is not None else None
-    if not isinstance(result, dict) or result.get("resultType") != "input_required":
-        return None
-    state = result.get("requestState")
-    return state if is_ours(state) else None
-
-
-def _answers(message: Any, wanted: tuple[type, Any]) -> bool:
-    return (
-        type(message) is dict
-        and "method" not in message
-        and jsonrpc.is_valid_id(message.get("id"))
-        and id_key(message["id"]) == wanted
-    )
 
 
 def _error(id: RequestId, message: str) -> bytes:

@@ -46,6 +46,7 @@ import attrs
 
 from broker import jsonrpc
 from broker.eras.session import MODERN_ROUTED
+from broker.eras.tokens import is_ours
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     HEADER_MISMATCH,
@@ -63,6 +64,7 @@ from broker.jsonrpc import (
     JsonRpcError,
     Kind,
     RequestId,
+    id_key,
 )
 from broker.lifecycle import LEGACY_VERSIONS
 from broker.session import LIST_METHODS
@@ -250,6 +252,26 @@ def decode_header_value(value: str) -> str | None:
         return decoded.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+def parked_token(answer: dict[str, Any] | None) -> str | None:
+    """The broker's ``requestState`` of an ``input_required`` answer, if it is
+    one: the call is parked for the client's retry (a new POST)."""
+    result = answer.get("result") if answer is not None else None
+    if not isinstance(result, dict) or result.get("resultType") != "input_required":
+        return None
+    state = result.get("requestState")
+    return state if is_ours(state) else None
+
+
+def answers(message: Any, wanted: tuple[type, Any]) -> bool:
+    """Whether ``message`` is the answer to the request whose ``id_key`` is ``wanted``."""
+    return (
+        type(message) is dict
+        and "method" not in message
+        and jsonrpc.is_valid_id(message.get("id"))
+        and id_key(message["id"]) == wanted
+    )
 
 
 def _refuse(error: JsonRpcError) -> Refuse:
