@@ -70,7 +70,8 @@ def traced_daemon(argv: list[str]) -> int:
 
 def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
     broker = json.loads(args.broker) if args.broker else None
-    servers = {"echo": ECHO_SERVER}
+    modern = getattr(args, "upstream", "legacy") == "modern"
+    servers = {"echo": [*ECHO_SERVER, "--modern"] if modern else ECHO_SERVER}
     options = ("--http", "127.0.0.1:0") if args.http else ()
     with (
         workdir() as directory,
@@ -165,6 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
     parser.add_argument(
         "--era", choices=["legacy", "modern"], default="legacy", help="the clients' protocol era"
+    )
+    parser.add_argument(
+        "--upstream",
+        choices=["legacy", "modern"],
+        default="legacy",
+        help="the echo server's era (modern: 2026-07-28 only, benchmarks/echo_server.py --modern)",
     )
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(

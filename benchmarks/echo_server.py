@@ -14,6 +14,12 @@ newline-delimited JSON-RPC (legacy-era MCP: ``initialize``, ``ping``,
 
 An unknown tool is a JSON-RPC ``-32602`` error, an unknown method ``-32601``.
 
+``--modern`` makes it a 2026-07-28-only server (the modern era, docs/eras.md):
+it answers ``server/discover``, refuses ``initialize`` with ``-32022`` naming
+``2026-07-28`` (which is how the broker tells it is modern), and every result
+carries ``resultType``. It reads nothing of a request's ``_meta``, as a server
+that checks nothing would: the broker's cost is what the figures are for.
+
 Run it on stdio (``python benchmarks/echo_server.py``, as the daemon or a host
 launches a server) or, for the "direct" figures, on a unix socket that serves
 many connections at once (``--socket PATH``): the same code answers both.
@@ -45,8 +51,11 @@ TOOLS = [
         ("flaky", "Fail every `every`-th call.", {"every": {"type": "integer"}}),
     )
 ]
+MODERN = "2026-07-28"
+SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _payloads: dict[int, bytes] = {}
 _flaky_calls = 0
+_modern = False
 
 
 def _payload_tail(size: int) -> bytes:
@@ -54,12 +63,16 @@ def _payload_tail(size: int) -> bytes:
     tail = _payloads.get(size)
     if tail is None:
         result = {"content": [{"type": "text", "text": "x" * size}]}
+        if _modern:
+            result = {"resultType": "complete", **result}
         tail = b',"result":' + orjson.dumps(result) + b"}\n"
         _payloads[size] = tail
     return tail
 
 
 def _result(id: Any, result: Any) -> bytes:
+    if _modern:
+        result = {"resultType": "complete", **result}
     return orjson.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + b"\n"
 
 
@@ -99,6 +112,23 @@ def answer(line: bytes) -> bytes:
         return b""
     if method == "tools/call":
         return _call(id, message.get("params") or {})
+    if _modern:
+        if method == "initialize":
+            data = {
+                "supported": [MODERN],
+                "requested": (message.get("params") or {}).get("protocolVersion"),
+            }
+            error = {"code": -32022, "message": "Unsupported protocol version", "data": data}
+            return orjson.dumps({"jsonrpc": "2.0", "id": id, "error": error}) + b"\n"
+        if method == "server/discover":
+            return _result(
+                id,
+                {
+                    "supportedVersions": [MODERN],
+                    "capabilities": {"tools": {}},
+                    "_meta": {SERVER_INFO: {"name": "bench-echo", "version": "1.0"}},
+                },
+            )
     if method == "initialize":
         requested = (message.get("params") or {}).get("protocolVersion")
         return _result(
@@ -166,12 +196,15 @@ def serve_socket(path: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    global _modern
+    if argv[:1] == ["--modern"]:
+        _modern, argv = True, argv[1:]
     if argv[:1] == ["--socket"] and len(argv) == 2:
         with contextlib.suppress(KeyboardInterrupt):
             serve_socket(argv[1])
         return 0
     if argv:
-        print("usage: echo_server.py [--socket PATH]", file=sys.stderr)
+        print("usage: echo_server.py [--modern] [--socket PATH]", file=sys.stderr)
         return 2
     serve_stdio()
     return 0

@@ -268,12 +268,13 @@ def _p50(paths: dict[str, Any], path: str) -> float:
 
 
 def render_modern(result: dict[str, Any]) -> list[str]:
-    """Per load: modern clients, legacy ones, and the ratio (modern / legacy)."""
+    """Per load: each path (clients' era at the server's, benchmarks/scenarios.py
+    ERA_PATHS), and the ratio of modern to legacy end to end."""
     lines = [f"### {TITLES['modern']}", ""]
-    for name, pair in result.items():
-        lines += [f"{TITLES[name].split(':')[0]}, {pair['clients']} clients in all:", ""]
-        paths = {"modern": pair["modern"], "legacy": pair["legacy"]}
-        lines += load_rows(paths, ["daemon", "server", "loadgen"])
+    for name, paths in result.items():
+        lines += [f"{TITLES[name].split(':')[0]}, {paths['clients']} clients in all:", ""]
+        loads = {k: v for k, v in paths.items() if k not in ("clients", "in_flight")}
+        lines += load_rows(loads, ["daemon", "server", "loadgen"], ("modern", "legacy"))
         lines.append("")
     return lines
 

@@ -136,20 +136,35 @@ def payload(s: Settings, directory: str) -> dict[str, Any]:
     return _compare(s, directory, clients=1, in_flight=1, tool="payload", arguments={"size": MIB})
 
 
+# The paths of the modern scenario: (name, clients' era, echo server's era).
+# "modern" against "legacy" is the era's own cost (each side speaking its
+# era end to end); the other two are the bridge's (docs/eras.md).
+ERA_PATHS = (
+    ("legacy", "legacy", "legacy"),
+    ("modern at legacy", "modern", "legacy"),
+    ("modern", "modern", "modern"),
+    ("legacy at modern", "legacy", "modern"),
+)
+
+
 def _eras(
     s: Settings, directory: str, *, clients: int, in_flight: int, upstreams: int = 1
 ) -> dict[str, Any]:
-    """The same load through one daemon's socket by legacy clients, then by modern
-    ones (2026-07-28: no initialize, ``_meta`` on every request), at the legacy
-    echo server(s)."""
+    """The same load through a daemon's socket by legacy clients and by modern
+    ones (2026-07-28: no initialize, ``_meta`` on every request), at legacy
+    echo servers and at modern ones (benchmarks/echo_server.py ``--modern``),
+    one daemon per kind of server."""
     names = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
     per = max(1, clients // len(names))
     out: dict[str, Any] = {"clients": per * len(names), "in_flight": in_flight}
-    with daemon(directory, dict.fromkeys(names, ECHO_SERVER)) as dm:
-        watch = {"daemon": dm.pid} | {f"server:{n}": dm.server_pids[n] for n in names}
-        for era in ("legacy", "modern"):
-            targets = [socket_target(dm.socket, name, per, era) for name in names]
-            out[era] = _load(s, targets, in_flight, watch)
+    for server_era in ("legacy", "modern"):
+        argv = ECHO_SERVER if server_era == "legacy" else [*ECHO_SERVER, "--modern"]
+        with daemon(directory, dict.fromkeys(names, argv)) as dm:
+            watch = {"daemon": dm.pid} | {f"server:{n}": dm.server_pids[n] for n in names}
+            for path, era, at in ERA_PATHS:
+                if at == server_era:
+                    targets = [socket_target(dm.socket, name, per, era) for name in names]
+                    out[path] = _load(s, targets, in_flight, watch)
     return out
 
 

@@ -450,8 +450,8 @@ class UpstreamProtocol:
         if self.state is not ServerState.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
-        if self.modern and self._asks_legacy(session, method):
-            return False  # its answer may be input_required, for the broker to put
+        if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
+            return False  # its answer may be input_required, for the broker to put (_asks_legacy)
         if method == "tools/call":
             params = request.get("params")
             if type(params) is dict and "task" in params and isinstance(params["task"], dict):
@@ -759,6 +759,7 @@ class UpstreamProtocol:
         if self.turns.on:
             self._settle()
         answer.id = entry.client_id
+        answer.modern = self.modern
         return entry.session
 
     def take_answers(

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import orjson
+import pytest
 import trio
 
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
@@ -250,21 +251,25 @@ async def test_harness_modern_scenario_counts_both_eras() -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(partial(_remove, json_path))
     assert set(results["modern"]) == {"latency", "throughput", "upstreams"}
+    paths = ("legacy", "modern at legacy", "modern", "legacy at modern")
     for load in results["modern"].values():
-        for era in ("legacy", "modern"):
+        for era in paths:
             result = load[era]["result"]
             assert (result["calls"], result["ok"], result["errors"], result["lost"]) == (
                 40, 40, {}, 0)  # fmt: skip
             assert load[era]["cpu_s"]["daemon"] >= 0
     out = done.stdout.decode()
-    assert out.count("| modern |") == out.count("| legacy |") == 3
+    assert all(out.count(f"| {path} |") == 3 for path in paths), out
     assert "modern 64 x 16: >= 0.9 x legacy calls/s" in out
 
 
-async def test_counting_a_modern_call_sees_the_fast_paths() -> None:
+@pytest.mark.parametrize("upstream", ["legacy", "modern"])
+async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None:
     # A modern call goes through the modern session's fast paths, in and out,
-    # exactly once: nothing parsed again, nothing one request at a time.
+    # exactly once: nothing parsed again, nothing one request at a time. At a
+    # modern server the answer is passed on as written (not even searched).
     command = [sys.executable, "-m", "benchmarks.count", "lines", "--era", "modern"]
+    command += ["--upstream", upstream]
     command += ["--clients", "2", "--in-flight", "2", "--calls", "500", "--top", "100"]
     with trio.fail_after(60):
         done = await trio.run_process(
@@ -280,9 +285,10 @@ async def test_counting_a_modern_call_sees_the_fast_paths() -> None:
     for function in (
         "broker/eras/session.py:forward_fast",
         "broker/eras/session.py:_answer_fast",
-        "broker/eras/modern.py:complete_answer",
         "broker/upstream.py:answer_fast",
     ):
         assert calls.get(function) == 1.0, out
+    stamped = calls.get("broker/eras/modern.py:complete_answer", 0.0)
+    assert stamped == (1.0 if upstream == "legacy" else 0.0), out
     for slow in ("broker/eras/session.py:_request", "broker/eras/session.py:_outgoing_modern"):
         assert calls.get(slow, 0.0) < 0.01, out

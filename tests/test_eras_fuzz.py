@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
@@ -137,9 +137,7 @@ def _modern(view: tuple[str, ...], transparent: bool, attached: bool) -> Any:
 def _state(session: Any) -> tuple[Any, ...]:
     return (
         session.inflight,
-        session.methods,
-        session.call_servers,
-        session.call_capabilities,
+        session.open_calls,
         session.client_capabilities,
         session.client_info,
         session.log_levels.level(),
@@ -148,6 +146,12 @@ def _state(session: Any) -> tuple[Any, ...]:
 
 @settings(max_examples=500, deadline=None)
 @given(st.lists(st.one_of(modern_requests, messages), max_size=5), st.booleans(), st.booleans())
+# (a cancel naming an unhashable id failed the session with a TypeError)
+@example(
+    [{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": []}}],
+    False,
+    False,
+)
 def test_the_modern_fast_path_does_what_receive_does(
     received: list[Any], transparent: bool, attached: bool
 ) -> None:

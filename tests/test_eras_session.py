@@ -158,7 +158,30 @@ def test_a_call_goes_to_its_server_with_its_meta_and_its_answer_comes_back_moder
         progress,
         {"jsonrpc": "2.0", "id": "c1", "result": {"content": [], "resultType": "complete"}},
     ]
-    assert proto.inflight == set() and proto.methods == {} and proto.call_servers == {}
+    assert proto.inflight == set() and proto.open_calls == {}
+
+
+def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> None:
+    """A 2026-07-28 server's answer (the Upstream marks it, ``Answer.modern``)
+    is already in the era's terms: passed on unparsed and unstamped, even a
+    read without the caching hints (the server's to give) or an
+    ``input_required`` of the server's own; a legacy server's read is stamped."""
+    for modern in (True, False):
+        proto = opened(session())
+        call = request("r1", "resources/read", uri="file:///x")
+        assert [type(a) for a in proto.receive(call)] == [Forward]
+        line = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","contents":[]}}'
+        answer = split_answer(line)
+        assert answer is not None
+        answer.id, answer.modern = "r1", modern
+        out: list[Any] = []
+        proto.take_outgoing([answer], out)
+        if modern:
+            assert out == [answer] and answer.encode() == line.replace(b":1,", b':"r1",')
+        else:  # (the server's own resultType: read, and the hints added)
+            hints = {"ttlMs": 0, "cacheScope": "private"}
+            assert out[0]["result"] == {"resultType": "complete", "contents": [], **hints}
+        assert proto.inflight == set() and proto.open_calls == {}
 
 
 def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> None:
@@ -223,7 +246,7 @@ def test_a_servers_question_becomes_input_required_and_the_retry_takes_the_call_
     assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == [
         {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "resultType": "complete"}}
     ]
-    assert proto.inflight == set() and proto.aliases == {} and proto.call_servers == {}
+    assert proto.inflight == set() and proto.aliases == {} and proto.open_calls == {}
 
 
 def test_a_question_the_call_did_not_declare_goes_back_to_the_server() -> None:

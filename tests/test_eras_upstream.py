@@ -18,6 +18,7 @@ from broker.upstream import (
     SendUpstream,
     UpstreamProtocol,
 )
+from broker.wire.envelope import split_answer
 
 MODERN = "2026-07-28"
 DISCOVERED = {
@@ -42,6 +43,13 @@ def modern_protocol() -> UpstreamProtocol:
     proto, _ = started("auto")
     (ready,) = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
     assert isinstance(ready, Ready)
+    return proto
+
+
+def legacy_protocol() -> UpstreamProtocol:
+    proto, _ = started("legacy")
+    proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT_RESULT))
+    assert proto.state is ServerState.READY
     return proto
 
 
@@ -128,6 +136,19 @@ def test_requests_to_a_modern_server_are_stamped_with_their_clients_capabilities
     (delivered,) = proto.server_message(answered)
     assert isinstance(delivered, Deliver) and delivered.message["id"] == 1
     assert delivered.message["result"] == {"resultType": "complete", "tools": []}
+
+
+def test_an_unparsed_answer_says_whether_a_modern_server_wrote_it() -> None:
+    """``Answer.modern``: what a modern client's session passes on unstamped."""
+    for proto in (modern_protocol(), legacy_protocol()):
+        proto.attach("a", {}, modern=True)
+        request = {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "t"}}
+        assert proto.forward_fast("a", request)
+        line = b'{"jsonrpc":"2.0","id":%d,"result":{"content":[]}}' % request["id"]
+        answer = split_answer(line)
+        assert answer is not None
+        assert proto.answer_fast(answer) == "a"
+        assert (answer.id, answer.modern) == ("c", proto.modern)
 
 
 def test_a_modern_server_is_pinged_with_discover_and_never_asked_legacy_only_things() -> None:

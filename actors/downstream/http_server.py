@@ -203,7 +203,7 @@ class _Exchange:
             raise ValueError(f"a response field holds a line break: {headers!r}")
         self.bodiless = status in _NO_BODY or self.request.method == "HEAD"
         self.chunked = False
-        framed = fields.startswith(b"content-length:") or b"\ncontent-length:" in fields
+        framed = fields.startswith(b"content-length:") or fields.find(b"\ncontent-length:") >= 0
         if not self.bodiless and not framed:
             if self.request.http_version == "1.1":
                 self.chunked = True
@@ -343,7 +343,9 @@ class HttpServer:
             "type": "http",
             "http_version": request.http_version,
             "method": request.method,
-            "path": unquote(path.decode("latin-1")) if b"%" in path else path.decode("latin-1"),
+            "path": unquote(path.decode("latin-1"))
+            if path.find(b"%") >= 0
+            else path.decode("latin-1"),
             "query_string": query,
             "headers": request.headers,
             "client": exchange.peer,

@@ -183,8 +183,9 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     without parsing it: ``resultType`` (and on a cacheable method the caching
     hints) put first in its result, in place (an answer is one session's, as
     its id is); an error as it is. None, the answer untouched, when the bytes
-    do not tell: a result that is not an object, or any of those keys anywhere
-    in the line (perhaps the server's own: the caller reads the answer instead)."""
+    do not tell: a result that is not an object, or a key it would put
+    anywhere in the line (perhaps the server's own: the caller reads the
+    answer instead)."""
     head = answer.head
     after_id = head is PREFIX or head == PREFIX  # (split_answer's own PREFIX, usually)
     if after_id:
@@ -197,9 +198,14 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
         if not line.startswith(_RESULT_FIRST):
             return answer if line.startswith(b'{"error":') else None
         at = len(_RESULT_FIRST)
-    if b'"resultType"' in line or b'"ttlMs"' in line or b'"cacheScope"' in line:
+    # (find, not `in`: see broker/jsonrpc.py _LONG; and the caching hints
+    # only where they are put)
+    if line.find(b'"resultType"') >= 0:
         return None
-    stamp = _STAMPS[method in CACHEABLE_METHODS, line[at : at + 1] != b"}"]  # "}": no keys
+    cacheable = method in CACHEABLE_METHODS
+    if cacheable and (line.find(b'"ttlMs"') >= 0 or line.find(b'"cacheScope"') >= 0):
+        return None
+    stamp = _STAMPS[cacheable, line[at : at + 1] != b"}"]  # "}": no keys
     stamped = line[:at] + stamp + line[at:]
     if after_id:
         answer.tail = stamped

@@ -94,6 +94,12 @@ OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
 SELF = "session"
 
+# A request forwarded and not yet answered, as the session must know it: its
+# method (which its answer's resultType and caching hints depend on), its
+# server and the capabilities it declared (a server may ask in a call). One
+# record per call: written once, read and popped once.
+Call = tuple[str, str, dict[str, Any]]
+
 
 class ModernSessionProtocol(SessionProtocol):
     def __init__(
@@ -120,9 +126,7 @@ class ModernSessionProtocol(SessionProtocol):
         self.attached = False
         self.listeners: Listeners | None = None  # made on the first listen
         self.log_levels = RequestLogLevels()
-        self.methods: dict[RequestId, str] = {}  # forwarded and unanswered: their method
-        self.call_servers: dict[RequestId, str] = {}  # their server, for calls a server may ask in
-        self.call_capabilities: dict[RequestId, dict[str, Any]] = {}  # what each call declared
+        self.open_calls: dict[RequestId, Call] = {}  # forwarded and unanswered, by first id
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
         self.questions = bridge.AnsweringServers("", key)
         self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
@@ -145,9 +149,6 @@ class ModernSessionProtocol(SessionProtocol):
         method, params = message.get("method"), message.get("params")
         if method not in FAST_METHODS or type(params) is not dict:
             return None
-        state = params.get("requestState")
-        if state is not None and method in INPUT_METHODS and is_ours(state):
-            return None  # a retry: the bridge's
         # read_meta's checks, for a good request: anything else receive() refuses.
         meta = params.get("_meta")
         if type(meta) is not dict or meta.get(PROTOCOL_VERSION_KEY) != LATEST_MODERN_VERSION:
@@ -155,18 +156,16 @@ class ModernSessionProtocol(SessionProtocol):
         capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
         if type(capabilities) is not dict or LOG_LEVEL_KEY in meta:
             return None  # (a log level may change the session's: receive() says so)
+        if "requestState" in params and method in INPUT_METHODS and is_ours(params["requestState"]):
+            return None  # a retry: the bridge's
         # (with its _meta, as receive() forwards it: a modern server reads it,
         # the Upstream strips it for a legacy one)
         forward = super().forward_fast(message)
         if forward is None:
             return None
-        id = message["id"]
         self.client_capabilities = capabilities
         self.client_info = meta.get(CLIENT_INFO_KEY)
-        self.methods[id] = method
-        if method in INPUT_METHODS:
-            self.call_servers[id] = forward[0]
-            self.call_capabilities[id] = capabilities
+        self.open_calls[message["id"]] = (method, forward[0], capabilities)
         return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
@@ -273,10 +272,7 @@ class ModernSessionProtocol(SessionProtocol):
             out.append(action)
             if isinstance(action, Forward):
                 id = request["id"]
-                self.methods[id] = request["method"]
-                if request["method"] in INPUT_METHODS:
-                    self.call_servers[id] = action.server
-                    self.call_capabilities[id] = self.client_capabilities
+                self.open_calls[id] = (request["method"], action.server, self.client_capabilities)
                 changed = self.log_levels.open(id, level)
                 if changed is not None:
                     out.append(SetLogLevel(changed))
@@ -295,9 +291,9 @@ class ModernSessionProtocol(SessionProtocol):
                 first = action.call
                 assert type(first) is int or type(first) is str  # a call is named by its first id
                 self.aliases[first] = action.client_id
-                self.call_capabilities[first] = capabilities
+                method, server, _ = self.open_calls.get(first, (request["method"], "", {}))
+                self.open_calls[first] = (method, server, capabilities)
                 self.inflight.add(action.client_id)
-                self.methods[action.client_id] = request["method"]
             elif isinstance(action, bridge.AnswerClient):
                 out.append(Reply(self._answer_of(action.message, request["method"])))
         return out
@@ -312,6 +308,8 @@ class ModernSessionProtocol(SessionProtocol):
             return []  # initialized and roots/list_changed are not in 2026-07-28
         params = message.get("params") or {}
         request_id = params.get("requestId")
+        if not jsonrpc.is_valid_id(request_id):
+            return []  # names no request: ignored, as the legacy session does
         ended = self.listeners.cancel(request_id) if self.listeners is not None else None
         if ended is not None:  # a stream: the broker's own (its URIs may be let go)
             return self._subscriptions(ended)
@@ -359,25 +357,22 @@ class ModernSessionProtocol(SessionProtocol):
         """The common case of :meth:`_outgoing_modern`, without parsing: the
         answer to a request passed on, while no call waits for a retry (the
         bridge's) and none was taken over by one; stamped by
-        :func:`~broker.eras.modern.complete_answer`. None: read it."""
+        :func:`~broker.eras.modern.complete_answer`, or as it is if a
+        2026-07-28 server wrote it (``Answer.modern``). None: read it."""
         if self.aliases or self.questions:
             return None
         id = answer.id
-        method = self.methods.get(id)
-        stamped = answer if method is None else complete_answer(answer, method)
-        if stamped is None:
-            return None
+        call = self.open_calls.get(id)
+        if call is not None:
+            if not answer.modern and complete_answer(answer, call[0]) is None:
+                return None
+            del self.open_calls[id]  # (what _forget does, in fewer steps)
         self.inflight.discard(id)
-        if method is not None:  # (what _forget does, in fewer steps)
-            del self.methods[id]
-            if method in INPUT_METHODS:
-                self.call_servers.pop(id, None)
-                self.call_capabilities.pop(id, None)
-        if self.log_levels.level() is not None:
+        if self.log_levels.ranks:
             self.log_levels.close(id)
         if self.calls is not None:
             self.calls.answered(id, answer)
-        return stamped
+        return answer
 
     def take_upstream_answers(self) -> list[tuple[str, Message]]:
         answers, self.upstream_answers = self.upstream_answers, []
@@ -393,14 +388,18 @@ class ModernSessionProtocol(SessionProtocol):
             return [message]
         if type(id) is str and id.startswith(OWN_PREFIX):
             return []  # the answer to a subscribe of the session's streams
-        if id in self.call_servers and self.questions.call_answered(id, message):
+        call = self.open_calls.get(id)
+        if (
+            call is not None
+            and call[0] in INPUT_METHODS
+            and self.questions.call_answered(id, message)
+        ):
             return []  # the client is away: kept for its retry
         current = self.aliases.pop(id, id)
         self.inflight.discard(id)
         self.inflight.discard(current)
-        method = self.methods.get(current)
+        method = None if call is None else call[0]
         self._forget(id)
-        self.methods.pop(current, None)
         self.log_levels.close(current)
         if current != id:
             message = {**message, "id": current}
@@ -413,7 +412,11 @@ class ModernSessionProtocol(SessionProtocol):
         an input_required answer to it; else an error back to the server."""
         id = request.get("id")
         server = server_of(id)
-        waiting = [first for first, at in self.call_servers.items() if at == server]
+        waiting = [
+            first
+            for first, (method, at, _) in self.open_calls.items()
+            if at == server and method in INPUT_METHODS
+        ]
         if server is None or len(waiting) != 1:
             error = jsonrpc.error_response(
                 id if jsonrpc.is_valid_id(id) else None,
@@ -424,9 +427,9 @@ class ModernSessionProtocol(SessionProtocol):
             return []
         (first,) = waiting
         current = self.aliases.get(first, first)
-        call = (first, current, self.methods.get(current, "tools/call"))
+        method, _, capabilities = self.open_calls[first]
+        call = (first, current, method)
         out: list[Message] = []
-        capabilities = self.call_capabilities.get(first, {})
         for action in self.questions.server_asked(SELF, capabilities, call, request):
             if isinstance(action, bridge.AnswerClient):
                 if current != first:
@@ -453,9 +456,7 @@ class ModernSessionProtocol(SessionProtocol):
     def _forget(self, first: Any) -> None:
         if type(first) is not int and type(first) is not str:
             return
-        self.methods.pop(first, None)
-        self.call_servers.pop(first, None)
-        self.call_capabilities.pop(first, None)
+        self.open_calls.pop(first, None)
         self.log_levels.close(first)
 
 

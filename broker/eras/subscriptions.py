@@ -300,7 +300,8 @@ class RequestLogLevels:
     """A modern session's requests in flight that asked for log messages."""
 
     def __init__(self) -> None:
-        self._ranks: dict[tuple[type, RequestId], int] = {}
+        # (read by the session to skip closing when no request asked)
+        self.ranks: dict[tuple[type, RequestId], int] = {}
 
     def open(self, id: RequestId, level: str | None) -> str | None:
         """Record a request; the session's new level if it changed, else None."""
@@ -308,7 +309,7 @@ class RequestLogLevels:
         if rank is None:
             return None
         before = self.level()
-        self._ranks[jsonrpc.id_key(id)] = rank
+        self.ranks[jsonrpc.id_key(id)] = rank
         after = self.level()
         return after if after != before else None
 
@@ -317,16 +318,16 @@ class RequestLogLevels:
         if not jsonrpc.is_valid_id(id):
             return False
         before = self.level()
-        if self._ranks.pop(jsonrpc.id_key(id), None) is None:
+        if self.ranks.pop(jsonrpc.id_key(id), None) is None:
             return False
         return self.level() != before
 
     def level(self) -> str | None:
         """The most verbose level any request in flight asked for (None: none asked)."""
-        return LOG_LEVELS[min(self._ranks.values())] if self._ranks else None
+        return LOG_LEVELS[min(self.ranks.values())] if self.ranks else None
 
     def admits(self, notification: Message) -> bool:
         """Whether a ``notifications/message`` may go to this session now."""
         params = notification.get("params")
         rank = level_rank(params.get("level") if isinstance(params, dict) else None)
-        return bool(self._ranks) and rank is not None and rank >= min(self._ranks.values())
+        return bool(self.ranks) and rank is not None and rank >= min(self.ranks.values())

@@ -54,12 +54,15 @@ _MAX_ID_DIGITS = 19  # the broker's own upstream ids are positive and never this
 class Answer:
     """A server's answer on its way to a client, its bytes untouched but the id."""
 
-    __slots__ = ("head", "id", "tail")
+    __slots__ = ("head", "id", "modern", "tail")
 
     def __init__(self, head: Bytes, id: RequestId, tail: Bytes) -> None:
         self.head = head  # the line up to the id's value
         self.id = id  # the upstream id, then (matched) the client's
         self.tail = tail  # the line after the id's value
+        # Written by a 2026-07-28 server (the Upstream says so): a modern
+        # client gets it as it is, its result already in that era's terms.
+        self.modern = False
 
     def pieces(self) -> tuple[Bytes, bytes, Bytes]:
         """The answer's bytes in pieces to join (a large result is then copied

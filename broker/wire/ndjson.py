@@ -74,7 +74,7 @@ class LineFramer:
             not self._held
             and self._skipped is None
             and len(chunk) <= self.max_bytes
-            and b"\r" not in chunk
+            and chunk.find(b"\r") < 0  # (not `in`: see broker/jsonrpc.py _LONG)
         ):
             # The usual chunk: whole lines, none too long, none to trim; just
             # skip blank ones (what _emit would do, without a call per line).
