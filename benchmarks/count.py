@@ -81,7 +81,8 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
             _drive_http(dm.socket, args.clients, calls, args.http == "sse", args.era)
             return
         target = socket_target(dm.socket, "echo", args.clients, args.era)
-        load = {"in_flight": args.in_flight, "tool": "echo", "arguments": {"text": "x"}}
+        arguments = {"text": "x"} | ({"pad": "x" * args.pad} if args.pad else {})
+        load = {"in_flight": args.in_flight, "tool": "echo", "arguments": arguments}
         result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
         errors = result["result"].get("errors")
         if errors:
@@ -172,6 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=["legacy", "modern"],
         default="legacy",
         help="the echo server's era (modern: 2026-07-28 only, benchmarks/echo_server.py --modern)",
+    )
+    parser.add_argument(
+        "--pad",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="a string this long added to each call's arguments (the echo server ignores it): "
+        "--pad 182 makes a legacy call the bytes of a modern one, to tell the era's cost "
+        "from its size",
     )
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(

@@ -162,6 +162,17 @@ class RequestMap:
         del self._by_client[(entry.session, entry.client_id)]
         return entry
 
+    def close_round(self, upstream_id: int) -> InFlight | None:
+        """:meth:`close_plain` for a request whose note is an :class:`InputRound`
+        (a legacy client's call at a modern server), once its answer is known
+        to be final; None, and nothing changed, for any other."""
+        entry = self._by_upstream.get(upstream_id)
+        if entry is None or type(entry.note) is not InputRound:
+            return None
+        del self._by_upstream[upstream_id]
+        del self._by_client[(entry.session, entry.client_id)]
+        return entry
+
     def close(self, response: Message) -> InFlight | None:
         """Match a server's response, restoring the client's id in place.
 

@@ -60,9 +60,9 @@ from broker.eras.bridge import (
     AskClient,
     AskingClients,
     SendServer,
+    ends_round,
     is_input_required,
     legacy_params,
-    to_legacy_result,
     to_modern_request,
 )
 from broker.eras.modern import INPUT_METHODS
@@ -450,14 +450,20 @@ class UpstreamProtocol:
         if self.state is not ServerState.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
-        if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
-            return False  # its answer may be input_required, for the broker to put (_asks_legacy)
         if method == "tools/call":
             params = request.get("params")
             if type(params) is dict and "task" in params and isinstance(params["task"], dict):
                 return False
         elif method in NOTED_METHODS:
             return False
+        if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
+            # (_asks_legacy: its answer may be input_required, for the broker
+            # to put to the client; the request as the client sent it is kept
+            # for the retry, before _open rewrites it)
+            params = request.get("params")
+            note = InputRound({**request, "params": dict(params) if type(params) is dict else {}})
+            self.requests.note(self._open(session, request, now), note)
+            return True
         self._open(session, request, now)
         return True
 
@@ -754,7 +760,13 @@ class UpstreamProtocol:
             return None
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
-            return None
+            # A legacy client's call at a modern server: its final answer is
+            # passed on as any other; a round of questions is the bridge's.
+            if not self.modern or not ends_round(answer):
+                return None
+            entry = self.requests.close_round(upstream_id)
+            if entry is None:
+                return None
         self.deadlines.discard(upstream_id)
         if self.turns.on:
             self._settle()
@@ -878,8 +890,6 @@ class UpstreamProtocol:
                 capabilities = self.sessions.get(entry.session, {})
                 asked = self.asking.input_required(entry.session, capabilities, note, result)
                 return self._bridged(asked, now)
-            if "result" in message:  # (the legacy schema has no resultType, ttlMs, ...)
-                message["result"] = to_legacy_result(result)
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:

@@ -18,7 +18,6 @@ from broker.eras.bridge import (
     SendServer,
     legacy_params,
     to_legacy_request,
-    to_legacy_result,
     to_modern_request,
 )
 from broker.eras.tokens import RequestStates, TooManyStates, is_ours
@@ -114,13 +113,6 @@ def test_a_legacy_request_gains_what_its_initialize_said_for_a_modern_server() -
         },
     }
     assert request["params"] == {"name": "greet", "_meta": {"progressToken": 3}}  # untouched
-
-
-def test_a_modern_result_loses_the_fields_legacy_lacks() -> None:
-    said = {"content": [], "resultType": "complete", "ttlMs": 5, "cacheScope": "public"}
-    assert to_legacy_result(said) == {"content": []}
-    plain = {"content": []}
-    assert to_legacy_result(plain) is plain
 
 
 # -- (a) a legacy client at a modern server ------------------------------------

@@ -30,6 +30,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
+from broker.wire.envelope import split_answer
 
 MODERN = "2026-07-28"
 CAPABILITIES = {
@@ -89,8 +90,43 @@ def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> 
     final = {"resultType": "complete", "content": [], "ttlMs": 0}
     (done,) = proto.server_message(jsonrpc.result_response(retry["id"], final))
     assert isinstance(done, Deliver)
-    assert done.message == {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
+    assert done.message == {"jsonrpc": "2.0", "id": 7, "result": final}  # as written
     assert len(proto.requests) == 0 and len(proto.asking) == 0
+
+
+@pytest.mark.parametrize("shape", ["after id", "typescript"])
+def test_a_legacy_clients_call_takes_the_fast_paths_unless_it_is_asked(shape: str) -> None:
+    """Forwarded without the general path (the request kept for a retry all the
+    same); a final answer passes unparsed, an ``input_required`` one is left
+    to the parser (and so to the bridge)."""
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+
+    def line(upstream_id: int, result: bytes) -> bytes:
+        if shape == "typescript":
+            return b'{"result":%s,"jsonrpc":"2.0","id":%d}' % (result, upstream_id)
+        return b'{"jsonrpc":"2.0","id":%d,"result":%s}' % (upstream_id, result)
+
+    request = call(7)
+    assert proto.forward_fast("a", request)
+    assert request["params"]["_meta"][CLIENT_CAPABILITIES_KEY] == ASKS  # stamped
+    answer = split_answer(line(request["id"], b'{"resultType":"complete","content":[]}'))
+    assert answer is not None
+    assert proto.answer_fast(answer) == "a" and answer.id == 7
+    assert len(proto.requests) == 0
+
+    request = call(8)
+    assert proto.forward_fast("a", request)
+    asked = line(
+        request["id"], b'{"resultType":"input_required","inputRequests":{},"requestState":"s"}'
+    )
+    answer = split_answer(asked)
+    assert answer is not None and proto.answer_fast(answer) is None  # nothing changed
+    assert len(proto.requests) == 1
+    (ask,) = proto.server_message(
+        input_required(request["id"], colour=QUESTION)
+    )  # the bridge's, with the request as the client sent it
+    assert isinstance(ask, Deliver) and ask.message["method"] == "elicitation/create"
 
 
 def test_a_legacy_client_is_never_asked_what_it_did_not_declare() -> None:

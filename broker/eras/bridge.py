@@ -57,6 +57,7 @@ from broker.jsonrpc import (
 )
 from broker.requestmap import InputRound
 from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
+from broker.wire.envelope import Answer
 
 MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
 MODERN_META_KEYS = (
@@ -67,7 +68,6 @@ MODERN_META_KEYS = (
     SUBSCRIPTION_ID_KEY,
 )
 _MODERN_META_SET = frozenset(MODERN_META_KEYS)
-MODERN_RESULT_KEYS = ("resultType", "ttlMs", "cacheScope")
 
 
 # -- actions -----------------------------------------------------------------
@@ -169,16 +169,22 @@ def to_modern_request(
     return {**request, "params": {**params, "_meta": stamped}}
 
 
-def to_legacy_result(result: Any) -> Any:
-    """A modern server's complete result for a legacy client: without the
-    fields the legacy schema lacks (``resultType``, ``ttlMs``, ``cacheScope``)."""
-    if not isinstance(result, dict) or not any(key in result for key in MODERN_RESULT_KEYS):
-        return result
-    return {k: v for k, v in result.items() if k not in MODERN_RESULT_KEYS}
-
-
 def is_input_required(result: Any) -> bool:
     return isinstance(result, dict) and result.get("resultType") == "input_required"
+
+
+def ends_round(answer: Answer) -> bool:
+    """Whether a modern server's answer, unparsed, is a call's last (not
+    :func:`is_input_required`), so it may pass on as any other answer does.
+    Cheap and one-sided: bytes naming ``"input_required"`` anywhere are left
+    to the parser, which tells."""
+    return (
+        bytes(answer.head).find(_INPUT_REQUIRED) < 0
+        and bytes(answer.tail).find(_INPUT_REQUIRED) < 0
+    )  # (find, not `in`: see broker/jsonrpc.py _LONG)
+
+
+_INPUT_REQUIRED = b'"input_required"'
 
 
 # -- a legacy client at a modern server ---------------------------------------
