@@ -214,6 +214,36 @@ def test_a_cancelled_call_withdraws_its_questions() -> None:
     assert bridge.client_answered("s1", result("mcpbroker:weather:1", {})) is None
 
 
+def test_a_client_that_does_not_answer_within_the_calls_timeout_fails_the_call() -> None:
+    bridge = AskingClients("weather")
+    assert bridge.next_deadline() is None
+    answer = {"resultType": "input_required", "inputRequests": {"a": ELICIT, "b": SAMPLE}}
+    bridge.input_required("s1", BOTH, InputRound(CALL), answer, now=100.0, timeout=30.0)
+    assert bridge.client_answered("s1", result("mcpbroker:weather:2", {"text": "x"})) == []
+    assert bridge.next_deadline() == 130.0
+    assert bridge.expire(129.9) == []
+    assert bridge.expire(130.0) == [
+        AskClient("s1", {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": "mcpbroker:weather:1"}}),
+        AnswerClient("s1", {"jsonrpc": "2.0", "id": 7, "error": {
+            "code": -32001,
+            "message": "Request 'tools/call' to MCP server 'weather' timed out: the client "
+                       "did not answer the server's questions within 30 s",
+            "data": {"server": "weather"}}}),
+    ]  # fmt: skip
+    assert len(bridge) == 0 and bridge.next_deadline() is None
+    # A late answer is nobody's (the session drops it), and nothing expires twice.
+    assert bridge.client_answered("s1", result("mcpbroker:weather:1", {})) is None
+    assert bridge.expire(200.0) == []
+
+
+def test_a_call_without_a_timeout_waits_for_its_clients_answers() -> None:
+    bridge = AskingClients("weather")
+    asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})
+    assert bridge.next_deadline() is None and bridge.expire(1e12) == []
+    assert bridge.owns("mcpbroker:weather:1")
+
+
 def test_another_sessions_answer_is_not_taken() -> None:
     bridge = AskingClients("weather")
     asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})

@@ -16,7 +16,10 @@ question, with ids of the broker's own; once every answer is in, the call
 goes up again with ``inputResponses`` and the server's ``requestState``.
 The client sees one request and one answer; a question it did not declare
 the capability for is never asked: its call is answered -32021. After
-:data:`MAX_ROUNDS` rounds the call is answered with an error.
+:data:`MAX_ROUNDS` rounds the call is answered with an error. The answers
+must come within the call's own timeout (``input_required``'s ``timeout``;
+the actor's clock, :meth:`AskingClients.expire`), or the questions are
+withdrawn and the call answered -32001.
 
 **A modern client at a legacy server** (:class:`AnsweringServers`; a
 modern session keeps one, naming each call by its first id:
@@ -32,6 +35,7 @@ for the retry, whose answer is then the next ``input_required``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -51,6 +55,7 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    REQUEST_TIMEOUT,
     JsonRpcError,
     Message,
     RequestId,
@@ -191,6 +196,8 @@ class _Exchange:
     request_state: Any
     asks: dict[str, str]  # the broker's id of a question to the client -> its input key
     answers: dict[str, Any]
+    timeout: float = math.inf  # seconds the client has to answer them all
+    deadline: float = math.inf  # ... that is, until then (the actor's clock)
 
 
 class AskingClients:
@@ -216,8 +223,12 @@ class AskingClients:
         capabilities: dict[str, Any],
         note: InputRound,
         result: dict[str, Any],
+        now: float = 0.0,
+        timeout: float = math.inf,
     ) -> list[Action]:
-        """The server answered the call in ``note`` with ``input_required``."""
+        """The server answered the call in ``note`` with ``input_required``
+        (at ``now``): its questions are put to the client, which has
+        ``timeout`` seconds to answer them all (:meth:`expire`)."""
         client_id = note.request["id"]
         rounds = note.rounds + 1
         if rounds > self.max_rounds:
@@ -233,6 +244,7 @@ class AskingClients:
             return [AnswerClient(session, exc.to_response())]
         round = InputRound(note.request, rounds)
         exchange = _Exchange(session, round, result.get("requestState"), {}, {})
+        exchange.timeout, exchange.deadline = timeout, now + timeout
         if not requests:  # state only: ask again at once (the actor may pace it)
             return [self._retry(exchange)]
         actions: list[Action] = []
@@ -281,6 +293,33 @@ class AskingClients:
     def session_gone(self, session: Hashable) -> None:
         for exchange in [e for e in self._by_call.values() if e.session == session]:
             self._drop(exchange)
+
+    def next_deadline(self) -> float | None:
+        """When the first call waiting for its client's answers runs out
+        (None: none waits, or none has a deadline)."""
+        if not self._by_call:
+            return None
+        first = min(exchange.deadline for exchange in self._by_call.values())
+        return None if first == math.inf else first
+
+    def expire(self, now: float) -> list[Action]:
+        """The calls whose client did not answer every question by ``now``:
+        the questions still open are withdrawn and the call is answered
+        -32001, as a call that timed out upstream is (the server has nothing
+        of it between rounds: nothing is cancelled there)."""
+        actions: list[Action] = []
+        for exchange in [e for e in self._by_call.values() if e.deadline <= now]:
+            actions += self._drop(exchange)
+            request = exchange.round.request
+            message = (
+                f"Request {request['method']!r} to MCP server {self.server!r} timed out: "
+                f"the client did not answer the server's questions within {exchange.timeout:g} s"
+            )
+            error = jsonrpc.error_response(
+                request["id"], REQUEST_TIMEOUT, message, data={"server": self.server}
+            )
+            actions.append(AnswerClient(exchange.session, error))
+        return actions
 
     def server_gone(self, why: str) -> list[Action]:
         """The server went away: every call waiting for its clients' answers

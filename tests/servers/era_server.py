@@ -163,6 +163,12 @@ def http_app(mode: str) -> Any:
             await send({"type": "http.response.body", "body": body})
             return
         version = dict(scope["headers"]).get(header)
+        if mode == "modern-only":  # (every request to the modern handler, as it is)
+            await handle_modern_request(
+                manager.app, manager.security_settings, manager.json_response,
+                manager._lifespan_state, scope, receive, send,
+            )  # fmt: skip
+            return
         if mode == "modern" and version != MODERN.encode() and scope["method"] == "POST":
             await refuse_legacy(receive, send)
             return
