@@ -3,7 +3,8 @@
 :class:`MemoryLink` is a :class:`actors.links.link.Link` whose far end is a
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
 ``ping`` (``server/discover`` too, as a 2026-07-28 server, if ``modern``)
-and a few tools (``echo`` returns its arguments, ``sleep`` waits ``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
+and a few tools (``echo`` returns its arguments, ``sleep`` waits ``seconds``
+first, ``die`` makes the "process" exit, ``raw`` writes its
 ``line`` argument as it is, with ``ID`` replaced by the request's id and ``PAD``
 by ``pad`` x's), answers nothing while ``silent``, and records everything
 it received so a test can assert on what crossed the wire. Its catalog
