@@ -21,8 +21,8 @@ from broker.wire.http_upstream_modern import (
     modern_only_refusal,
     modern_refusal,
     modern_version,
-    only_modern_versions,
     next_cursor,
+    only_modern_versions,
     relist_request,
 )
 
