@@ -83,8 +83,10 @@ ERROR_BODY = 200  # characters of an error answer's body kept for the message
 # What httpx2 raises when the server or the connection fails us (a bug of
 # ours, such as a closed client, is not among them).
 HTTP_ERRORS = (httpx2.HTTPError, httpx2.StreamError)
-# The link's own server/discover, for a server that refused the initialize (_modern_only).
+# The link's own server/discover, for a server that refused the initialize
+# (_modern_only), and how long it waits for its answer (the Upstream's probe's).
 DISCOVER_ID = "mcpbroker-http-discover"
+DISCOVER_TIMEOUT = 5.0
 
 
 class Unit(bytes):
@@ -351,7 +353,9 @@ class HttpLink:
         if refused is None or self._mode == rules.SSE:
             return None
         probe = discover_request(DISCOVER_ID, LATEST_MODERN_VERSION)
-        answer = await self._own_answer(probe, LATEST_MODERN_VERSION)
+        answer: bytes | None = None
+        with trio.move_on_after(DISCOVER_TIMEOUT):
+            answer = await self._own_answer(probe, LATEST_MODERN_VERSION)
         versions = None if answer is None else modern_rules.only_modern_versions(answer)
         if versions is None:
             return None

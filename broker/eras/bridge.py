@@ -588,6 +588,7 @@ class AnsweringServers:
         client, if it waits, an error; the call is cancelled upstream unless
         the caller already did (``cancel``)."""
         self._calls.pop(parked.call, None)
+        parked.token = None  # (its token is discarded: no clock for it either)
         message = f"mcpbroker: {why}"
         actions: list[Action] = [
             SendServer(jsonrpc.error_response(q.server_id, INTERNAL_ERROR, message))
