@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 import trio
@@ -111,6 +112,23 @@ async def test_a_retry_in_time_gets_the_calls_answer(
             "id": 2,
             "result": {"content": [], "resultType": "complete"},
         }
+
+
+async def test_a_reload_sets_the_input_timeout_of_calls_parked_from_then_on(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    with trio.fail_after(600):
+        script = ScriptedServer(nursery)
+        broker = await start_broker(nursery, {"s": script}, settings=SETTINGS)
+        client = await open_client(nursery, broker, settings=SETTINGS)
+        await listed(client)  # (a modern session from here on)
+        client.session.reconfigure(attrs.evolve(SETTINGS, input_timeout=5.0))
+        await client.send(modern_call(1, {"line": orjson.dumps(QUESTION).decode()}))
+        await client.receive()
+        await trio.sleep(4.5)
+        assert script.requests("notifications/cancelled") == []
+        await trio.sleep(1)
+        assert len(script.requests("notifications/cancelled")) == 1
 
 
 TIMEOUTS = BrokerSettings(max_message_bytes=64 * 1024, request_timeout=10, max_request_timeout=25)
