@@ -21,6 +21,11 @@ saying why, the session stops reading, writes what is queued, answers each
 request still in flight with that error, and closes. A reload also changes
 the servers a session sees (:meth:`Session.add_server`,
 :meth:`Session.drop_server`, :meth:`Session.replace_server`).
+
+A 2026-07-28 client's call that a legacy server asked a question in is
+*parked* until the client's retry (broker/eras/session.py); a task of the
+session's, started when the first call parks and ended when none is left,
+gives up those whose client does not come back within ``broker.inputTimeout``.
 """
 
 from __future__ import annotations
@@ -140,6 +145,11 @@ class Session:
         self._unfinished = ""  # what stop() answers the requests still in flight with
         self._reading = trio.CancelScope()  # the read loop's: stop() cancels it
         self._nursery: trio.Nursery | None = None
+        # The task that gives up parked calls (_expire_parked): its scope, and
+        # the scope it sleeps in until the next deadline (None: not running).
+        self._expiring: trio.CancelScope | None = None
+        self._parked_timer: trio.CancelScope | None = None
+        self._reading_done = False
         if view is None:
             self._protocol = self._new_protocol(tuple(upstreams))
         else:
@@ -163,6 +173,8 @@ class Session:
         self._protocol.max_in_flight = settings.max_in_flight
         if self._protocol.calls is not None:
             self._protocol.calls.arguments = settings.audit_arguments
+        if isinstance(self._protocol, ModernSessionProtocol):  # (calls parked from now on)
+            self._protocol.questions.timeout = settings.input_timeout
 
     @property
     def handle(self) -> SessionHandle:
@@ -195,6 +207,9 @@ class Session:
                     with self._reading:
                         await self._read_loop()
                     await self._linger()
+                    self._reading_done = True  # (parked calls end with the session)
+                    if self._expiring is not None:
+                        self._expiring.cancel()
                     # Let the writer flush what is queued, then stop: deliveries
                     # that still arrive are dropped (the channel is closed).
                     self._outbox_send.close()
@@ -264,9 +279,13 @@ class Session:
                 if self._protocol.state is SessionState.CONNECTING and (
                     client_era(message) is Era.MODERN
                 ):  # a 2026-07-28 client: no handshake (broker/eras/session.py)
-                    self._protocol = become_modern(self._protocol, secrets.token_bytes(32))
+                    self._protocol = become_modern(
+                        self._protocol, secrets.token_bytes(32), self._settings.input_timeout
+                    )
                 for action in self._protocol.receive(message):
                     await self._execute(action)
+                if isinstance(self._protocol, ModernSessionProtocol):  # (a retry parks again)
+                    self._arm_parked()
             if forwards:
                 await self._send_forwards(forwards, size)
             self._write_audit()  # (calls the client cancelled)
@@ -470,6 +489,48 @@ class Session:
             with trio.move_on_after(LINGER_SECONDS):
                 await self._drained.wait()
 
+    # -- parked calls (a 2026-07-28 client's, at a legacy server) ---------------
+
+    def _arm_parked(self) -> None:
+        """Start the clock of the calls parked since the last look, and the
+        task that gives them up if it is not running (or wake it earlier)."""
+        protocol = self._protocol
+        assert isinstance(protocol, ModernSessionProtocol)
+        deadline = protocol.arm_parked(trio.current_time())
+        if deadline is None or self._reading_done or self._nursery is None:
+            return
+        if self._expiring is None:
+            self._expiring = trio.CancelScope()
+            self._nursery.start_soon(self._expire_parked, protocol, self._expiring)
+        elif self._parked_timer is not None and deadline < self._parked_timer.deadline:
+            self._parked_timer.deadline = deadline  # (a reload shortened inputTimeout)
+
+    async def _expire_parked(
+        self, protocol: ModernSessionProtocol, scope: trio.CancelScope
+    ) -> None:
+        """Give up each parked call whose client did not come back in time
+        (broker/eras/bridge.py, ``AnsweringServers.expire``): cancelled
+        upstream, the server's questions answered with errors. Ends when no
+        call is parked (the next one starts it again) or the session ends."""
+        with scope:
+            while True:
+                deadline = protocol.questions.next_deadline()
+                if deadline is None:
+                    break
+                with trio.CancelScope(deadline=deadline) as self._parked_timer:
+                    await trio.sleep_forever()
+                self._parked_timer = None
+                if protocol.calls is not None:
+                    protocol.calls.now = trio.current_time()
+                actions = protocol.expire_parked(trio.current_time())
+                expired = sum(isinstance(action, CancelUpstream) for action in actions)
+                if expired:
+                    self._log.info("session.input_expired", calls=expired)
+                for action in actions:
+                    await self._execute(action)
+                self._write_audit()
+        self._expiring = self._parked_timer = None
+
     # -- writing ------------------------------------------------------------
 
     async def _write_loop(self) -> None:
@@ -511,6 +572,7 @@ class Session:
             self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
         if isinstance(self._protocol, ModernSessionProtocol):
+            self._arm_parked()  # (an answer input_required parks its call)
             # Answers to servers' questions the rules gave while reading this.
             for server, answer in self._protocol.take_upstream_answers():
                 upstream = self._upstreams.get(server)

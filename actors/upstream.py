@@ -713,9 +713,12 @@ class Upstream:
         Every request gets the same timeout and progress only pushes deadlines
         later, so with nothing pending, nothing can expire sooner than one
         timeout from now; a new timeout (a reload) wakes this task to look again.
+        A modern server's call whose legacy clients are asked its questions
+        has the same timeout for their answers (broker/eras/bridge.py,
+        ``AskingClients.expire``): expired here too.
         """
         while True:
-            deadline = self._protocol.deadlines.next_deadline()
+            deadline = self._protocol.next_deadline()
             if deadline is None:
                 deadline = trio.current_time() + self._timeouts.timeout
             with trio.move_on_at(deadline):
@@ -724,7 +727,7 @@ class Upstream:
                 continue
             actions = self._protocol.expire(trio.current_time())
             for action in actions:
-                if isinstance(action, Deliver):
+                if isinstance(action, Deliver) and "error" in action.message:
                     self._timeouts_count += 1
                     self._log.warning(
                         "server.request_timed_out",

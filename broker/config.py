@@ -90,6 +90,9 @@ class BrokerSettings:
     page_size: int = 0  # 0: list results are not paginated
     request_timeout: float = 300.0  # seconds without an answer or progress
     max_request_timeout: float = 3600.0  # seconds, however much progress
+    # Seconds a call a legacy server asked a question in waits for its modern
+    # client's retry (the input_required round, docs/eras.md).
+    input_timeout: float = 120.0
     # Bytes that may wait to be written to one client, or to one server.
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # requests one session may have in flight
@@ -243,6 +246,8 @@ def parse_config(data: Any) -> Config:
         raise ConfigError(
             '"broker.requestTimeout" must be above 0 and at most "broker.maxRequestTimeout"'
         )
+    if broker.input_timeout <= 0:
+        raise ConfigError('"broker.inputTimeout" must be a number of seconds above 0')
     if broker.max_queued_bytes < broker.max_message_bytes:
         raise ConfigError('"broker.maxQueuedBytes" must be at least "broker.maxMessageBytes"')
     if broker.max_in_flight < 1 or broker.max_server_in_flight < 1:
@@ -289,6 +294,7 @@ _BROKER_KEYS = {
     "pageSize": "page_size",
     "requestTimeout": "request_timeout",
     "maxRequestTimeout": "max_request_timeout",
+    "inputTimeout": "input_timeout",
     "maxQueuedBytes": "max_queued_bytes",
     "maxInFlight": "max_in_flight",
     "maxServerInFlight": "max_server_in_flight",

@@ -94,6 +94,7 @@ BROKER_EFFECTS: dict[str, Effect] = {
     # Limits checked at each request or message.
     "request_timeout": Effect.LIVE,
     "max_request_timeout": Effect.LIVE,
+    "input_timeout": Effect.LIVE,  # for the calls parked from now on
     "max_queued_bytes": Effect.LIVE,
     "max_in_flight": Effect.LIVE,
     "max_server_in_flight": Effect.LIVE,

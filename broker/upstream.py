@@ -666,7 +666,17 @@ class UpstreamProtocol:
             actions.append(Deliver(entry.session, error))
         if self.turns.on:
             self._settle()
+        if self.asking:  # calls waiting for their clients' answers (docs/eras.md)
+            actions += self._bridged(self.asking.expire(now), now)
         return actions
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`expire` has something to do next (None: nothing waits):
+        a request's deadline, or a call's whose clients were asked its questions."""
+        first, asked = self.deadlines.next_deadline(), self.asking.next_deadline()
+        if first is None or asked is None:
+            return asked if first is None else first
+        return min(first, asked)
 
     def client_cancelled(self, session: Hashable, params: dict[str, Any]) -> Message | None:
         """Translate a client's ``notifications/cancelled``; None if nothing to cancel."""
@@ -888,7 +898,10 @@ class UpstreamProtocol:
             if is_input_required(result):
                 assert isinstance(result, dict)
                 capabilities = self.sessions.get(entry.session, {})
-                asked = self.asking.input_required(entry.session, capabilities, note, result)
+                timeout = self.deadlines.policy.timeout  # (the call's own, between rounds too)
+                asked = self.asking.input_required(
+                    entry.session, capabilities, note, result, now, timeout
+                )
                 return self._bridged(asked, now)
         return [Deliver(entry.session, message)]
 

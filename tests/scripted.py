@@ -2,8 +2,9 @@
 
 :class:`MemoryLink` is a :class:`actors.links.link.Link` whose far end is a
 :class:`ScriptedServer` task instead of a process: it answers ``initialize``,
-``ping`` and a few tools (``echo`` returns its arguments, ``sleep`` waits
-``seconds`` first, ``die`` makes the "process" exit, ``raw`` writes its
+``ping`` (``server/discover`` too, as a 2026-07-28 server, if ``modern``)
+and a few tools (``echo`` returns its arguments, ``sleep`` waits ``seconds``
+first, ``die`` makes the "process" exit, ``raw`` writes its
 ``line`` argument as it is, with ``ID`` replaced by the request's id and ``PAD``
 by ``pad`` x's), answers nothing while ``silent``, and records everything
 it received so a test can assert on what crossed the wire. Its catalog
@@ -37,6 +38,7 @@ class ScriptedServer:
         label: str = "scripted",
         initialize_delay: float = 0.0,
         stop_reading: bool = False,
+        modern: bool = False,
     ) -> None:
         self.nursery = nursery
         self.answer_initialize = answer_initialize
@@ -48,6 +50,8 @@ class ScriptedServer:
         # Answer nothing while set (as a process that was SIGSTOPped: it reads
         # nothing either, but memory streams need no reader to take bytes).
         self.silent = False
+        # Answer server/discover as a 2026-07-28 server (its one version).
+        self.modern = modern
         self.tools: list[dict[str, Any]] = [
             {"name": name, "inputSchema": {"type": "object"}} for name in TOOL_NAMES
         ]
@@ -139,6 +143,13 @@ class MemoryLink:
                 "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "completions": {}},
                 "serverInfo": {"name": self.script.label, "version": "1"},
                 "instructions": f"I am {self.script.label}.",
+            }
+        elif method == "server/discover" and self.script.modern:
+            result = {
+                "resultType": "complete",
+                "supportedVersions": ["2026-07-28"],
+                "capabilities": {"tools": {}},
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": self.script.label}},
             }
         elif method == "tools/call" and params.get("name") == "die":
             await self.die()

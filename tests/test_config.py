@@ -226,3 +226,11 @@ def test_the_shutdown_timeout_is_checked() -> None:
     assert parse_config({}).broker.shutdown_timeout == 5.0
     with pytest.raises(ConfigError, match="shutdownTimeout"):
         parse_config({"broker": {"shutdownTimeout": -1}})
+
+
+def test_the_input_timeout_is_checked() -> None:
+    assert parse_config({}).broker.input_timeout == 120.0
+    assert parse_config({"broker": {"inputTimeout": 30}}).broker.input_timeout == 30.0
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match="inputTimeout"):
+            parse_config({"broker": {"inputTimeout": bad}})

@@ -61,6 +61,7 @@ BROKER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "page_size": st.sampled_from([0, 10]),
     "request_timeout": st.sampled_from([1.0, 300.0]),
     "max_request_timeout": st.sampled_from([300.0, 3600.0]),
+    "input_timeout": st.sampled_from([30.0, 120.0]),
     "max_queued_bytes": st.sampled_from([1 << 24, 1 << 26]),
     "max_in_flight": st.sampled_from([1, 4096]),
     "max_server_in_flight": st.sampled_from([1, 16384]),

@@ -206,6 +206,36 @@ def test_a_cancelled_call_withdraws_its_questions() -> None:
     assert bridge.client_answered("s1", result("mcpbroker:weather:1", {})) is None
 
 
+def test_a_client_that_does_not_answer_within_the_calls_timeout_fails_the_call() -> None:
+    bridge = AskingClients("weather")
+    assert bridge.next_deadline() is None
+    answer = {"resultType": "input_required", "inputRequests": {"a": ELICIT, "b": SAMPLE}}
+    bridge.input_required("s1", BOTH, InputRound(CALL), answer, now=100.0, timeout=30.0)
+    assert bridge.client_answered("s1", result("mcpbroker:weather:2", {"text": "x"})) == []
+    assert bridge.next_deadline() == 130.0
+    assert bridge.expire(129.9) == []
+    assert bridge.expire(130.0) == [
+        AskClient("s1", {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": "mcpbroker:weather:1"}}),
+        AnswerClient("s1", {"jsonrpc": "2.0", "id": 7, "error": {
+            "code": -32001,
+            "message": "Request 'tools/call' to MCP server 'weather' timed out: the client "
+                       "did not answer the server's questions within 30 s",
+            "data": {"server": "weather"}}}),
+    ]  # fmt: skip
+    assert len(bridge) == 0 and bridge.next_deadline() is None
+    # A late answer is nobody's (the session drops it), and nothing expires twice.
+    assert bridge.client_answered("s1", result("mcpbroker:weather:1", {})) is None
+    assert bridge.expire(200.0) == []
+
+
+def test_a_call_without_a_timeout_waits_for_its_clients_answers() -> None:
+    bridge = AskingClients("weather")
+    asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})
+    assert bridge.next_deadline() is None and bridge.expire(1e12) == []
+    assert bridge.owns("mcpbroker:weather:1")
+
+
 def test_another_sessions_answer_is_not_taken() -> None:
     bridge = AskingClients("weather")
     asked(bridge, BOTH, {"resultType": "input_required", "inputRequests": {"a": ELICIT}})
@@ -327,14 +357,59 @@ def test_another_sessions_state_is_refused_and_stays_its_owners() -> None:
 
 
 def test_a_client_that_never_comes_back_expires() -> None:
-    bridge = AnsweringServers("files", KEY)
+    bridge = AnsweringServers("files", KEY, timeout=120.0)
     (first,) = ask(bridge)
     token = first.message["result"]["requestState"]
-    assert bridge.expire(token) == [
-        SendServer(error(100, -32603, "mcpbroker: the client did not answer in time")),
+    assert bridge.next_deadline() is None  # not armed yet: the actor's clock says when
+    assert bridge.arm(1000.0) == 1120.0
+    assert bridge.arm(1050.0) is None  # (nothing new)
+    assert bridge.next_deadline() == 1120.0
+    assert bridge.expire(1119.0) == []
+    assert ask(bridge, SAMPLE, id=101) == []  # asked while the client is away
+    assert bridge.expire(1120.0) == [
+        SendServer(error(100, -32603, "mcpbroker: the client did not come back with its "
+                                      "input within 120 s")),
+        SendServer(error(101, -32603, "mcpbroker: the client did not come back with its "
+                                      "input within 120 s")),
         CancelCall(5),
-    ]
-    assert bridge.expire(token) == [] and len(bridge) == 0
+    ]  # fmt: skip
+    assert bridge.expire(2000.0) == [] and len(bridge) == 0 and len(bridge.states) == 0
+    assert bridge.next_deadline() is None
+    # The retry that comes too late is told why; then (told once) as any unknown token.
+    (late,) = bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "accept"}}))
+    assert late.message["error"]["code"] == -32602
+    assert late.message["error"]["message"].startswith(
+        "requestState expired: no retry came within 120 s, so mcpbroker gave the call up"
+    )
+    (again,) = bridge.retry("s1", retry_of(token, 3, {}))
+    assert again.message["error"]["message"] == (
+        "requestState is unknown, expired, or not this client's"
+    )
+
+
+def test_a_retry_in_time_stops_the_clock_and_a_new_round_starts_it_again() -> None:
+    bridge = AnsweringServers("files", KEY, timeout=60.0)
+    (first,) = ask(bridge)
+    bridge.arm(0.0)
+    token = first.message["result"]["requestState"]
+    bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "accept"}}))
+    assert bridge.next_deadline() is None and bridge.expire(1e9) == []
+    (second,) = ask(bridge, SAMPLE, id=101, client_id=2)
+    assert second.message["id"] == 2 and bridge.arm(50.0) == 110.0
+    # Another session's late retry is not told anything of this one's.
+    bridge.expire(110.0)
+    second_token = second.message["result"]["requestState"]
+    (stolen,) = bridge.retry("s2", retry_of(second_token, 9, {}))
+    assert stolen.message["error"]["message"] == (
+        "requestState is unknown, expired, or not this client's"
+    )
+
+
+def test_without_a_timeout_a_parked_call_waits() -> None:
+    bridge = AnsweringServers("files", KEY)
+    ask(bridge)
+    assert bridge.arm(0.0) is None and bridge.next_deadline() is None
+    assert bridge.expire(1e12) == [] and len(bridge) == 1
 
 
 def test_a_session_that_leaves_ends_its_parked_calls_only() -> None:

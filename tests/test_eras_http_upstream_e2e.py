@@ -77,6 +77,7 @@ async def stats(url: str) -> dict[str, Any]:
 # (the server's kind, its "era" in the config: None for the default; whether it is modern)
 SERVERS = [
     ("modern", None, True),  # refuses initialize (-32022): opened modern
+    ("modern-only", None, True),  # refuses it with -32602: server/discover says modern
     ("modern", "auto", True),
     ("dual", "auto", True),
     ("dual", None, False),

@@ -315,6 +315,33 @@ def test_cancelling_a_retry_cancels_the_call_upstream_by_its_first_id() -> None:
     assert proto.inflight == set()
 
 
+def test_a_parked_call_whose_client_does_not_come_back_is_given_up() -> None:
+    """Past inputTimeout: cancelled upstream by its first id (before the
+    server's question is answered with an error, so a late answer of the
+    call is dropped upstream), forgotten here, and the late retry told why."""
+    legacy = SessionProtocol(("files", "github"), Catalogs(Catalog((FILES, GITHUB))))
+    proto = opened(become_modern(legacy, KEY, input_timeout=120.0))
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(proto, question())
+    assert proto.arm_parked(10.0) == 130.0
+    assert proto.expire_parked(129.0) == []
+    cancel, answer = proto.expire_parked(130.0)
+    assert cancel == CancelUpstream({"requestId": 1, "reason": (
+        "mcpbroker: the client did not come back with its input in time")})  # fmt: skip
+    assert isinstance(answer, RespondUpstream) and answer.server == "files"
+    assert answer.message["id"] == "mcpbroker:files:1"
+    assert answer.message["error"]["code"] == -32603
+    assert proto.inflight == set() and proto.open_calls == {}
+    retry = request(2, "tools/call", _meta=meta({"elicitation": {}}), name="files__read",
+                    inputResponses={"elicitation-1": {"action": "accept"}},
+                    requestState=asked["result"]["requestState"])  # fmt: skip
+    (late,) = proto.receive(retry)
+    assert isinstance(late, Reply) and isinstance(late.message, dict)
+    assert late.message["id"] == 2 and late.message["error"]["code"] == -32602
+    assert "requestState expired" in late.message["error"]["message"]
+    assert proto.inflight == set()
+
+
 def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None:
     proto = opened(session())
     readme = "file:///README.md"  # files takes subscriptions; github's file:///gh.txt: no

@@ -20,6 +20,7 @@ from broker.eras.versions import (
     SUBSCRIPTION_ID_KEY,
 )
 from broker.lifecycle import HandshakeError
+from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
     HANDSHAKE_ID,
     PROBE_ID,
@@ -165,6 +166,29 @@ def test_cancelling_a_call_between_rounds_withdraws_its_questions() -> None:
     assert isinstance(withdrawn, Deliver)
     assert withdrawn.message["method"] == "notifications/cancelled"
     assert withdrawn.message["params"] == {"requestId": "mcpbroker:m:1"}
+    assert proto.client_answer("a", jsonrpc.result_response("mcpbroker:m:1", {})) == []
+
+
+def test_a_legacy_client_that_does_not_answer_in_the_calls_timeout_fails_the_call() -> None:
+    """Between rounds the call's own timeout runs: its questions are withdrawn
+    and the call is answered -32001; the server has nothing of it to cancel."""
+    proto = UpstreamProtocol("m", TimeoutPolicy(timeout=10.0), era="auto")
+    proto.start()
+    proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    proto.attach("a", ASKS)
+    first = sent(proto.client_request("a", call(7), now=0.0))
+    proto.server_message(input_required(first["id"], q=QUESTION), now=3.0)
+    assert proto.next_deadline() == 13.0  # (the request itself is answered)
+    assert proto.expire(12.9) == []
+    withdrawn, failed = proto.expire(13.0)
+    assert isinstance(withdrawn, Deliver) and withdrawn.session == "a"
+    assert withdrawn.message == jsonrpc.notification(
+        "notifications/cancelled", {"requestId": "mcpbroker:m:1"}
+    )
+    assert isinstance(failed, Deliver) and failed.message["id"] == 7
+    assert failed.message["error"]["code"] == jsonrpc.REQUEST_TIMEOUT
+    assert "within 10 s" in failed.message["error"]["message"]
+    assert proto.next_deadline() is None and len(proto.asking) == 0
     assert proto.client_answer("a", jsonrpc.result_response("mcpbroker:m:1", {})) == []
 
 

@@ -18,9 +18,11 @@ from broker.wire.http_upstream_modern import (
     is_header_mismatch,
     is_tools_list_start,
     modern_headers,
+    modern_only_refusal,
     modern_refusal,
     modern_version,
     next_cursor,
+    only_modern_versions,
     relist_request,
 )
 
@@ -190,6 +192,35 @@ def test_an_initialize_refused_with_a_modern_error_is_no_reason_to_fall_back(
     body = orjson.dumps({"jsonrpc": "2.0", "id": "i", "error": {"code": code, "message": "no"}})
     assert (modern_refusal(body, "i") is not None) is modern
     assert modern_refusal(b"", "i") is None
+
+
+def discovered(versions: Any) -> bytes:
+    result = {"resultType": "complete", "supportedVersions": versions, "capabilities": {}}
+    return orjson.dumps({"jsonrpc": "2.0", "id": "d", "result": result})
+
+
+def test_a_discover_answer_naming_only_modern_versions_is_told_from_any_other() -> None:
+    assert only_modern_versions(discovered([MODERN])) == [MODERN]
+    assert only_modern_versions(discovered(["2027-01-01", MODERN])) == ["2027-01-01", MODERN]
+    for other in ([MODERN, "2025-11-25"], ["2025-06-18"], [], [MODERN, 7], "2026-07-28", None):
+        assert only_modern_versions(discovered(other)) is None  # dual-era, legacy, bad
+    error = {"code": -32600, "message": "Bad Request: Missing session ID"}
+    assert only_modern_versions(orjson.dumps({"jsonrpc": "2.0", "id": "d", "error": error})) is None
+    assert only_modern_versions(b"Bad Request") is None
+    assert only_modern_versions(b"[1]") is None
+
+
+def test_an_initialize_refused_by_a_modern_only_server_reads_as_the_spec_has_it() -> None:
+    said = {"code": -32602, "message": "params._meta must be an object"}
+    refused = orjson.dumps({"jsonrpc": "2.0", "id": "i", "error": said})
+    refusal = orjson.loads(modern_only_refusal(refused, [MODERN]))
+    assert refusal["id"] == "i"
+    assert refusal["error"]["code"] == -32022  # what the Upstream opens modern (modern_only)
+    assert refusal["error"]["data"] == {"supported": [MODERN], "refused": said}
+    assert refusal["error"]["message"] == (
+        "initialize was refused (-32602: params._meta must be an object) and "
+        "server/discover names only 2026-07-28"
+    )
 
 
 def test_the_answer_on_a_stream_is_told_from_its_notifications() -> None:

@@ -42,7 +42,10 @@ docs/eras.md "A modern server by URL"): a request stamped with a modern
 version in its ``_meta`` is its own POST with the headers mirroring its body,
 sent at once (no initialize, no session, no GET stream, no DELETE); its
 stream's messages go up as plain frames, as from stdio; cancelling it closes
-its stream (no ``notifications/cancelled`` is POSTed).
+its stream (no ``notifications/cancelled`` is POSTed). An initialize
+refused with a 4xx and a JSON-RPC error that is no modern server's sign
+has the link ask ``server/discover`` before it falls back
+(:meth:`HttpLink._modern_only`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ from actors.errors import TransportClosed
 from actors.links.http_pool import StackTransport
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
+from broker.eras.probe import discover_request
+from broker.eras.versions import LATEST_MODERN_VERSION
 from broker.jsonrpc import Message
 from broker.wire import http_upstream as rules
 from broker.wire import http_upstream_modern as modern_rules
@@ -78,6 +83,10 @@ ERROR_BODY = 200  # characters of an error answer's body kept for the message
 # What httpx2 raises when the server or the connection fails us (a bug of
 # ours, such as a closed client, is not among them).
 HTTP_ERRORS = (httpx2.HTTPError, httpx2.StreamError)
+# The link's own server/discover, for a server that refused the initialize
+# (_modern_only), and how long it waits for its answer (the Upstream's probe's).
+DISCOVER_ID = "mcpbroker-http-discover"
+DISCOVER_TIMEOUT = 5.0
 
 
 class Unit(bytes):
@@ -305,6 +314,8 @@ class HttpLink:
             if initialize and outcome in (rules.FALLBACK, rules.FAILED):
                 body = await _error_body(response)
                 refusal = modern_rules.modern_refusal(body, unit.id)
+                if refusal is None and 400 <= response.status_code < 500:
+                    refusal = await self._modern_only(unit, body)
                 if refusal is not None:  # a modern server: the Upstream probes it
                     await self._emit([self._frame(refusal)])
                     return
@@ -331,6 +342,25 @@ class HttpLink:
                 await self._failed(unit, await _status(response))
             elif unit.id is not None and self._mode != rules.SSE:
                 await self._failed(unit, f"HTTP {response.status_code} and no answer")
+
+    async def _modern_only(self, initialize: Unit, body: bytes) -> bytes | None:
+        """An initialize refused with a 4xx whose JSON-RPC error is no modern
+        server's sign (the SDK's modern-only handler answers -32602): if
+        ``server/discover`` then names only modern versions, the refusal
+        such a server gives (-32022 naming them), for the Upstream to open
+        it modern; None: not so (an old server: the refusal stands)."""
+        refused = modern_rules.error_answer(body, initialize.id)
+        if refused is None or self._mode == rules.SSE:
+            return None
+        probe = discover_request(DISCOVER_ID, LATEST_MODERN_VERSION)
+        answer: bytes | None = None
+        with trio.move_on_after(DISCOVER_TIMEOUT):
+            answer = await self._own_answer(probe, LATEST_MODERN_VERSION)
+        versions = None if answer is None else modern_rules.only_modern_versions(answer)
+        if versions is None:
+            return None
+        self._log.info("server.http_modern_only", url=self._url, versions=versions)
+        return modern_rules.modern_only_refusal(refused, versions)
 
     async def _fall_back(self, unit: Unit) -> None:
         """An initialize refused as an old server refuses it: HTTP+SSE."""

@@ -16,7 +16,10 @@ question, with ids of the broker's own; once every answer is in, the call
 goes up again with ``inputResponses`` and the server's ``requestState``.
 The client sees one request and one answer; a question it did not declare
 the capability for is never asked: its call is answered -32021. After
-:data:`MAX_ROUNDS` rounds the call is answered with an error.
+:data:`MAX_ROUNDS` rounds the call is answered with an error. The answers
+must come within the call's own timeout (``input_required``'s ``timeout``;
+the actor's clock, :meth:`AskingClients.expire`), or the questions are
+withdrawn and the call answered -32001.
 
 **A modern client at a legacy server** (:class:`AnsweringServers`; a
 modern session keeps one, naming each call by its first id:
@@ -27,11 +30,16 @@ broker's own (broker/eras/tokens.py). The client's retry (a new id, the
 same request, ``inputResponses`` and that ``requestState``) hands the answers
 to the server and takes over the waiting call: the final result goes to
 the retry's id. A question the server asks while the client is away waits
-for the retry, whose answer is then the next ``input_required``.
+for the retry, whose answer is then the next ``input_required``. A client
+that does not come back within ``timeout`` (the actor's clock:
+:meth:`AnsweringServers.arm`, :meth:`AnsweringServers.expire`) is given up:
+the server's questions get errors, the call is cancelled, and a retry that
+comes later is told so.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -51,6 +59,7 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    REQUEST_TIMEOUT,
     JsonRpcError,
     Message,
     RequestId,
@@ -60,6 +69,7 @@ from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
 from broker.wire.envelope import Answer
 
 MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
+MAX_EXPIRED = 256  # expired requestStates remembered per session, to tell a late retry why
 MODERN_META_KEYS = (
     PROTOCOL_VERSION_KEY,
     CLIENT_CAPABILITIES_KEY,
@@ -197,6 +207,8 @@ class _Exchange:
     request_state: Any
     asks: dict[str, str]  # the broker's id of a question to the client -> its input key
     answers: dict[str, Any]
+    timeout: float = math.inf  # seconds the client has to answer them all
+    deadline: float = math.inf  # ... that is, until then (the actor's clock)
 
 
 class AskingClients:
@@ -222,8 +234,12 @@ class AskingClients:
         capabilities: dict[str, Any],
         note: InputRound,
         result: dict[str, Any],
+        now: float = 0.0,
+        timeout: float = math.inf,
     ) -> list[Action]:
-        """The server answered the call in ``note`` with ``input_required``."""
+        """The server answered the call in ``note`` with ``input_required``
+        (at ``now``): its questions are put to the client, which has
+        ``timeout`` seconds to answer them all (:meth:`expire`)."""
         client_id = note.request["id"]
         rounds = note.rounds + 1
         if rounds > self.max_rounds:
@@ -239,6 +255,7 @@ class AskingClients:
             return [AnswerClient(session, exc.to_response())]
         round = InputRound(note.request, rounds)
         exchange = _Exchange(session, round, result.get("requestState"), {}, {})
+        exchange.timeout, exchange.deadline = timeout, now + timeout
         if not requests:  # state only: ask again at once (the actor may pace it)
             return [self._retry(exchange)]
         actions: list[Action] = []
@@ -287,6 +304,33 @@ class AskingClients:
     def session_gone(self, session: Hashable) -> None:
         for exchange in [e for e in self._by_call.values() if e.session == session]:
             self._drop(exchange)
+
+    def next_deadline(self) -> float | None:
+        """When the first call waiting for its client's answers runs out
+        (None: none waits, or none has a deadline)."""
+        if not self._by_call:
+            return None
+        first = min(exchange.deadline for exchange in self._by_call.values())
+        return None if first == math.inf else first
+
+    def expire(self, now: float) -> list[Action]:
+        """The calls whose client did not answer every question by ``now``:
+        the questions still open are withdrawn and the call is answered
+        -32001, as a call that timed out upstream is (the server has nothing
+        of it between rounds: nothing is cancelled there)."""
+        actions: list[Action] = []
+        for exchange in [e for e in self._by_call.values() if e.deadline <= now]:
+            actions += self._drop(exchange)
+            request = exchange.round.request
+            message = (
+                f"Request {request['method']!r} to MCP server {self.server!r} timed out: "
+                f"the client did not answer the server's questions within {exchange.timeout:g} s"
+            )
+            error = jsonrpc.error_response(
+                request["id"], REQUEST_TIMEOUT, message, data={"server": self.server}
+            )
+            actions.append(AnswerClient(exchange.session, error))
+        return actions
 
     def server_gone(self, why: str) -> list[Action]:
         """The server went away: every call waiting for its clients' answers
@@ -355,10 +399,20 @@ class _Parked:
 class AnsweringServers:
     """A legacy server's questions to modern clients, as ``input_required`` rounds."""
 
-    def __init__(self, server: str, key: bytes, limit: int = 4096) -> None:
+    def __init__(
+        self, server: str, key: bytes, limit: int = 4096, timeout: float = math.inf
+    ) -> None:
+        """``timeout``: the seconds a parked call waits for its client's retry
+        (from :meth:`arm`; infinite: until the call ends otherwise)."""
         self.server = server
         self.states = RequestStates(key, limit)
+        self.timeout = timeout
         self._calls: dict[Hashable, _Parked] = {}
+        self._unarmed: list[_Parked] = []  # parked since the last arm()
+        # requestState -> (its deadline, the timeout it was given): the parked calls.
+        self._deadlines: dict[str, tuple[float, float]] = {}
+        # requestStates given up (expire), to tell a late retry: -> (session, timeout).
+        self._expired: dict[str, tuple[Hashable, float]] = {}
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -401,14 +455,15 @@ class AnsweringServers:
         token = params.get("requestState")
         parked = self.states.peek(session, token)
         if not isinstance(parked, _Parked) or parked.method != request.get("method"):
-            message = (
-                f"requestState belongs to a {parked.method} request"
-                if isinstance(parked, _Parked)
-                else "requestState is unknown, expired, or not this client's"
-            )
+            if isinstance(parked, _Parked):
+                message = f"requestState belongs to a {parked.method} request"
+            else:
+                message = self._unknown(session, token)
             error = jsonrpc.error_response(request["id"], INVALID_PARAMS, message)
             return [AnswerClient(session, error)]
         self.states.redeem(session, token)
+        if parked.token is not None:
+            self._deadlines.pop(parked.token, None)
         parked.token = None
         parked.client_id = request["id"]
         responses = params.get("inputResponses")
@@ -440,17 +495,66 @@ class AnsweringServers:
         del self._calls[call]
         return False
 
-    def expire(self, token: str) -> list[Action]:
-        """The client did not come back in time: the server's questions get
-        errors and the call is given up."""
-        parked = self.states.discard(token)
-        return self._abandon(parked, "the client did not answer in time") if parked else []
+    def arm(self, now: float) -> float | None:
+        """Start the clock of the calls parked since the last call (``now``:
+        the actor's time); the earliest deadline among them (None: none)."""
+        if not self._unarmed:
+            return None
+        first: float | None = None
+        for parked in self._unarmed:
+            token = parked.token
+            if token is None or parked.client_id is not None or math.isinf(self.timeout):
+                continue  # (taken over or ended already, or no deadline now)
+            deadline = now + self.timeout
+            self._deadlines[token] = (deadline, self.timeout)
+            first = deadline if first is None else min(first, deadline)
+        self._unarmed.clear()
+        return first
+
+    def next_deadline(self) -> float | None:
+        """When the first parked call runs out (None: none waits with a deadline)."""
+        if not self._deadlines:
+            return None
+        return min(deadline for deadline, _ in self._deadlines.values())
+
+    def expire(self, now: float) -> list[Action]:
+        """The parked calls whose client did not come back by ``now``: the
+        server's questions get errors and the call is given up (cancelled
+        upstream); a retry that comes later is told its state expired."""
+        actions: list[Action] = []
+        for token, (deadline, timeout) in list(self._deadlines.items()):
+            if deadline > now:
+                continue
+            del self._deadlines[token]
+            parked = self.states.discard(token)
+            if not isinstance(parked, _Parked):
+                continue
+            parked.token = None
+            while len(self._expired) >= MAX_EXPIRED:
+                del self._expired[next(iter(self._expired))]
+            self._expired[token] = (parked.session, timeout)
+            why = f"the client did not come back with its input within {timeout:g} s"
+            actions.extend(self._abandon(parked, why))
+        return actions
+
+    def _unknown(self, session: Hashable, token: Any) -> str:
+        """Why a retry's ``requestState`` names no parked call."""
+        expired = self._expired.get(token) if isinstance(token, str) else None
+        if expired is None or expired[0] != session:
+            return "requestState is unknown, expired, or not this client's"
+        del self._expired[token]
+        return (
+            f"requestState expired: no retry came within {expired[1]:g} s, so mcpbroker "
+            "gave the call up (the server's questions were answered with errors and the "
+            "call cancelled); call again without it"
+        )
 
     def session_gone(self, session: Hashable) -> list[Action]:
         actions: list[Action] = []
         for parked in [p for p in self._calls.values() if p.session == session]:
             if parked.token is not None:
                 self.states.discard(parked.token)
+                self._deadlines.pop(parked.token, None)
             actions.extend(self._abandon(parked, "the client disconnected"))
         return actions
 
@@ -461,6 +565,7 @@ class AnsweringServers:
             return []
         if parked.token is not None:
             self.states.discard(parked.token)
+            self._deadlines.pop(parked.token, None)
         return self._abandon(parked, "the client cancelled the request", cancel=False)
 
     def _ask(self, parked: _Parked) -> list[Action]:
@@ -475,6 +580,8 @@ class AnsweringServers:
         except TooManyStates as exc:
             return self._abandon(parked, str(exc))
         parked.client_id = None
+        if not math.isinf(self.timeout):
+            self._unarmed.append(parked)
         requests = {
             key: {"method": q.method, "params": q.params} for key, q in parked.asking.items()
         }
@@ -487,6 +594,7 @@ class AnsweringServers:
         client, if it waits, an error; the call is cancelled upstream unless
         the caller already did (``cancel``)."""
         self._calls.pop(parked.call, None)
+        parked.token = None  # (its token is discarded: no clock for it either)
         message = f"mcpbroker: {why}"
         actions: list[Action] = [
             SendServer(jsonrpc.error_response(q.server_id, INTERNAL_ERROR, message))

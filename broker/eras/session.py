@@ -25,10 +25,13 @@ routing, limits and in-flight table, and changes what the eras differ in:
   retry with ``inputResponses`` hands the answer to the server and takes the
   call over (broker/eras/bridge.py, ``AnsweringServers``; here the call is
   named by the client's first id, which the server's answer still carries).
+  A call whose client does not come back within ``input_timeout`` is given
+  up (:meth:`ModernSessionProtocol.expire_parked`; the actor keeps the clock).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from broker import jsonrpc
@@ -68,6 +71,7 @@ from broker.session import (
     ROUTED_METHODS,
     Action,
     Attach,
+    CancelUpstream,
     CatalogSource,
     Defer,
     Forward,
@@ -111,9 +115,12 @@ class ModernSessionProtocol(SessionProtocol):
         transparent: bool = False,
         refusal: str | None = None,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        input_timeout: float = math.inf,
     ) -> None:
         """``key``: the secret the session's ``requestState`` tokens are made with;
-        the rest as :class:`~broker.session.SessionProtocol`'s."""
+        ``input_timeout``: how long a call a server asked a question in waits
+        for the client's retry (broker.inputTimeout); the rest as
+        :class:`~broker.session.SessionProtocol`'s."""
         super().__init__(
             view,
             catalogs,
@@ -128,7 +135,7 @@ class ModernSessionProtocol(SessionProtocol):
         self.log_levels = RequestLogLevels()
         self.open_calls: dict[RequestId, Call] = {}  # forwarded and unanswered, by first id
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
-        self.questions = bridge.AnsweringServers("", key)
+        self.questions = bridge.AnsweringServers("", key, timeout=input_timeout)
         self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
         self.own_requests = 0
         # Answers to servers' questions that the writer decided: the actor sends them.
@@ -298,6 +305,37 @@ class ModernSessionProtocol(SessionProtocol):
                 out.append(Reply(self._answer_of(action.message, request["method"])))
         return out
 
+    def arm_parked(self, now: float) -> float | None:
+        """Start the clock of the calls parked since the last call (the actor
+        calls it after each read and write, with its time): the earliest new
+        deadline, for its timer (None: nothing new)."""
+        return self.questions.arm(now)
+
+    def expire_parked(self, now: float) -> list[Action]:
+        """Give up the parked calls whose client did not come back by ``now``:
+        each is cancelled upstream (by its first id) and forgotten here, then
+        the server's questions are answered with errors; the client's late
+        retry is told its ``requestState`` expired (broker/eras/bridge.py)."""
+        cancels: list[Action] = []
+        answers: list[Action] = []
+        for action in self.questions.expire(now):
+            if isinstance(action, bridge.CancelCall):
+                first = action.call
+                assert type(first) is int or type(first) is str  # (named by its first id)
+                current = self.aliases.pop(first, first)
+                for id in {first, current}:
+                    self.inflight.discard(id)
+                    self.log_levels.close(id)
+                    if self.calls is not None:
+                        self.calls.cancelled(id)
+                self._forget(first)
+                reason = "mcpbroker: the client did not come back with its input in time"
+                cancels.append(CancelUpstream({"requestId": first, "reason": reason}))
+            elif isinstance(action, bridge.SendServer):
+                server = server_of(action.message["id"]) or ""
+                answers.append(RespondUpstream(server, action.message))
+        return cancels + answers  # (cancelled first: a late answer is then dropped upstream)
+
     def _answer_of(self, message: Message, method: str) -> Message:
         if "result" in message:
             return {**message, "result": complete_result(method, message["result"])}
@@ -460,7 +498,9 @@ class ModernSessionProtocol(SessionProtocol):
         self.log_levels.close(first)
 
 
-def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
+def become_modern(
+    legacy: SessionProtocol, key: bytes, input_timeout: float = math.inf
+) -> ModernSessionProtocol:
     """The modern protocol that takes over a session whose first message was modern."""
     modern = ModernSessionProtocol(
         legacy.view,
@@ -469,6 +509,7 @@ def become_modern(legacy: SessionProtocol, key: bytes) -> ModernSessionProtocol:
         refusal=legacy.refusal,
         max_in_flight=legacy.max_in_flight,
         key=key,
+        input_timeout=input_timeout,
     )
     modern.refusal_code = legacy.refusal_code  # (a stopping daemon's refusal is -32000)
     modern.calls = legacy.calls  # (metrics and the audit log count its requests too)

@@ -38,7 +38,13 @@ HTTP+SSE server has no such endpoint: 400, 404, 405). An ``initialize``
 refused with a *modern* error (:func:`modern_refusal`) is handed up as its
 answer instead of falling back to HTTP+SSE (the spec's "Backward
 Compatibility": a recognized modern JSON-RPC error means the server speaks
-a modern version), so that the Upstream opens the server modern.
+a modern version), so that the Upstream opens the server modern. One
+refused with a 4xx and any other JSON-RPC error (the SDK's modern-only
+handler answers -32602: no ``_meta``) is asked ``server/discover``; if that
+answers a DiscoverResult naming only modern versions
+(:func:`only_modern_versions`), the initialize's answer handed up is the
+refusal such a server gives per the spec, -32022 naming them
+(:func:`modern_only_refusal`); otherwise the refusal is read as before.
 """
 
 from __future__ import annotations
@@ -57,8 +63,10 @@ from broker.eras.versions import (
     MODERN_ERROR_CODES,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
+    UNSUPPORTED_PROTOCOL_VERSION,
 )
 from broker.jsonrpc import METHOD_NOT_FOUND, Message
+from broker.lifecycle import LEGACY_VERSIONS
 from broker.wire.http_modern import METHOD_HEADER, NAME_FIELDS, NAME_HEADER
 from broker.wire.http_upstream import VERSION_HEADER
 from broker.wire.param_headers import annotated_params, is_marked, value_at
@@ -216,6 +224,43 @@ def modern_refusal(body: bytes, request: Any) -> bytes | None:
         return None
     error = orjson.loads(answer)["error"]
     return answer if error.get("code") in REFUSAL_CODES else None
+
+
+def only_modern_versions(answer: bytes) -> list[str] | None:
+    """A ``server/discover`` answer's ``supportedVersions``, if it is a
+    DiscoverResult naming only versions of the modern era (none of the
+    legacy ones, and at least one); None for anything else (an error, a
+    dual-era server's list, something unreadable)."""
+    try:
+        message = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return None
+    result = message.get("result") if isinstance(message, dict) else None
+    versions = result.get("supportedVersions") if isinstance(result, dict) else None
+    if not isinstance(versions, list) or not versions:
+        return None
+    if not all(isinstance(v, str) and v not in LEGACY_VERSIONS for v in versions):
+        return None
+    return versions
+
+
+def modern_only_refusal(refused: bytes, versions: list[str]) -> bytes:
+    """The refusal of ``initialize`` a modern-only server gives (the spec's
+    "Backward Compatibility"): -32022 naming ``versions`` in ``data.supported``,
+    as the answer ``refused`` (an :func:`error_answer`) was, with its error kept
+    in ``data.refused``. What the link hands up for a server that refused the
+    initialize otherwise and whose ``server/discover`` named only ``versions``."""
+    message = orjson.loads(refused)
+    said = message["error"]
+    error = {
+        "code": UNSUPPORTED_PROTOCOL_VERSION,
+        "message": (
+            f"initialize was refused ({said.get('code')}: {said.get('message')}) and "
+            f"server/discover names only {', '.join(versions)}"
+        ),
+        "data": {"supported": versions, "refused": said},
+    }
+    return orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error})
 
 
 def _render(value: Any) -> str | None:

@@ -17,7 +17,10 @@ the ``MCP-Protocol-Version`` header), so ``modern`` sends every request to
 its 2026-07-28 handler (an ``initialize`` is then refused as such a server
 refuses it) and ``legacy`` hides a modern version header from it (a
 ``server/discover`` POST then meets the legacy handler, which wants a
-session). ``grow`` adds a tool and announces it, ``touch`` announces a
+session). ``modern-only`` (HTTP only) sends every request to the SDK's
+modern handler as it is, as a server built on that handler alone does: an
+``initialize`` (no modern ``_meta``) is refused 400 with -32602, not -32022.
+``grow`` adds a tool and announces it, ``touch`` announces a
 change of a resource (in the era the call came in); ``log`` logs at info
 and at warning; ``era`` says which era the call came in.
 """
@@ -163,6 +166,12 @@ def http_app(mode: str) -> Any:
             await send({"type": "http.response.body", "body": body})
             return
         version = dict(scope["headers"]).get(header)
+        if mode == "modern-only":  # (every request to the modern handler, as it is)
+            await handle_modern_request(
+                manager.app, manager.security_settings, manager.json_response,
+                manager._lifespan_state, scope, receive, send,
+            )  # fmt: skip
+            return
         if mode == "modern" and version != MODERN.encode() and scope["method"] == "POST":
             await refuse_legacy(receive, send)
             return
