@@ -138,13 +138,19 @@ def payload(s: Settings, directory: str) -> dict[str, Any]:
 
 # The paths of the modern scenario: (name, clients' era, echo server's era).
 # "modern" against "legacy" is the era's own cost (each side speaking its
-# era end to end); the other two are the bridge's (docs/eras.md).
+# era end to end); "legacy, modern's bytes" is a legacy call padded to the
+# size of a modern one (the 191 bytes of its _meta), which tells what of
+# that cost is the bigger request; the other two are the bridge's
+# (docs/eras.md).
 ERA_PATHS = (
     ("legacy", "legacy", "legacy"),
+    ("legacy, modern's bytes", "legacy", "legacy"),
     ("modern at legacy", "modern", "legacy"),
     ("modern", "modern", "modern"),
     ("legacy at modern", "legacy", "modern"),
 )
+# What pads a legacy call to a modern one's bytes ("pad": the echo server ignores it).
+MODERN_SIZED_ARGS = {**ECHO_ARGS, "pad": "x" * 182}
 
 
 def _eras(
@@ -164,7 +170,8 @@ def _eras(
             for path, era, at in ERA_PATHS:
                 if at == server_era:
                     targets = [socket_target(dm.socket, name, per, era) for name in names]
-                    out[path] = _load(s, targets, in_flight, watch)
+                    padded = MODERN_SIZED_ARGS if "bytes" in path else None
+                    out[path] = _load(s, targets, in_flight, watch, arguments=padded)
     return out
 
 

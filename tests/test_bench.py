@@ -251,7 +251,7 @@ async def test_harness_modern_scenario_counts_both_eras() -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(partial(_remove, json_path))
     assert set(results["modern"]) == {"latency", "throughput", "upstreams"}
-    paths = ("legacy", "modern at legacy", "modern", "legacy at modern")
+    paths = ("legacy", "legacy, modern's bytes", "modern at legacy", "modern", "legacy at modern")
     for load in results["modern"].values():
         for era in paths:
             result = load[era]["result"]
