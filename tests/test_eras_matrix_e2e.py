@@ -34,6 +34,7 @@ from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, running_daemon, shim_parameters, text_of
+from tests.ws_transport import websocket_transport
 
 # (a legacy client's resources/subscribe: the SDK warns that 2026-07-28 lacks it)
 # (and logging/setLevel: deprecated in it)
@@ -128,6 +129,36 @@ async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
                     result = await session.call_tool("roots", {})
                     assert (text_of(result), result.is_error) == ("file:///work", False)
                     assert user.asked == ["Colour?", "Capital?", "roots"]  # each asked once
+
+
+@pytest.mark.parametrize("kind", ["legacy", "modern"])
+async def test_every_client_mode_gets_its_questions_over_websocket(
+    socket_path: str, kind: str
+) -> None:
+    """The same by WebSocket (``serve --ws``, the SDK's ``Client`` over
+    tests/ws_transport.py): a modern client's session is told by its first
+    message on any transport (docs/eras.md)."""
+    with trio.fail_after(90):
+        async with running_daemon(
+            {"s": era_server(kind)}, socket_path, broker={"websocket": "127.0.0.1:0"}
+        ) as daemon:
+            assert daemon.websocket_url is not None
+            for mode in ("legacy", "auto"):
+                user = User()
+                callbacks = dict(elicitation_callback=user.elicit, sampling_callback=user.sample,
+                                 list_roots_callback=user.roots)  # fmt: skip
+                transport = websocket_transport(daemon.websocket_url + "/s")
+                async with Client(transport, mode=mode, **callbacks) as session:  # type: ignore[arg-type]
+                    assert (session.protocol_version == MODERN) is (mode == "auto")
+                    result = await session.call_tool("era", {})
+                    assert text_of(result) == kind
+                    result = await session.call_tool("ask_user", {"question": "Colour?"})
+                    assert (text_of(result), result.is_error) == ("accept: blue", False)
+                    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
+                    assert (text_of(result), result.is_error) == ("Paris", False)
+                    result = await session.call_tool("roots", {})
+                    assert (text_of(result), result.is_error) == ("file:///work", False)
+                    assert user.asked == ["Colour?", "Capital?", "roots"]
 
 
 @pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])
