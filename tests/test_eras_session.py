@@ -178,6 +178,15 @@ def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> 
         proto.take_outgoing([answer], out)
         if modern:
             assert out == [answer] and answer.encode() == line.replace(b":1,", b':"r1",')
+            # A modern server's answer without resultType (the era's results all
+            # have it) is stamped as a legacy server's would be.
+            call = request("r2", "tools/call", name="files__read")
+            assert [type(a) for a in proto.receive(call)] == [Forward]
+            bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":{"content":[]}}')
+            assert bare is not None
+            bare.id, bare.modern = "r2", True
+            assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2",
+                "result": {"resultType": "complete", "content": []}}]  # fmt: skip
         else:  # (the server's own resultType: read, and the hints added)
             hints = {"ttlMs": 0, "cacheScope": "private"}
             assert out[0]["result"] == {"resultType": "complete", "contents": [], **hints}

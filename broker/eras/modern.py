@@ -214,6 +214,19 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     return answer
 
 
+def names_result_type(answer: Answer) -> bool:
+    """Whether a server's unparsed answer names ``resultType`` (a 2026-07-28
+    server's answer always does: it passes as written). One-sided: the key
+    anywhere counts, as :func:`complete_answer` has it."""
+    head, tail = answer.head, answer.tail
+    if head is not PREFIX and bytes(head).find(_RESULT_TYPE) >= 0:
+        return True
+    return bytes(tail).find(_RESULT_TYPE) >= 0  # (find, not `in`: see broker/jsonrpc.py _LONG)
+
+
+_RESULT_TYPE = b'"resultType"'
+
+
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:
     """Raise -32021 if any input request needs a capability the client did not
     declare (the broker never asks a client for what it cannot give)."""
