@@ -27,12 +27,9 @@ module: stamping, the listen, the bridge's rounds); at a legacy server it is
 None, and the legacy rules are all there is. docs/eras.md says it all.
 
 **Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
-ready only once it has answered a ``tools/list`` of the broker's own and
-offers the tools the catalog shows (``expected_tools``), re-listing on each
-``notifications/tools/list_changed``, or once the actor gives up waiting
-(:meth:`UpstreamProtocol.warm_up_expired`). An instance given expected tools
-(a per-session one) answers a call for a tool it does not offer with -32602
-naming the server and the tool.
+ready only once it offers the tools the catalog shows (``expected_tools``),
+as a ``tools/list`` of the broker's own says (broker/warmup.py), or once
+the actor gives up waiting (:meth:`UpstreamProtocol.warm_up_expired`).
 """
 
 from __future__ import annotations
@@ -83,6 +80,7 @@ from broker.upstream_actions import (
     Speak,
     Warn,
 )
+from broker.warmup import WarmUp
 from broker.wire.envelope import Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
@@ -121,14 +119,9 @@ class UpstreamProtocol:
         self.numbering = numbering
         self.max_in_flight = max_in_flight
         self.warm_up = warm_up
-        self.expected_tools = expected_tools
-        # The names of the tools this instance offers (warm-up instances, once
-        # listed; None: not known, not checked).
-        self.tools: frozenset[str] | None = None
+        self.warming = WarmUp(expected_tools)  # (its tools: warm-up instances, once listed)
         # What calls are checked against: its tools, if it was expected to offer some.
         self.checked: frozenset[str] | None = None
-        self._listing: str | None = None  # the id of the broker's own tools/list
-        self._listed: set[str] = set()  # its pages so far
         self.turns = Turns(server_requests, max_waiting)
         self.released: list[Message] = []  # requests whose turn came, to write now
         # The server connection's one state (broker/states.py), kept across its
@@ -168,6 +161,20 @@ class UpstreamProtocol:
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
         return fresh
+
+    @property
+    def expected_tools(self) -> frozenset[str] | None:
+        """The tools the catalog shows, which a warm-up instance must offer."""
+        return self.warming.expected
+
+    @expected_tools.setter
+    def expected_tools(self, tools: frozenset[str] | None) -> None:
+        self.warming.expected = tools
+
+    @property
+    def tools(self) -> frozenset[str] | None:
+        """The tools this instance offers (warm-up instances, once listed)."""
+        return self.warming.tools
 
     def move(self, trigger: ServerTrigger) -> ServerState:
         """Move the server connection's state (raises LifecycleError if illegal)."""
@@ -253,7 +260,7 @@ class UpstreamProtocol:
             params = {}
         note: Note | None = None
         if method == "tools/call":
-            self._check_tool(request, params)
+            self.warming.check(self.name, request, params.get("name"))
             if isinstance(params.get("task"), dict):
                 note = CreatesTask()
         elif method in ("resources/subscribe", "resources/unsubscribe"):
@@ -295,17 +302,6 @@ class UpstreamProtocol:
         if self.modern is not None:
             return self._own_request("server/discover", {})
         return self._own_request("ping", {})
-
-    def _check_tool(self, request: Message, params: dict[str, Any]) -> None:
-        """A call for a tool this (warmed-up) instance does not offer is refused here."""
-        tools, name = self.checked, params.get("name")
-        if tools is not None and name not in tools:
-            raise JsonRpcError(
-                INVALID_PARAMS,
-                f"MCP server {self.name!r} does not offer a tool {name!r}",
-                data={"server": self.name, "tool": name},
-                id=request["id"],
-            )
 
     def _take_turn(self, session: Hashable, request: Message, upstream_id: int) -> list[Action]:
         """The gate is on: the request goes now (with whatever must precede it)
@@ -681,7 +677,7 @@ class UpstreamProtocol:
             if message.get("id") == PROBE_ID and self.probe.probes:
                 return self._probed(message)
         upstream_id = message.get("id")
-        if upstream_id == self._listing and self._listing is not None:
+        if upstream_id == self.warming.listing and upstream_id is not None:
             return self._tools_listed(message)
         if self.modern is not None and self.modern.is_listen(upstream_id):
             return self.modern.listen_ended(message)
@@ -731,36 +727,18 @@ class UpstreamProtocol:
 
     def _list_tools(self, cursor: str | None = None) -> SendUpstream:
         """Ask the server for its tools (a first page, or the next one)."""
-        if cursor is None:
-            self._listed = set()
         request = self._own_request("tools/list", {} if cursor is None else {"cursor": cursor})
-        self._listing = request["id"]
+        self.warming.asked(request, cursor)
         return SendUpstream(request)
 
     def _tools_listed(self, message: Message) -> list[Action]:
-        result = message.get("result")
-        tools = result.get("tools") if isinstance(result, dict) else None
-        if not isinstance(tools, list):  # refused: nothing to check against
-            self._listing = None
-            return self._warmed(None)
-        for tool in tools:
-            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-                self._listed.add(tool["name"])
-        cursor = result.get("nextCursor") if isinstance(result, dict) else None
-        if isinstance(cursor, str) and cursor:
-            return [self._list_tools(cursor)]
-        self._listing = None
-        return self._warmed(frozenset(self._listed))
-
-    def _warmed(self, tools: frozenset[str] | None) -> list[Action]:
         """The instance listed its tools: ready once it offers the expected ones."""
-        self.tools = tools
-        self.checked = None if self.expected_tools is None else tools
-        if self.state is not ServerState.WARMING:
-            return []
-        expected = self.expected_tools
-        if tools is not None and expected is not None and not expected <= tools:
-            return []  # some come later: it says so with tools/list_changed
+        cursor = self.warming.listed(message)
+        if cursor is not None:
+            return [self._list_tools(cursor)]
+        self.checked = self.warming.checked()
+        if self.state is not ServerState.WARMING or not self.warming.complete():
+            return []  # (ready already; or some come later: it says so with list_changed)
         return self._ready()
 
     def _ready(self) -> list[Action]:
@@ -773,7 +751,7 @@ class UpstreamProtocol:
         (calls for the tools still missing get -32602)."""
         if self.state is not ServerState.WARMING:
             return []
-        missing = sorted((self.expected_tools or frozenset()) - (self.tools or frozenset()))
+        missing = self.warming.missing()
         warn = Warn(
             "server.tools_missing",
             f"this instance does not offer {', '.join(missing) or 'its tools list'} "
@@ -819,7 +797,7 @@ class UpstreamProtocol:
             return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
         if method in LIST_CHANGED:
             if self.warm_up and method == "notifications/tools/list_changed":
-                self.tools = self.checked = None  # not checked until listed again
+                self.warming.tools = self.checked = None  # not checked until listed again
                 return [ListChanged(message), self._list_tools()]
             return [ListChanged(message)]
         return [Broadcast(message)]
