@@ -65,7 +65,8 @@ from broker.requestmap import (
     TaskList,
     TaskQuery,
 )
-from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
+from broker.server_notices import ServerNotices
+from broker.server_requests import ServerRequests
 from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
@@ -85,13 +86,6 @@ from broker.wire.envelope import Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
 DEFAULT_MAX_IN_FLIGHT = 16384
-LIST_CHANGED = frozenset(
-    {
-        "notifications/tools/list_changed",
-        "notifications/prompts/list_changed",
-        "notifications/resources/list_changed",
-    }
-)
 
 
 class UpstreamProtocol:
@@ -141,6 +135,7 @@ class UpstreamProtocol:
         # Those of them that are modern clients (their requests carry their own
         # _meta; a modern server's input_required goes to them as it is).
         self.modern_sessions: set[Hashable] = set()
+        self.notices = ServerNotices(self)  # where its notifications and requests go
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
@@ -244,7 +239,7 @@ class UpstreamProtocol:
             actions.append(SendUpstream(jsonrpc.notification("notifications/initialized")))
             actions += self.renewed()  # a restarted server: what its sessions asked of the last
         if warming:
-            return [*actions, self._list_tools()]
+            return [*actions, self.list_tools()]
         return [*actions, Ready(identity)]
 
     # -- from clients -------------------------------------------------------
@@ -544,8 +539,8 @@ class UpstreamProtocol:
         if kind is Kind.RESPONSE:
             return self._response(message, now)
         if kind is Kind.NOTIFICATION:
-            return self._notification(message, now)
-        return self._server_request(message, related)
+            return self.notices.notification(message, now)
+        return self.notices.request(message, related)
 
     def response_fast(self, message: Any) -> Hashable | None:
         """The common case of :meth:`server_message`, cheaply: the answer to a
@@ -725,7 +720,7 @@ class UpstreamProtocol:
 
     # -- warm-up: the instance's own tools ----------------------------------
 
-    def _list_tools(self, cursor: str | None = None) -> SendUpstream:
+    def list_tools(self, cursor: str | None = None) -> SendUpstream:
         """Ask the server for its tools (a first page, or the next one)."""
         request = self._own_request("tools/list", {} if cursor is None else {"cursor": cursor})
         self.warming.asked(request, cursor)
@@ -735,7 +730,7 @@ class UpstreamProtocol:
         """The instance listed its tools: ready once it offers the expected ones."""
         cursor = self.warming.listed(message)
         if cursor is not None:
-            return [self._list_tools(cursor)]
+            return [self.list_tools(cursor)]
         self.checked = self.warming.checked()
         if self.state is not ServerState.WARMING or not self.warming.complete():
             return []  # (ready already; or some come later: it says so with list_changed)
@@ -758,75 +753,6 @@ class UpstreamProtocol:
             "that the catalog shows; calls for them are refused",
         )
         return [warn, *self._ready()]
-
-    def _notification(self, message: Message, now: float) -> list[Action]:
-        if self.modern is not None:  # its listen's, in legacy terms (or its own business)
-            received = self.modern.listen.receive(message)
-            if received is None:
-                return []
-            message = received
-        method = message["method"]
-        if method == "notifications/progress":
-            sent: dict[str, Any] = message.get("params") or {}  # (progress() replaces it)
-            entry = self.requests.progress(message)
-            if entry is None:
-                return []
-            self.deadlines.touch(sent["progressToken"], now)  # matched: the upstream id
-            return [Deliver(entry.session, message, entry.client_id)]
-        params = message.get("params") or {}
-        if method == "notifications/cancelled":
-            routed = self.server_requests.server_cancelled(params)
-            return [] if routed is None else [Deliver(*routed)]
-        if method == "notifications/elicitation/complete":
-            session = self.server_requests.elicitation_complete(params)
-            return [] if session is None else [Deliver(session, message)]
-        if method == "notifications/message":
-            logger = params.get("logger")
-            named = {**params, "logger": f"{self.name}/{logger}" if logger else self.name}
-            note = {**message, "params": named}
-            level = params.get("level")
-            admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
-            if self.modern is not None:  # it logs for requests that asked
-                admitted = self.modern.logs_to(admitted)
-            sole = self.requests.sole_requests(self.turns.held) if admitted else {}
-            return [Deliver(s, note, sole.get(s)) for s in admitted]
-        if method == "notifications/tasks/status":
-            routed = self.tasks.status(message)
-            return [] if routed is None else [Deliver(*routed)]
-        if method == "notifications/resources/updated":
-            return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
-        if method in LIST_CHANGED:
-            if self.warm_up and method == "notifications/tools/list_changed":
-                self.warming.tools = self.checked = None  # not checked until listed again
-                return [ListChanged(message), self._list_tools()]
-            return [ListChanged(message)]
-        return [Broadcast(message)]
-
-    def _server_request(self, message: Message, related: int | str | None = None) -> list[Action]:
-        method = message["method"]
-        if method == "ping":
-            return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
-        turns = self.turns
-        if related is not None:
-            # The transport says whose request it came for: that session's, if
-            # the request is still in flight (nobody's otherwise), and the gate
-            # has nothing to learn from it.
-            entry = self.requests.get(related)
-            causes = [] if entry is None else [entry.session]
-        else:
-            causes = self.requests.sessions(turns.held)
-            if method in CAPABILITY_OF:
-                turns.server_asks(method, causes)
-        route = self.server_requests.route(message, causes, self.sessions)
-        if isinstance(route, Route):
-            if method == "roots/list":
-                turns.roots_asked(route.session)
-            related = self.requests.sole_requests(turns.held).get(route.session)
-            return [Deliver(route.session, route.message, related)]
-        actions: list[Action] = [SendUpstream(route.message)]
-        if route.reason != "unknown" and "error" in route.message:  # (not roots: none)
-            actions.append(Warn("server.request_refused", route.message["error"]["message"]))
-        return actions
 
 
 # Requests whose answer the broker reads (or that it may answer itself).

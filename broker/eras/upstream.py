@@ -108,6 +108,7 @@ class EraProbe:
             return self.probe(verdict.version)
         if isinstance(verdict, Incompatible):
             raise HandshakeError(verdict.message)
+        self.probes = 0
         if self.era == "modern":
             raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
         if self.era == "legacy":  # (probed only after it refused initialize)
