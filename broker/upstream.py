@@ -39,7 +39,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from broker import jsonrpc
-from broker.eras.bridge import legacy_params
+from broker.eras.bridge import SendServer, legacy_params
 from broker.eras.probe import Legacy, Modern
 from broker.eras.upstream import HANDSHAKE_ID, PROBE_ID, EraProbe, ModernServer
 from broker.fanout import Fanout
@@ -65,8 +65,7 @@ from broker.requestmap import (
     TaskList,
     TaskQuery,
 )
-from broker.server_notices import ServerNotices
-from broker.server_requests import ServerRequests
+from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
 from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
@@ -86,6 +85,13 @@ from broker.wire.envelope import Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
 DEFAULT_MAX_IN_FLIGHT = 16384
+LIST_CHANGED = frozenset(
+    {
+        "notifications/tools/list_changed",
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    }
+)
 
 
 class UpstreamProtocol:
@@ -135,7 +141,6 @@ class UpstreamProtocol:
         # Those of them that are modern clients (their requests carry their own
         # _meta; a modern server's input_required goes to them as it is).
         self.modern_sessions: set[Hashable] = set()
-        self.notices = ServerNotices(self)  # where its notifications and requests go
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
@@ -222,7 +227,15 @@ class UpstreamProtocol:
         if not isinstance(verdict, Modern):
             return self.probe.follow(verdict)
         identity = verdict.identity
-        self.modern = ModernServer(self, identity)
+        self.modern = ModernServer(
+            identity,
+            self.name,
+            self.numbering,
+            sessions=self.sessions,
+            modern_sessions=self.modern_sessions,
+            fanout=self.fanout,
+            requests=self.requests,
+        )
         # No notifications/initialized; the subscriptions are the listen's
         # filter, and log levels go on each request (docs/eras.md).
         return [*self.probe.modern(identity.protocol_version), *self._opened(identity)]
@@ -239,7 +252,7 @@ class UpstreamProtocol:
             actions.append(SendUpstream(jsonrpc.notification("notifications/initialized")))
             actions += self.renewed()  # a restarted server: what its sessions asked of the last
         if warming:
-            return [*actions, self.list_tools()]
+            return [*actions, self._list_tools()]
         return [*actions, Ready(identity)]
 
     # -- from clients -------------------------------------------------------
@@ -247,7 +260,7 @@ class UpstreamProtocol:
     def client_request(self, session: Hashable, request: Message, now: float = 0.0) -> list[Action]:
         """A client's request: forwarded rewritten, or answered here (raises JsonRpcError)."""
         if self.state is not ServerState.READY:
-            raise self.not_running(request["id"])
+            raise self._not_running(request["id"])
         if self.forward_fast(session, request, now):
             return [SendUpstream(request)]
         method, params = request["method"], request.get("params")
@@ -270,15 +283,15 @@ class UpstreamProtocol:
         elif method == "tasks/list":
             note = TaskList()
         if note is None and self.modern is not None and self.modern.asks_legacy(session, method):
-            note = InputRound({**request, "params": dict(params)})  # (before record rewrites it)
-        upstream_id = self.record(session, request, now)
+            note = InputRound({**request, "params": dict(params)})  # (before _open rewrites it)
+        upstream_id = self._open(session, request, now)
         if note is not None:
             self.requests.note(upstream_id, note)
         if self.turns.on:
             return self._take_turn(session, request, upstream_id)
         return [SendUpstream(request)]
 
-    def not_running(self, id: Any) -> JsonRpcError:
+    def _not_running(self, id: Any) -> JsonRpcError:
         """The error for a request to a server that is down: retryable if it is
         being restarted (docs/rules/restarts.md)."""
         retryable = self.state not in (ServerState.FAILED, ServerState.STOPPED)
@@ -352,7 +365,7 @@ class UpstreamProtocol:
                 return False
         elif method in NOTED_METHODS:
             return False
-        self.record(session, request, now)
+        self._open(session, request, now)
         return True
 
     def take_requests(
@@ -373,7 +386,7 @@ class UpstreamProtocol:
             out.append(request)
         return len(requests)
 
-    def record(self, session: Hashable, request: Message, now: float) -> int:
+    def _open(self, session: Hashable, request: Message, now: float) -> int:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
@@ -441,9 +454,9 @@ class UpstreamProtocol:
         the server's own request (legacy), or a question of a modern server's
         ``input_required`` (which, once all are answered, sends the call again)."""
         if self.modern is not None:
-            asked = self.modern.client_answered(session, response, now)
+            asked = self.modern.client_answered(session, response)
             if asked is not None:
-                return asked
+                return self._bridged(asked, now)
         answer = self.server_requests.answer(session, response)
         return [] if answer is None else [SendUpstream(answer)]
 
@@ -452,7 +465,30 @@ class UpstreamProtocol:
         a modern server's rounds): the questions still open are withdrawn."""
         if self.modern is None:
             return []
-        return self.modern.withdraw(session, params.get("requestId"))
+        return self._bridged(self.modern.withdraw(session, params.get("requestId")), 0.0)
+
+    def _bridged(self, bridged: list[Deliver | SendServer], now: float) -> list[Action]:
+        """A modern server's questions to legacy clients, carried out: what
+        goes to clients, and calls sent again (recorded anew, with their round)."""
+        out: list[Action] = []
+        for action in bridged:
+            if isinstance(action, SendServer):
+                out += self._ask_again(action, now)
+            else:
+                out.append(action)
+        return out
+
+    def _ask_again(self, send: SendServer, now: float) -> list[Action]:
+        request, session = send.message, send.session
+        if self.state is not ServerState.READY:
+            return [Deliver(session, self._not_running(request["id"]).to_response())]
+        try:
+            upstream_id = self._open(session, request, now)
+        except JsonRpcError as exc:
+            exc.id = request["id"]
+            return [Deliver(session, exc.to_response())]
+        self.requests.note(upstream_id, send.note)
+        return [SendUpstream(request)]
 
     def client_notification(self, session: Hashable, message: Message) -> Message | None:
         """A client's notification this server should hear (roots changed)."""
@@ -539,8 +575,8 @@ class UpstreamProtocol:
         if kind is Kind.RESPONSE:
             return self._response(message, now)
         if kind is Kind.NOTIFICATION:
-            return self.notices.notification(message, now)
-        return self.notices.request(message, related)
+            return self._notification(message, now)
+        return self._server_request(message, related)
 
     def response_fast(self, message: Any) -> Hashable | None:
         """The common case of :meth:`server_message`, cheaply: the answer to a
@@ -649,7 +685,7 @@ class UpstreamProtocol:
         self.released.clear()
         failed = [self._fail(entry, reason) for entry in self.requests.drain()]
         if self.modern is not None:
-            for action in self.modern.bridged(self.modern.asking.server_gone(reason), 0.0):
+            for action in self.modern.bridged(self.modern.asking.server_gone(reason)):
                 assert isinstance(action, Deliver)  # (no call is sent again)
                 failed.append(action)
         return failed
@@ -695,7 +731,7 @@ class UpstreamProtocol:
         elif isinstance(note, TaskList):
             self.tasks.listed(entry.session, message.get("result"))
         elif isinstance(note, InputRound) and self.modern is not None:
-            return self.modern.round_answered(entry.session, note, message, now)
+            return self._bridged(self.modern.round_answered(entry.session, note, message), now)
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
@@ -720,7 +756,7 @@ class UpstreamProtocol:
 
     # -- warm-up: the instance's own tools ----------------------------------
 
-    def list_tools(self, cursor: str | None = None) -> SendUpstream:
+    def _list_tools(self, cursor: str | None = None) -> SendUpstream:
         """Ask the server for its tools (a first page, or the next one)."""
         request = self._own_request("tools/list", {} if cursor is None else {"cursor": cursor})
         self.warming.asked(request, cursor)
@@ -730,7 +766,7 @@ class UpstreamProtocol:
         """The instance listed its tools: ready once it offers the expected ones."""
         cursor = self.warming.listed(message)
         if cursor is not None:
-            return [self.list_tools(cursor)]
+            return [self._list_tools(cursor)]
         self.checked = self.warming.checked()
         if self.state is not ServerState.WARMING or not self.warming.complete():
             return []  # (ready already; or some come later: it says so with list_changed)
@@ -753,6 +789,75 @@ class UpstreamProtocol:
             "that the catalog shows; calls for them are refused",
         )
         return [warn, *self._ready()]
+
+    def _notification(self, message: Message, now: float) -> list[Action]:
+        if self.modern is not None:  # its listen's, in legacy terms (or its own business)
+            received = self.modern.listen.receive(message)
+            if received is None:
+                return []
+            message = received
+        method = message["method"]
+        if method == "notifications/progress":
+            sent: dict[str, Any] = message.get("params") or {}  # (progress() replaces it)
+            entry = self.requests.progress(message)
+            if entry is None:
+                return []
+            self.deadlines.touch(sent["progressToken"], now)  # matched: the upstream id
+            return [Deliver(entry.session, message, entry.client_id)]
+        params = message.get("params") or {}
+        if method == "notifications/cancelled":
+            routed = self.server_requests.server_cancelled(params)
+            return [] if routed is None else [Deliver(*routed)]
+        if method == "notifications/elicitation/complete":
+            session = self.server_requests.elicitation_complete(params)
+            return [] if session is None else [Deliver(session, message)]
+        if method == "notifications/message":
+            logger = params.get("logger")
+            named = {**params, "logger": f"{self.name}/{logger}" if logger else self.name}
+            note = {**message, "params": named}
+            level = params.get("level")
+            admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
+            if self.modern is not None:  # it logs for requests that asked
+                admitted = self.modern.logs_to(admitted)
+            sole = self.requests.sole_requests(self.turns.held) if admitted else {}
+            return [Deliver(s, note, sole.get(s)) for s in admitted]
+        if method == "notifications/tasks/status":
+            routed = self.tasks.status(message)
+            return [] if routed is None else [Deliver(*routed)]
+        if method == "notifications/resources/updated":
+            return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
+        if method in LIST_CHANGED:
+            if self.warm_up and method == "notifications/tools/list_changed":
+                self.warming.tools = self.checked = None  # not checked until listed again
+                return [ListChanged(message), self._list_tools()]
+            return [ListChanged(message)]
+        return [Broadcast(message)]
+
+    def _server_request(self, message: Message, related: int | str | None = None) -> list[Action]:
+        method = message["method"]
+        if method == "ping":
+            return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
+        turns = self.turns
+        if related is not None:
+            # The transport says whose request it came for: that session's, if
+            # the request is still in flight (nobody's otherwise), and the gate
+            # has nothing to learn from it.
+            entry = self.requests.get(related)
+            causes = [] if entry is None else [entry.session]
+        else:
+            causes = self.requests.sessions(turns.held)
+            if method in CAPABILITY_OF:
+                turns.server_asks(method, causes)
+        route = self.server_requests.route(message, causes, self.sessions)
+        if isinstance(route, Route):
+            if method == "roots/list":
+                turns.roots_asked(route.session)
+            related = self.requests.sole_requests(turns.held).get(route.session)
+            return [Deliver(route.session, route.message, related)]
+        actions: list[Action] = [SendUpstream(route.message)]
+        if route.reason != "unknown" and "error" in route.message:  # (not roots: none)
+            actions.append(Warn("server.request_refused", route.message["error"]["message"]))
+        return actions
 
 
 # Requests whose answer the broker reads (or that it may answer itself).

@@ -11,8 +11,8 @@ failed. Each change of the era the connection's requests go in is said with
 :class:`ModernServer` is the modern side of an
 :class:`~broker.upstream.UpstreamProtocol`, made when the probe finds the
 server modern (``UpstreamProtocol.modern``; None at a legacy server). It
-reads and updates the protocol's tables (its sessions, their fan-out, the
-in-flight table):
+is given the protocol's tables it reads and updates (its sessions, their
+fan-out, the in-flight table), never the protocol itself:
 
 - **stamping**: a legacy client's request (and the broker's own) gets the
   ``_meta`` every modern request carries, with the client's log level (the
@@ -23,13 +23,14 @@ in-flight table):
 - **the bridge**: a legacy client's ``tools/call``, ``prompts/get`` or
   ``resources/read`` carries an ``InputRound`` note; an ``input_required``
   answer is put to that client as requests, and the call sent again with
-  the answers (:attr:`ModernServer.asking`, broker/eras/bridge.py).
+  the answers (:attr:`ModernServer.asking`, broker/eras/bridge.py); the
+  protocol records each call sent again (``SendServer``) as a new request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker import jsonrpc
 from broker.eras.bridge import (
@@ -53,6 +54,7 @@ from broker.eras.probe import (
 )
 from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
 from broker.eras.versions import LATEST_MODERN_VERSION
+from broker.fanout import Fanout
 from broker.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
 from broker.lifecycle import (
     BROKER_CLIENT_CAPABILITIES,
@@ -60,16 +62,11 @@ from broker.lifecycle import (
     ServerIdentity,
     initialize_request,
 )
-from broker.requestmap import InputRound
-from broker.states import ServerState
+from broker.requestmap import InputRound, RequestMap
 from broker.upstream_actions import Action, Deliver, ListChanged, SendUpstream, Speak, Warn
-
-if TYPE_CHECKING:
-    from broker.upstream import UpstreamProtocol
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 PROBE_ID = "mcpbroker-discover"
-_UP = (ServerState.WARMING, ServerState.READY)  # initialized
 
 
 class EraProbe:
@@ -149,12 +146,29 @@ class EraProbe:
 class ModernServer:
     """The modern side of one server connection (see the module's text)."""
 
-    def __init__(self, upstream: UpstreamProtocol, identity: ServerIdentity) -> None:
-        self.upstream = upstream
+    def __init__(
+        self,
+        identity: ServerIdentity,
+        name: str,
+        numbering: tuple[int, int],
+        *,
+        sessions: dict[Hashable, dict[str, Any]],
+        modern_sessions: set[Hashable],
+        fanout: Fanout,
+        requests: RequestMap,
+    ) -> None:
         self.identity = identity
         self.offer = offer_of(identity.capabilities)
+        self.name = name
+        # The protocol's tables it reads and updates (the same for the
+        # connection's life): sessions -> their capabilities, the modern
+        # ones among them, their log levels and subscriptions, requests in flight.
+        self._sessions = sessions
+        self._modern_sessions = modern_sessions
+        self._fanout = fanout
+        self._requests = requests
         # Its questions put to legacy clients (docs/eras.md).
-        self.asking = AskingClients(upstream.name, upstream.numbering)
+        self.asking = AskingClients(name, numbering)
         # The broker's one subscriptions/listen at the server.
         self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
         self._listens = 0
@@ -162,20 +176,19 @@ class ModernServer:
     def asks_legacy(self, session: Hashable, method: str) -> bool:
         """A legacy client's call, which the server may answer
         ``input_required``: the broker puts the questions (AskingClients)."""
-        return method in INPUT_METHODS and session not in self.upstream.modern_sessions
+        return method in INPUT_METHODS and session not in self._modern_sessions
 
     def stamp(self, request: Message, session: Hashable | None) -> None:
         """Give a request, in place, the ``_meta`` every modern request
         carries: the version, and the capabilities of the client it is for
         (the broker's own for its own requests, ``None``), with the log level
         that client set, if it set one."""
-        upstream = self.upstream
-        capabilities = None if session is None else upstream.sessions.get(session)
+        capabilities = None if session is None else self._sessions.get(session)
         stamped = to_modern_request(
             request,
             self.identity.protocol_version,
             BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
-            log_level=None if session is None else upstream.fanout.level_of(session),
+            log_level=None if session is None else self._fanout.level_of(session),
         )
         request["params"] = stamped["params"]
 
@@ -183,37 +196,33 @@ class ModernServer:
         """Of the sessions a log message admits, those it is for: the server
         logs for requests that asked (a level in ``_meta``), so sessions with
         one in flight that set a level."""
-        upstream = self.upstream
-        busy = upstream.requests.sessions()
-        return [s for s in admitted if s in busy and upstream.fanout.level_of(s)]
+        busy = self._requests.sessions()
+        return [s for s in admitted if s in busy and self._fanout.level_of(s)]
 
-    # -- the listen -------------------------------------------------------------
+    # -- the listen (the protocol asks only while the connection is up) ---------
 
     def subscribe(self, session: Hashable, request: Message, uri: str) -> list[Action]:
         """A client's ``resources/(un)subscribe``: the server has none, the
         URIs subscribed to are its listen's filter."""
-        upstream = self.upstream
         if not self.offer.subscribe:
             raise JsonRpcError(
                 METHOD_NOT_FOUND,
-                f"MCP server {upstream.name!r} takes no resource subscriptions",
-                data={"server": upstream.name},
+                f"MCP server {self.name!r} takes no resource subscriptions",
+                data={"server": self.name},
                 id=request["id"],
             )
         if request["method"] == "resources/subscribe":
-            upstream.fanout.subscribe(session, uri)
+            self._fanout.subscribe(session, uri)
         else:
-            upstream.fanout.unsubscribe(session, uri)
+            self._fanout.unsubscribe(session, uri)
         return self.listen_actions()
 
     def listen_actions(self) -> list[Action]:
         """Listen for what the sessions want now: every list the server offers
         to announce, and the URIs subscribed to (nothing if that is what it
         already listens for)."""
-        if self.upstream.state not in _UP:
-            return []
         offer = self.offer
-        uris = frozenset(self.upstream.fanout.subscribed_uris()) if offer.subscribe else frozenset()
+        uris = frozenset(self._fanout.subscribed_uris()) if offer.subscribe else frozenset()
         self._listens += 1
         id = f"mcpbroker-listen-{self._listens}"
         return [SendUpstream(m) for m in self.listen.want(Filter(offer.lists, uris), id)]
@@ -246,55 +255,43 @@ class ModernServer:
         return [*self.listen_actions(), *changed]
 
     # -- the bridge: a legacy client's input_required rounds ---------------------
+    # (Each gives questions and answers for clients, and the calls to send
+    # again, which the protocol records anew: SendServer.)
 
     def round_answered(
-        self, session: Hashable, note: InputRound, message: Message, now: float
-    ) -> list[Action]:
+        self, session: Hashable, note: InputRound, message: Message
+    ) -> list[Deliver | SendServer]:
         """The server answered a legacy client's call: ``input_required`` is
         put to the client; any other result goes in the legacy schema."""
         result = message.get("result")
         if is_input_required(result):
             assert isinstance(result, dict)
-            capabilities = self.upstream.sessions.get(session, {})
-            asked = self.asking.input_required(session, capabilities, note, result)
-            return self.bridged(asked, now)
+            capabilities = self._sessions.get(session, {})
+            return self.bridged(self.asking.input_required(session, capabilities, note, result))
         if "result" in message:  # (the legacy schema has no resultType, ttlMs, ...)
             message["result"] = to_legacy_result(result)
         return [Deliver(session, message)]
 
     def client_answered(
-        self, session: Hashable, response: Message, now: float
-    ) -> list[Action] | None:
+        self, session: Hashable, response: Message
+    ) -> list[Deliver | SendServer] | None:
         """A client's answer to one of the server's questions (which, once all
         are answered, sends the call again); None: not one of them."""
         asked = self.asking.client_answered(session, response)
-        return None if asked is None else self.bridged(asked, now)
+        return None if asked is None else self.bridged(asked)
 
-    def withdraw(self, session: Hashable, request: RequestId | None) -> list[Action]:
+    def withdraw(self, session: Hashable, request: RequestId | None) -> list[Deliver | SendServer]:
         """A client cancelled a call that waits for its own answers (between
         the server's rounds): the questions still open are withdrawn."""
-        return self.bridged(self.asking.cancel(session, request), 0.0)
+        return self.bridged(self.asking.cancel(session, request))
 
-    def bridged(self, actions: list[Any], now: float) -> list[Action]:
-        """AskingClients' actions, carried out: questions and answers to
-        clients, and calls sent again (recorded anew, with their round)."""
-        out: list[Action] = []
+    def bridged(self, actions: list[Any]) -> list[Deliver | SendServer]:
+        """AskingClients' actions: questions and answers to clients delivered,
+        calls to send again as they are."""
+        out: list[Deliver | SendServer] = []
         for action in actions:
             if isinstance(action, AskClient | AnswerClient):
                 out.append(Deliver(action.session, action.message))
             elif isinstance(action, SendServer):
-                out += self._ask_again(action, now)
+                out.append(action)
         return out
-
-    def _ask_again(self, send: SendServer, now: float) -> list[Action]:
-        request, session = send.message, send.session
-        upstream = self.upstream
-        if upstream.state is not ServerState.READY:
-            return [Deliver(session, upstream.not_running(request["id"]).to_response())]
-        try:
-            upstream_id = upstream.record(session, request, now)
-        except JsonRpcError as exc:
-            exc.id = request["id"]
-            return [Deliver(session, exc.to_response())]
-        upstream.requests.note(upstream_id, send.note)
-        return [SendUpstream(request)]
