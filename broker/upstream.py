@@ -22,9 +22,10 @@ which the actor empties after each thing it hands the protocol.
 **The era** is decided by the opening (:attr:`UpstreamProtocol.probe`,
 broker/eras/upstream.py ``EraProbe``): ``server/discover`` or ``initialize``,
 and the verdicts on their answers. A modern server (2026-07-28) gets
-:attr:`UpstreamProtocol.modern`, its modern side (``ModernServer``, same
-module: stamping, the listen, the bridge's rounds); at a legacy server it is
-None, and the legacy rules are all there is. docs/eras.md says it all.
+:attr:`UpstreamProtocol.modern` and its modern side,
+:attr:`UpstreamProtocol.modern_server` (``ModernServer``, same module:
+stamping, the listen, the bridge's rounds); at a legacy server that is None,
+and the legacy rules are all there is. docs/eras.md says it all.
 
 **Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
 ready only once it offers the tools the catalog shows (``expected_tools``),
@@ -40,6 +41,7 @@ from typing import Any
 
 from broker import jsonrpc
 from broker.eras.bridge import SendServer, legacy_params
+from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import Legacy, Modern
 from broker.eras.upstream import HANDSHAKE_ID, PROBE_ID, EraProbe, ModernServer
 from broker.fanout import Fanout
@@ -114,8 +116,10 @@ class UpstreamProtocol:
         # speaks is decided by its opening (:meth:`start`, :attr:`probe`).
         self.era = era
         self.probe = EraProbe(era)
-        # Its modern side, once the probe found it modern (None: a legacy server).
-        self.modern: ModernServer | None = None
+        # Whether it speaks the modern era (decided by the probe), and its
+        # modern side then (None: a legacy server).
+        self.modern = False
+        self.modern_server: ModernServer | None = None
         self.numbering = numbering
         self.max_in_flight = max_in_flight
         self.warm_up = warm_up
@@ -227,7 +231,8 @@ class UpstreamProtocol:
         if not isinstance(verdict, Modern):
             return self.probe.follow(verdict)
         identity = verdict.identity
-        self.modern = ModernServer(
+        self.modern = True
+        self.modern_server = ModernServer(
             identity,
             self.name,
             self.numbering,
@@ -246,8 +251,8 @@ class UpstreamProtocol:
         warming = self.warm_up and "tools" in identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
         actions: list[Action] = []
-        if self.modern is not None:
-            actions += self.modern.listen_actions()
+        if self.modern_server is not None:
+            actions += self.modern_server.listen_actions()
         else:
             actions.append(SendUpstream(jsonrpc.notification("notifications/initialized")))
             actions += self.renewed()  # a restarted server: what its sessions asked of the last
@@ -282,7 +287,8 @@ class UpstreamProtocol:
             note = TaskQuery()
         elif method == "tasks/list":
             note = TaskList()
-        if note is None and self.modern is not None and self.modern.asks_legacy(session, method):
+        modern = self.modern_server
+        if note is None and modern is not None and modern.asks_legacy(session, method):
             note = InputRound({**request, "params": dict(params)})  # (before _open rewrites it)
         upstream_id = self._open(session, request, now)
         if note is not None:
@@ -307,7 +313,7 @@ class UpstreamProtocol:
         dropped (its id, a string, is never a client's upstream id). A modern
         server has no ``ping``: it is asked ``server/discover``, which every
         modern server answers."""
-        if self.modern is not None:
+        if self.modern:
             return self._own_request("server/discover", {})
         return self._own_request("ping", {})
 
@@ -357,8 +363,8 @@ class UpstreamProtocol:
         if self.state is not ServerState.READY or self.turns.on or self.checked is not None:
             return False
         method = request["method"]
-        if self.modern is not None and self.modern.asks_legacy(session, method):
-            return False  # its answer may be input_required, for the broker to put
+        if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
+            return False  # its answer may be input_required, for the broker to put (asks_legacy)
         if method == "tools/call":
             params = request.get("params")
             if type(params) is dict and "task" in params and isinstance(params["task"], dict):
@@ -390,9 +396,9 @@ class UpstreamProtocol:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
-        if self.modern is not None:
+        if self.modern_server is not None:
             if session not in self.modern_sessions:  # (a modern client's carries its own)
-                self.modern.stamp(request, session)
+                self.modern_server.stamp(request, session)
         else:  # a legacy server gets no modern keys, whichever client sent them
             params = request.get("params")
             if type(params) is dict and "_meta" in params:
@@ -404,8 +410,8 @@ class UpstreamProtocol:
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""
         done = Deliver(session, jsonrpc.result_response(request["id"], {}))
-        if self.modern is not None:  # (it has no resources/subscribe: the listen's filter)
-            return [*self.modern.subscribe(session, request, uri), done]
+        if self.modern_server is not None:  # (it has no resources/subscribe: the listen's filter)
+            return [*self.modern_server.subscribe(session, request, uri), done]
         if request["method"] == "resources/subscribe":
             return None if self.fanout.subscribe(session, uri) else [done]
         if self.fanout.unsubscribe(session, uri):
@@ -416,9 +422,9 @@ class UpstreamProtocol:
         """The link lost the answer to ``request`` (HTTP: its stream broke):
         if it was a modern server's listen, what to do (listen again if it
         had worked, and fetch the lists again); None: not the listen."""
-        if self.modern is None or not self.modern.is_listen(request):
+        if self.modern_server is None or not self.modern_server.is_listen(request):
             return None
-        return self.modern.listen_failed(detail)
+        return self.modern_server.listen_failed(detail)
 
     def client_log_level(self, session: Hashable, level: str) -> list[Action]:
         """A session set its log level; ask the server for the most verbose one wanted."""
@@ -426,7 +432,7 @@ class UpstreamProtocol:
 
     def _log_level_actions(self, level: str | None) -> list[Action]:
         has_logging = self.identity is not None and "logging" in self.identity.capabilities
-        if level is None or not has_logging or self.state not in _UP or self.modern is not None:
+        if level is None or not has_logging or self.state not in _UP or self.modern:
             return []
         return [SendUpstream(self._own_request("logging/setLevel", {"level": level}))]
 
@@ -434,8 +440,8 @@ class UpstreamProtocol:
         """A request of the broker's own; its answer matches no client and is dropped."""
         id = f"mcpbroker-{next(self._own_ids)}"
         request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
-        if self.modern is not None:
-            self.modern.stamp(request, None)
+        if self.modern_server is not None:
+            self.modern_server.stamp(request, None)
         return request
 
     def attach(self, session: Hashable, capabilities: dict[str, Any], modern: bool = False) -> None:
@@ -453,8 +459,8 @@ class UpstreamProtocol:
         """A client's answer to a request the broker sent it for this server:
         the server's own request (legacy), or a question of a modern server's
         ``input_required`` (which, once all are answered, sends the call again)."""
-        if self.modern is not None:
-            asked = self.modern.client_answered(session, response)
+        if self.modern_server is not None:
+            asked = self.modern_server.client_answered(session, response)
             if asked is not None:
                 return self._bridged(asked, now)
         answer = self.server_requests.answer(session, response)
@@ -463,9 +469,9 @@ class UpstreamProtocol:
     def withdraw(self, session: Hashable, params: dict[str, Any]) -> list[Action]:
         """A client cancelled a call that waits for its own answers (between
         a modern server's rounds): the questions still open are withdrawn."""
-        if self.modern is None:
+        if self.modern_server is None:
             return []
-        return self._bridged(self.modern.withdraw(session, params.get("requestId")), 0.0)
+        return self._bridged(self.modern_server.withdraw(session, params.get("requestId")), 0.0)
 
     def _bridged(self, bridged: list[Deliver | SendServer], now: float) -> list[Action]:
         """A modern server's questions to legacy clients, carried out: what
@@ -537,8 +543,8 @@ class UpstreamProtocol:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
         self.modern_sessions.discard(session)
-        if self.modern is not None:
-            self.modern.asking.session_gone(session)
+        if self.modern_server is not None:
+            self.modern_server.asking.session_gone(session)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
@@ -550,9 +556,10 @@ class UpstreamProtocol:
         if turns.on:
             self._settle()
         self.tasks.forget_session(session)
-        if self.state is ServerState.READY and self.modern is not None:
+        modern = self.modern_server
+        if self.state is ServerState.READY and modern is not None:
             self.fanout.session_gone(session)
-            out += [a.message for a in self.modern.listen_actions() if isinstance(a, SendUpstream)]
+            out += [a.message for a in modern.listen_actions() if isinstance(a, SendUpstream)]
         elif self.state is ServerState.READY:
             emptied, level = self.fanout.session_gone(session)
             out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
@@ -684,8 +691,9 @@ class UpstreamProtocol:
         self.turns.held.clear()  # (failed below with the rest)
         self.released.clear()
         failed = [self._fail(entry, reason) for entry in self.requests.drain()]
-        if self.modern is not None:
-            for action in self.modern.bridged(self.modern.asking.server_gone(reason)):
+        modern = self.modern_server
+        if modern is not None:
+            for action in modern.bridged(modern.asking.server_gone(reason)):
                 assert isinstance(action, Deliver)  # (no call is sent again)
                 failed.append(action)
         return failed
@@ -710,8 +718,8 @@ class UpstreamProtocol:
         upstream_id = message.get("id")
         if upstream_id == self.warming.listing and upstream_id is not None:
             return self._tools_listed(message)
-        if self.modern is not None and self.modern.is_listen(upstream_id):
-            return self.modern.listen_ended(message)
+        if self.modern_server is not None and self.modern_server.is_listen(upstream_id):
+            return self.modern_server.listen_ended(message)
         entry = self.requests.close(message)
         if entry is None:
             return []
@@ -730,8 +738,9 @@ class UpstreamProtocol:
             self.tasks.rename(message.get("result"))
         elif isinstance(note, TaskList):
             self.tasks.listed(entry.session, message.get("result"))
-        elif isinstance(note, InputRound) and self.modern is not None:
-            return self._bridged(self.modern.round_answered(entry.session, note, message), now)
+        elif isinstance(note, InputRound) and self.modern_server is not None:
+            bridged = self.modern_server.round_answered(entry.session, note, message)
+            return self._bridged(bridged, now)
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
@@ -746,7 +755,7 @@ class UpstreamProtocol:
         handshake, and when the link opened a new session under the same
         connection (broker/wire/frames.py ``Renewed``). Neither exists in the
         modern era (docs/eras.md)."""
-        if self.modern is not None:
+        if self.modern:
             return []
         actions: list[Action] = [
             SendUpstream(self._own_request("resources/subscribe", {"uri": uri}))
@@ -791,8 +800,8 @@ class UpstreamProtocol:
         return [warn, *self._ready()]
 
     def _notification(self, message: Message, now: float) -> list[Action]:
-        if self.modern is not None:  # its listen's, in legacy terms (or its own business)
-            received = self.modern.listen.receive(message)
+        if self.modern_server is not None:  # its listen's, in legacy terms (or its own business)
+            received = self.modern_server.listen.receive(message)
             if received is None:
                 return []
             message = received
@@ -817,8 +826,8 @@ class UpstreamProtocol:
             note = {**message, "params": named}
             level = params.get("level")
             admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
-            if self.modern is not None:  # it logs for requests that asked
-                admitted = self.modern.logs_to(admitted)
+            if self.modern_server is not None:  # it logs for requests that asked
+                admitted = self.modern_server.logs_to(admitted)
             sole = self.requests.sole_requests(self.turns.held) if admitted else {}
             return [Deliver(s, note, sole.get(s)) for s in admitted]
         if method == "notifications/tasks/status":

@@ -91,8 +91,8 @@ def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> 
     (done,) = proto.server_message(jsonrpc.result_response(retry["id"], final))
     assert isinstance(done, Deliver)
     assert done.message == {"jsonrpc": "2.0", "id": 7, "result": {"content": []}}
-    assert proto.modern is not None
-    assert len(proto.requests) == 0 and len(proto.modern.asking) == 0
+    assert proto.modern_server is not None
+    assert len(proto.requests) == 0 and len(proto.modern_server.asking) == 0
 
 
 def test_a_legacy_client_is_never_asked_what_it_did_not_declare() -> None:

@@ -10,7 +10,7 @@ failed. Each change of the era the connection's requests go in is said with
 
 :class:`ModernServer` is the modern side of an
 :class:`~broker.upstream.UpstreamProtocol`, made when the probe finds the
-server modern (``UpstreamProtocol.modern``; None at a legacy server). It
+server modern (``UpstreamProtocol.modern_server``; None at a legacy server). It
 is given the protocol's tables it reads and updates (its sessions, their
 fan-out, the in-flight table), never the protocol itself:
 
