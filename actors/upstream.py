@@ -81,6 +81,7 @@ from broker.upstream import (
     ListChanged,
     Ready,
     SendUpstream,
+    Speak,
     UpstreamProtocol,
     Warn,
 )
@@ -698,7 +699,9 @@ class Upstream:
             tasks.start_soon(self._watch_liveness)
             if self._protocol.warm_up:
                 tasks.start_soon(self._watch_warm_up)
-            self._send_nowait([self._protocol.start()])
+            opening = self._protocol.start()
+            link.speak(self._protocol.speaking)  # (the era its opening goes in)
+            self._send_nowait([opening])
             if self._protocol.probing:
                 tasks.start_soon(self._watch_probe)
             reason = await self._read(link)
@@ -918,6 +921,9 @@ class Upstream:
                 self._write_soon(action.message)
             elif isinstance(action, Warn):
                 self._log.warning(action.event, detail=action.detail)
+            elif isinstance(action, Speak):  # (before the requests it concerns)
+                if self._link is not None:
+                    self._link.speak(action.version)
             elif isinstance(action, Ready):
                 self._log.info(
                     "server.ready",

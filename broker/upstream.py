@@ -1,17 +1,10 @@
-"""One upstream server's side of the broker, sans-I/O.
+"""One upstream server's side of the broker, sans-I/O: the rules of one
+server connection (its lifecycle, its requests in flight, what it sends).
 
 :class:`UpstreamProtocol` holds the handshake state and the id map of one
 server connection. The Upstream actor feeds it what clients send and what the
-server writes, and carries out the actions it returns:
-
-- :class:`SendUpstream`: write this message to the server;
-- :class:`Deliver`: put this message in that session's outbound queue;
-- :class:`Broadcast`: give this notification to every session using the server;
-- :class:`ListChanged`: one of the server's lists changed: the catalog refreshes
-  it before sessions hear of it;
-- :class:`Ready`: the server is ready for clients (the server's identity
-  attached): its handshake is done and, for an instance that warms up, it
-  has listed its tools (below).
+server writes, and carries out the actions it returns (broker/upstream_actions.py:
+write to the server, deliver to a session, a list changed, ready, ...).
 
 **Its state** (:attr:`UpstreamProtocol.state`) is the server connection's
 one lifecycle (broker/states.py): the actor moves it as the process starts
@@ -26,24 +19,18 @@ unless configured otherwise) nothing here changes on the hot path but one
 test. Requests whose turn came are written from :attr:`UpstreamProtocol.released`,
 which the actor empties after each thing it hands the protocol.
 
-**A modern server** (2026-07-28, :attr:`UpstreamProtocol.modern`: decided by
-the opening, broker/eras/probe.py). Legacy clients' requests are stamped
-with their ``_meta``, modern clients' go as they came. A legacy client's
-``tools/call``, ``prompts/get`` or ``resources/read`` carries an
-``InputRound`` note: an ``input_required`` answer is put to that client as
-requests and the call sent again with the answers (:attr:`asking`,
-broker/eras/bridge.py). Subscriptions and list changes come through the
-broker's one ``subscriptions/listen`` there (:attr:`listen`), whose filter
-is every list the server announces and the URIs its sessions subscribed to.
-docs/eras.md says it all.
+**The era** is decided by the opening (:attr:`UpstreamProtocol.probe`,
+broker/eras/upstream.py ``EraProbe``): ``server/discover`` or ``initialize``,
+and the verdicts on their answers. A modern server (2026-07-28) gets
+:attr:`UpstreamProtocol.modern` and its modern side,
+:attr:`UpstreamProtocol.modern_server` (``ModernServer``, same module:
+stamping, the listen, the bridge's rounds); at a legacy server that is None,
+and the legacy rules are all there is. docs/eras.md says it all.
 
 **Warm-up.** An instance of a per-session server or a pool (``warm_up``) is
-ready only once it has answered a ``tools/list`` of the broker's own and
-offers the tools the catalog shows (``expected_tools``), re-listing on each
-``notifications/tools/list_changed``, or once the actor gives up waiting
-(:meth:`UpstreamProtocol.warm_up_expired`). An instance given expected tools
-(a per-session one) answers a call for a tool it does not offer with -32602
-naming the server and the tool.
+ready only once it offers the tools the catalog shows (``expected_tools``),
+as a ``tools/list`` of the broker's own says (broker/warmup.py), or once
+the actor gives up waiting (:meth:`UpstreamProtocol.warm_up_expired`).
 """
 
 from __future__ import annotations
@@ -52,51 +39,24 @@ import itertools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import attrs
-
 from broker import jsonrpc
-from broker.eras.bridge import (
-    AnswerClient,
-    AskClient,
-    AskingClients,
-    SendServer,
-    ends_round,
-    is_input_required,
-    legacy_params,
-    to_modern_request,
-)
+from broker.eras.bridge import SendServer, ends_round, legacy_params
 from broker.eras.modern import INPUT_METHODS
-from broker.eras.probe import (
-    Incompatible,
-    Legacy,
-    Modern,
-    Reprobe,
-    Verdict,
-    discover_request,
-    modern_only,
-    read_probe_answer,
-)
-from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
+from broker.eras.probe import Legacy, Modern
+from broker.eras.upstream import HANDSHAKE_ID, PROBE_ID, EraProbe, ModernServer
 from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     LIMIT_REACHED,
-    METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Kind,
     Message,
     RequestId,
 )
-from broker.lifecycle import (
-    BROKER_CLIENT_CAPABILITIES,
-    HandshakeError,
-    ServerIdentity,
-    initialize_request,
-    read_initialize_result,
-)
+from broker.lifecycle import HandshakeError, ServerIdentity, read_initialize_result
 from broker.requestmap import (
     CreatesTask,
     InFlight,
@@ -112,11 +72,20 @@ from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
 from broker.turns import DEFAULT_LIMIT, Turns
+from broker.upstream_actions import (
+    Action,
+    Broadcast,
+    Deliver,
+    ListChanged,
+    Ready,
+    SendUpstream,
+    Speak,
+    Warn,
+)
+from broker.warmup import WarmUp
 from broker.wire.envelope import Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
-HANDSHAKE_ID = "mcpbroker-initialize"
-PROBE_ID = "mcpbroker-discover"
 DEFAULT_MAX_IN_FLIGHT = 16384
 LIST_CHANGED = frozenset(
     {
@@ -125,48 +94,6 @@ LIST_CHANGED = frozenset(
         "notifications/resources/list_changed",
     }
 )
-
-
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class SendUpstream:
-    message: Message
-
-
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class Deliver:
-    session: Hashable
-    message: Message
-    # The client's id of the request the message belongs to, when the server
-    # says (progress) or it can be told (broker/related.py); None: unknown.
-    related: RequestId | None = None
-
-
-@attrs.frozen
-class Broadcast:
-    message: Message
-
-
-@attrs.frozen
-class ListChanged:
-    """A ``notifications/*/list_changed`` from the server (``message``)."""
-
-    message: Message
-
-
-@attrs.frozen
-class Ready:
-    identity: ServerIdentity
-
-
-@attrs.frozen
-class Warn:
-    """Something the operator should hear about (logged as a warning)."""
-
-    event: str
-    detail: str
-
-
-Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn
 
 
 class UpstreamProtocol:
@@ -186,21 +113,19 @@ class UpstreamProtocol:
     ) -> None:
         self.name = name
         # "auto", "legacy" or "modern" (broker/config.py); what this connection
-        # speaks is decided by its opening (:meth:`start`): ``modern``.
+        # speaks is decided by its opening (:meth:`start`, :attr:`probe`).
         self.era = era
+        self.probe = EraProbe(era)
+        # Whether it speaks the modern era (decided by the probe), and its
+        # modern side then (None: a legacy server).
         self.modern = False
-        self._probes = 0  # server/discover probes sent, while the era is undecided
+        self.modern_server: ModernServer | None = None
         self.numbering = numbering
         self.max_in_flight = max_in_flight
         self.warm_up = warm_up
-        self.expected_tools = expected_tools
-        # The names of the tools this instance offers (warm-up instances, once
-        # listed; None: not known, not checked).
-        self.tools: frozenset[str] | None = None
+        self.warming = WarmUp(expected_tools)  # (its tools: warm-up instances, once listed)
         # What calls are checked against: its tools, if it was expected to offer some.
         self.checked: frozenset[str] | None = None
-        self._listing: str | None = None  # the id of the broker's own tools/list
-        self._listed: set[str] = set()  # its pages so far
         self.turns = Turns(server_requests, max_waiting)
         self.released: list[Message] = []  # requests whose turn came, to write now
         # The server connection's one state (broker/states.py), kept across its
@@ -220,11 +145,6 @@ class UpstreamProtocol:
         # Those of them that are modern clients (their requests carry their own
         # _meta; a modern server's input_required goes to them as it is).
         self.modern_sessions: set[Hashable] = set()
-        # A modern server's questions put to legacy clients (docs/eras.md).
-        self.asking = AskingClients(name, numbering)
-        # The broker's one subscriptions/listen at a modern server.
-        self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
-        self._listens = 0
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions."""
@@ -246,6 +166,20 @@ class UpstreamProtocol:
         fresh.last_error = self.last_error
         return fresh
 
+    @property
+    def expected_tools(self) -> frozenset[str] | None:
+        """The tools the catalog shows, which a warm-up instance must offer."""
+        return self.warming.expected
+
+    @expected_tools.setter
+    def expected_tools(self, tools: frozenset[str] | None) -> None:
+        self.warming.expected = tools
+
+    @property
+    def tools(self) -> frozenset[str] | None:
+        """The tools this instance offers (warm-up instances, once listed)."""
+        return self.warming.tools
+
     def move(self, trigger: ServerTrigger) -> ServerState:
         """Move the server connection's state (raises LifecycleError if illegal)."""
         self.state = next_server_state(self.state, trigger)
@@ -262,25 +196,25 @@ class UpstreamProtocol:
     def start(self) -> Message:
         """The first message to write to a freshly started server: the
         ``server/discover`` probe unless the server is configured legacy
-        (docs/eras.md), ``initialize`` then."""
-        if self.era == "legacy":
-            return initialize_request(HANDSHAKE_ID)
-        self._probes = 1
-        return discover_request(PROBE_ID)
+        (docs/eras.md), ``initialize`` then; :attr:`speaking` says its era."""
+        return self.probe.opening()
+
+    @property
+    def speaking(self) -> str | None:
+        """The era the connection's requests go in now: a modern protocol
+        version, or None (legacy). Each change comes as a ``Speak`` action."""
+        return self.probe.speaking
 
     @property
     def probing(self) -> bool:
         """The era is not decided yet: the probe awaits its answer."""
-        return self._probes > 0 and self.state is ServerState.INITIALIZING
+        return self.probe.probes > 0 and self.state is ServerState.INITIALIZING
 
     def probe_expired(self) -> list[Action]:
         """The actor's clock ran out on the probe: a server of ``"era": "auto"``
         is opened with ``initialize`` (a forced modern one waits for the
         startup timeout, the only verdict left)."""
-        if not self.probing or self.era != "auto":
-            return []
-        self._probes = 0
-        return [SendUpstream(initialize_request(HANDSHAKE_ID))]
+        return self.probe.expired() if self.probing else []
 
     def probe_failed(self, request: RequestId, detail: str) -> list[Action] | None:
         """The link could not get an answer to ``request`` (HTTP: an error
@@ -289,53 +223,42 @@ class UpstreamProtocol:
         (docs/eras.md); None: not the probe."""
         if request != PROBE_ID or not self.probing:
             return None
-        return self._verdict(Legacy(f"server/discover failed: {detail}"))
+        return self.probe.follow(Legacy(f"server/discover failed: {detail}"))
 
     def _probed(self, message: Message) -> list[Action]:
         """The server answered the probe: open the connection in its era."""
-        return self._verdict(read_probe_answer(message, first=self._probes == 1))
-
-    def _verdict(self, verdict: Verdict) -> list[Action]:
-        if isinstance(verdict, Reprobe):
-            self._probes += 1
-            return [SendUpstream(discover_request(PROBE_ID, verdict.version))]
-        if isinstance(verdict, Incompatible):
-            raise HandshakeError(verdict.message)
-        self._probes = 0
-        if isinstance(verdict, Legacy):
-            if self.era == "modern":
-                raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
-            if self.era == "legacy":  # (probed only after it refused initialize)
-                raise HandshakeError(
-                    f"server refused initialize and is not modern: {verdict.reason}"
-                )
-            return [SendUpstream(initialize_request(HANDSHAKE_ID))]
-        assert isinstance(verdict, Modern)
+        verdict = self.probe.answered(message)
+        if not isinstance(verdict, Modern):
+            return self.probe.follow(verdict)
+        identity = verdict.identity
         self.modern = True
-        self.identity = verdict.identity
+        self.modern_server = ModernServer(
+            identity,
+            self.name,
+            self.numbering,
+            sessions=self.sessions,
+            modern_sessions=self.modern_sessions,
+            fanout=self.fanout,
+            requests=self.requests,
+        )
         # No notifications/initialized; the subscriptions are the listen's
         # filter, and log levels go on each request (docs/eras.md).
-        warming = self.warm_up and "tools" in self.identity.capabilities
+        return [*self.probe.modern(identity.protocol_version), *self._opened(identity)]
+
+    def _opened(self, identity: ServerIdentity) -> list[Action]:
+        """The handshake is done, in either era: ready, or warming up first."""
+        self.identity = identity
+        warming = self.warm_up and "tools" in identity.capabilities
         self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
-        actions = self._listen_actions()
+        actions: list[Action] = []
+        if self.modern_server is not None:
+            actions += self.modern_server.listen_actions()
+        else:
+            actions.append(SendUpstream(jsonrpc.notification("notifications/initialized")))
+            actions += self.renewed()  # a restarted server: what its sessions asked of the last
         if warming:
             return [*actions, self._list_tools()]
-        return [*actions, Ready(self.identity)]
-
-    def _stamp(self, request: Message, session: Hashable | None) -> None:
-        """Give a request for a modern server, in place, the ``_meta`` every
-        modern request carries: the version, and the capabilities of the
-        client it is for (the broker's own for its own requests, ``None``),
-        with the log level that client set, if it set one."""
-        assert self.identity is not None
-        capabilities = None if session is None else self.sessions.get(session)
-        stamped = to_modern_request(
-            request,
-            self.identity.protocol_version,
-            BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
-            log_level=None if session is None else self.fanout.level_of(session),
-        )
-        request["params"] = stamped["params"]
+        return [*actions, Ready(identity)]
 
     # -- from clients -------------------------------------------------------
 
@@ -350,7 +273,7 @@ class UpstreamProtocol:
             params = {}
         note: Note | None = None
         if method == "tools/call":
-            self._check_tool(request, params)
+            self.warming.check(self.name, request, params.get("name"))
             if isinstance(params.get("task"), dict):
                 note = CreatesTask()
         elif method in ("resources/subscribe", "resources/unsubscribe"):
@@ -364,7 +287,8 @@ class UpstreamProtocol:
             note = TaskQuery()
         elif method == "tasks/list":
             note = TaskList()
-        if note is None and self._asks_legacy(session, method):
+        modern = self.modern_server
+        if note is None and modern is not None and modern.asks_legacy(session, method):
             note = InputRound({**request, "params": dict(params)})  # (before _open rewrites it)
         upstream_id = self._open(session, request, now)
         if note is not None:
@@ -392,17 +316,6 @@ class UpstreamProtocol:
         if self.modern:
             return self._own_request("server/discover", {})
         return self._own_request("ping", {})
-
-    def _check_tool(self, request: Message, params: dict[str, Any]) -> None:
-        """A call for a tool this (warmed-up) instance does not offer is refused here."""
-        tools, name = self.checked, params.get("name")
-        if tools is not None and name not in tools:
-            raise JsonRpcError(
-                INVALID_PARAMS,
-                f"MCP server {self.name!r} does not offer a tool {name!r}",
-                data={"server": self.name, "tool": name},
-                id=request["id"],
-            )
 
     def _take_turn(self, session: Hashable, request: Message, upstream_id: int) -> list[Action]:
         """The gate is on: the request goes now (with whatever must precede it)
@@ -467,11 +380,6 @@ class UpstreamProtocol:
         self._open(session, request, now)
         return True
 
-    def _asks_legacy(self, session: Hashable, method: str) -> bool:
-        """A legacy client's call at a modern server, which may answer it
-        ``input_required``: the broker puts the questions (AskingClients)."""
-        return self.modern and method in INPUT_METHODS and session not in self.modern_sessions
-
     def take_requests(
         self, session: Hashable, requests: list[Message], start: int, out: list[Message], now: float
     ) -> int:
@@ -494,9 +402,9 @@ class UpstreamProtocol:
         """Record a request to forward (rewriting it in place); its upstream id."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
-        if self.modern:
+        if self.modern_server is not None:
             if session not in self.modern_sessions:  # (a modern client's carries its own)
-                self._stamp(request, session)
+                self.modern_server.stamp(request, session)
         else:  # a legacy server gets no modern keys, whichever client sent them
             params = request.get("params")
             if type(params) is dict and "_meta" in params:
@@ -508,68 +416,21 @@ class UpstreamProtocol:
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""
         done = Deliver(session, jsonrpc.result_response(request["id"], {}))
-        if self.modern:
-            return [*self._listened(session, request, uri), done]
+        if self.modern_server is not None:  # (it has no resources/subscribe: the listen's filter)
+            return [*self.modern_server.subscribe(session, request, uri), done]
         if request["method"] == "resources/subscribe":
             return None if self.fanout.subscribe(session, uri) else [done]
         if self.fanout.unsubscribe(session, uri):
             return [SendUpstream(self._own_request("resources/unsubscribe", {"uri": uri})), done]
         return [done]
 
-    def _listened(self, session: Hashable, request: Message, uri: str) -> list[Action]:
-        """A modern server has no ``resources/subscribe``: the URIs subscribed
-        to are its listen's filter."""
-        assert self.identity is not None
-        if not offer_of(self.identity.capabilities).subscribe:
-            raise JsonRpcError(
-                METHOD_NOT_FOUND,
-                f"MCP server {self.name!r} takes no resource subscriptions",
-                data={"server": self.name},
-                id=request["id"],
-            )
-        if request["method"] == "resources/subscribe":
-            self.fanout.subscribe(session, uri)
-        else:
-            self.fanout.unsubscribe(session, uri)
-        return self._listen_actions()
-
-    def _listen_actions(self) -> list[Action]:
-        """Listen at a modern server for what its sessions want now: every list
-        it offers to announce, and the URIs subscribed to (nothing if that is
-        what it already listens for)."""
-        if not self.modern or self.identity is None or self.state not in _UP:
-            return []
-        offer = offer_of(self.identity.capabilities)
-        uris = frozenset(self.fanout.subscribed_uris()) if offer.subscribe else frozenset()
-        self._listens += 1
-        id = f"mcpbroker-listen-{self._listens}"
-        return [SendUpstream(m) for m in self.listen.want(Filter(offer.lists, uris), id)]
-
     def listen_failed(self, request: RequestId, detail: str) -> list[Action] | None:
         """The link lost the answer to ``request`` (HTTP: its stream broke):
-        if it was the listen, what to do (listen again if it had worked, and
-        fetch the lists again); None: not the listen."""
-        if self.listen.id is None or request != self.listen.id:
+        if it was a modern server's listen, what to do (listen again if it
+        had worked, and fetch the lists again); None: not the listen."""
+        if self.modern_server is None or not self.modern_server.is_listen(request):
             return None
-        again = self.listen.dropped()
-        warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
-        return [warn] if again is None else [warn, *self._listen_again(again)]
-
-    def _listen_ended(self, message: Message) -> list[Action]:
-        """The server answered the listen: a refusal is said; a stream ended is
-        opened again, and its lists are fetched again (what changed in the gap
-        was not told: 2026-07-28 has no replay)."""
-        again = self.listen.ended(message)
-        if again is None:
-            error = message.get("error")
-            said = error.get("message") if isinstance(error, dict) else error
-            return [Warn("server.listen_refused", f"subscriptions/listen was refused: {said}")]
-        return self._listen_again(again)
-
-    def _listen_again(self, ended: Filter) -> list[Action]:
-        """A stream that ended: listen again, and fetch its lists again."""
-        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(ended.lists)]
-        return [*self._listen_actions(), *changed]
+        return self.modern_server.listen_failed(detail)
 
     def client_log_level(self, session: Hashable, level: str) -> list[Action]:
         """A session set its log level; ask the server for the most verbose one wanted."""
@@ -585,8 +446,8 @@ class UpstreamProtocol:
         """A request of the broker's own; its answer matches no client and is dropped."""
         id = f"mcpbroker-{next(self._own_ids)}"
         request = {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
-        if self.modern:
-            self._stamp(request, None)
+        if self.modern_server is not None:
+            self.modern_server.stamp(request, None)
         return request
 
     def attach(self, session: Hashable, capabilities: dict[str, Any], modern: bool = False) -> None:
@@ -604,26 +465,29 @@ class UpstreamProtocol:
         """A client's answer to a request the broker sent it for this server:
         the server's own request (legacy), or a question of a modern server's
         ``input_required`` (which, once all are answered, sends the call again)."""
-        asked = self.asking.client_answered(session, response)
-        if asked is not None:
-            return self._bridged(asked, now)
+        if self.modern_server is not None:
+            asked = self.modern_server.client_answered(session, response)
+            if asked is not None:
+                return self._bridged(asked, now)
         answer = self.server_requests.answer(session, response)
         return [] if answer is None else [SendUpstream(answer)]
 
     def withdraw(self, session: Hashable, params: dict[str, Any]) -> list[Action]:
         """A client cancelled a call that waits for its own answers (between
         a modern server's rounds): the questions still open are withdrawn."""
-        return self._bridged(self.asking.cancel(session, params.get("requestId")), 0.0)
+        if self.modern_server is None:
+            return []
+        return self._bridged(self.modern_server.withdraw(session, params.get("requestId")), 0.0)
 
-    def _bridged(self, actions: list[Any], now: float) -> list[Action]:
-        """AskingClients' actions, carried out: questions and answers to
-        clients, and calls sent again (recorded anew, with their round)."""
+    def _bridged(self, bridged: list[Deliver | SendServer], now: float) -> list[Action]:
+        """A modern server's questions to legacy clients, carried out: what
+        goes to clients, and calls sent again (recorded anew, with their round)."""
         out: list[Action] = []
-        for action in actions:
-            if isinstance(action, AskClient | AnswerClient):
-                out.append(Deliver(action.session, action.message))
-            elif isinstance(action, SendServer):
+        for action in bridged:
+            if isinstance(action, SendServer):
                 out += self._ask_again(action, now)
+            else:
+                out.append(action)
         return out
 
     def _ask_again(self, send: SendServer, now: float) -> list[Action]:
@@ -666,14 +530,16 @@ class UpstreamProtocol:
             actions.append(Deliver(entry.session, error))
         if self.turns.on:
             self._settle()
-        if self.asking:  # calls waiting for their clients' answers (docs/eras.md)
-            actions += self._bridged(self.asking.expire(now), now)
+        server = self.modern_server
+        if server is not None and server.asking:  # calls waiting for their clients' answers
+            actions += self._bridged(server.bridged(server.asking.expire(now)), now)
         return actions
 
     def next_deadline(self) -> float | None:
         """When :meth:`expire` has something to do next (None: nothing waits):
         a request's deadline, or a call's whose clients were asked its questions."""
-        first, asked = self.deadlines.next_deadline(), self.asking.next_deadline()
+        first = self.deadlines.next_deadline()
+        asked = None if self.modern_server is None else self.modern_server.asking.next_deadline()
         if first is None or asked is None:
             return asked if first is None else first
         return min(first, asked)
@@ -695,7 +561,8 @@ class UpstreamProtocol:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
         self.modern_sessions.discard(session)
-        self.asking.session_gone(session)
+        if self.modern_server is not None:
+            self.modern_server.asking.session_gone(session)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)
@@ -707,9 +574,10 @@ class UpstreamProtocol:
         if turns.on:
             self._settle()
         self.tasks.forget_session(session)
-        if self.state is ServerState.READY and self.modern:
+        modern = self.modern_server
+        if self.state is ServerState.READY and modern is not None:
             self.fanout.session_gone(session)
-            out += [a.message for a in self._listen_actions() if isinstance(a, SendUpstream)]
+            out += [a.message for a in modern.listen_actions() if isinstance(a, SendUpstream)]
         elif self.state is ServerState.READY:
             emptied, level = self.fanout.session_gone(session)
             out += [self._own_request("resources/unsubscribe", {"uri": uri}) for uri in emptied]
@@ -848,9 +716,11 @@ class UpstreamProtocol:
         self.turns.held.clear()  # (failed below with the rest)
         self.released.clear()
         failed = [self._fail(entry, reason) for entry in self.requests.drain()]
-        for action in self._bridged(self.asking.server_gone(reason), 0.0):
-            assert isinstance(action, Deliver)  # (no call is sent again)
-            failed.append(action)
+        modern = self.modern_server
+        if modern is not None:
+            for action in modern.bridged(modern.asking.server_gone(reason)):
+                assert isinstance(action, Deliver)  # (no call is sent again)
+                failed.append(action)
         return failed
 
     def _fail(self, entry: InFlight, reason: str) -> Deliver:
@@ -868,13 +738,13 @@ class UpstreamProtocol:
         if self.state is ServerState.INITIALIZING:
             if message.get("id") == HANDSHAKE_ID:
                 return self._handshake_done(message)
-            if message.get("id") == PROBE_ID and self._probes:
+            if message.get("id") == PROBE_ID and self.probe.probes:
                 return self._probed(message)
         upstream_id = message.get("id")
-        if upstream_id == self._listing and self._listing is not None:
+        if upstream_id == self.warming.listing and upstream_id is not None:
             return self._tools_listed(message)
-        if upstream_id == self.listen.id and self.listen.id is not None:
-            return self._listen_ended(message)
+        if self.modern_server is not None and self.modern_server.is_listen(upstream_id):
+            return self.modern_server.listen_ended(message)
         entry = self.requests.close(message)
         if entry is None:
             return []
@@ -893,31 +763,17 @@ class UpstreamProtocol:
             self.tasks.rename(message.get("result"))
         elif isinstance(note, TaskList):
             self.tasks.listed(entry.session, message.get("result"))
-        elif isinstance(note, InputRound):
-            result = message.get("result")
-            if is_input_required(result):
-                assert isinstance(result, dict)
-                capabilities = self.sessions.get(entry.session, {})
-                timeout = self.deadlines.policy.timeout  # (the call's own, between rounds too)
-                asked = self.asking.input_required(
-                    entry.session, capabilities, note, result, now, timeout
-                )
-                return self._bridged(asked, now)
+        elif isinstance(note, InputRound) and self.modern_server is not None:
+            timeout = self.deadlines.policy.timeout  # (the call's own, between rounds too)
+            bridged = self.modern_server.round_answered(entry.session, note, message, now, timeout)
+            return self._bridged(bridged, now)
         return [Deliver(entry.session, message)]
 
     def _handshake_done(self, message: Message) -> list[Action]:
-        version = modern_only(message) if self.era == "legacy" else None
-        if version is not None:  # a modern-only server refused initialize: it is probed
-            self._probes = 1
-            return [SendUpstream(discover_request(PROBE_ID, version))]
-        self.identity = read_initialize_result(message)  # may raise HandshakeError
-        warming = self.warm_up and "tools" in self.identity.capabilities
-        self.move(ServerTrigger.WARM_UP if warming else ServerTrigger.HANDSHAKE_DONE)
-        actions: list[Action] = [SendUpstream(jsonrpc.notification("notifications/initialized"))]
-        actions += self.renewed()  # a restarted server: what its sessions asked of the last one
-        if warming:
-            return [*actions, self._list_tools()]
-        return [*actions, Ready(self.identity)]
+        probed = self.probe.refused(message)
+        if probed is not None:  # a modern-only server refused initialize: it is probed
+            return probed
+        return self._opened(read_initialize_result(message))  # (may raise HandshakeError)
 
     def renewed(self) -> list[Action]:
         """What the server must be asked again in a new session: the
@@ -937,36 +793,18 @@ class UpstreamProtocol:
 
     def _list_tools(self, cursor: str | None = None) -> SendUpstream:
         """Ask the server for its tools (a first page, or the next one)."""
-        if cursor is None:
-            self._listed = set()
         request = self._own_request("tools/list", {} if cursor is None else {"cursor": cursor})
-        self._listing = request["id"]
+        self.warming.asked(request, cursor)
         return SendUpstream(request)
 
     def _tools_listed(self, message: Message) -> list[Action]:
-        result = message.get("result")
-        tools = result.get("tools") if isinstance(result, dict) else None
-        if not isinstance(tools, list):  # refused: nothing to check against
-            self._listing = None
-            return self._warmed(None)
-        for tool in tools:
-            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-                self._listed.add(tool["name"])
-        cursor = result.get("nextCursor") if isinstance(result, dict) else None
-        if isinstance(cursor, str) and cursor:
-            return [self._list_tools(cursor)]
-        self._listing = None
-        return self._warmed(frozenset(self._listed))
-
-    def _warmed(self, tools: frozenset[str] | None) -> list[Action]:
         """The instance listed its tools: ready once it offers the expected ones."""
-        self.tools = tools
-        self.checked = None if self.expected_tools is None else tools
-        if self.state is not ServerState.WARMING:
-            return []
-        expected = self.expected_tools
-        if tools is not None and expected is not None and not expected <= tools:
-            return []  # some come later: it says so with tools/list_changed
+        cursor = self.warming.listed(message)
+        if cursor is not None:
+            return [self._list_tools(cursor)]
+        self.checked = self.warming.checked()
+        if self.state is not ServerState.WARMING or not self.warming.complete():
+            return []  # (ready already; or some come later: it says so with list_changed)
         return self._ready()
 
     def _ready(self) -> list[Action]:
@@ -979,7 +817,7 @@ class UpstreamProtocol:
         (calls for the tools still missing get -32602)."""
         if self.state is not ServerState.WARMING:
             return []
-        missing = sorted((self.expected_tools or frozenset()) - (self.tools or frozenset()))
+        missing = self.warming.missing()
         warn = Warn(
             "server.tools_missing",
             f"this instance does not offer {', '.join(missing) or 'its tools list'} "
@@ -988,8 +826,8 @@ class UpstreamProtocol:
         return [warn, *self._ready()]
 
     def _notification(self, message: Message, now: float) -> list[Action]:
-        if self.modern:  # its listen's notifications, in legacy terms (or its own business)
-            received = self.listen.receive(message)
+        if self.modern_server is not None:  # its listen's, in legacy terms (or its own business)
+            received = self.modern_server.listen.receive(message)
             if received is None:
                 return []
             message = received
@@ -1014,9 +852,8 @@ class UpstreamProtocol:
             note = {**message, "params": named}
             level = params.get("level")
             admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
-            if self.modern:  # it logs for requests that asked: sessions with one in flight
-                busy = self.requests.sessions()
-                admitted = [s for s in admitted if s in busy and self.fanout.level_of(s)]
+            if self.modern_server is not None:  # it logs for requests that asked
+                admitted = self.modern_server.logs_to(admitted)
             sole = self.requests.sole_requests(self.turns.held) if admitted else {}
             return [Deliver(s, note, sole.get(s)) for s in admitted]
         if method == "notifications/tasks/status":
@@ -1026,7 +863,7 @@ class UpstreamProtocol:
             return [Deliver(s, message) for s in self.fanout.subscribers(params.get("uri"))]
         if method in LIST_CHANGED:
             if self.warm_up and method == "notifications/tools/list_changed":
-                self.tools = self.checked = None  # not checked until listed again
+                self.warming.tools = self.checked = None  # not checked until listed again
                 return [ListChanged(message), self._list_tools()]
             return [ListChanged(message)]
         return [Broadcast(message)]
@@ -1082,6 +919,8 @@ def _cancelled(upstream_id: int, reason: Any) -> Message:
 
 
 __all__ = [
+    "HANDSHAKE_ID",
+    "PROBE_ID",
     "Action",
     "Broadcast",
     "Deliver",
@@ -1089,6 +928,7 @@ __all__ = [
     "ListChanged",
     "Ready",
     "SendUpstream",
+    "Speak",
     "UpstreamProtocol",
     "Warn",
 ]

@@ -16,6 +16,7 @@ from broker.upstream import (
     Deliver,
     Ready,
     SendUpstream,
+    Speak,
     UpstreamProtocol,
 )
 from broker.wire.envelope import split_answer
@@ -78,8 +79,10 @@ def test_a_modern_answer_opens_a_modern_connection_without_initialize(era: str) 
 
 def test_auto_falls_back_to_initialize_on_an_error() -> None:
     proto, _ = started("auto")
+    assert proto.speaking == MODERN  # (the probe is a modern request)
     refused = jsonrpc.error_response(PROBE_ID, -32601, "Method not found")
-    (sent,) = proto.server_message(refused)
+    speak, sent = proto.server_message(refused)
+    assert speak == Speak(None) and proto.speaking is None  # the link goes legacy first
     assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
     assert not proto.probing
     actions = proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT_RESULT))
@@ -88,7 +91,8 @@ def test_auto_falls_back_to_initialize_on_an_error() -> None:
 
 def test_auto_falls_back_to_initialize_when_the_probe_times_out() -> None:
     proto, _ = started("auto")
-    (sent,) = proto.probe_expired()
+    speak, sent = proto.probe_expired()
+    assert speak == Speak(None)
     assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
     assert proto.probe_expired() == []  # once
     # A late answer to the probe changes nothing.
@@ -193,7 +197,8 @@ def test_a_probe_the_link_could_not_get_answered_means_legacy() -> None:
     legacy server's 400 without a session, an old server's 404 or 405)."""
     proto, _ = started("auto")
     assert proto.probe_failed("other", "HTTP 400") is None  # not the probe
-    (sent,) = proto.probe_failed(PROBE_ID, "HTTP 405 Method Not Allowed") or []
+    speak, sent = proto.probe_failed(PROBE_ID, "HTTP 405 Method Not Allowed") or []
+    assert speak == Speak(None)
     assert isinstance(sent, SendUpstream) and sent.message["method"] == "initialize"
     assert proto.probe_failed(PROBE_ID, "HTTP 400") is None  # decided already
     forced, _ = started("modern")

@@ -28,6 +28,7 @@ from broker.upstream import (
     ListChanged,
     Ready,
     SendUpstream,
+    Speak,
     UpstreamProtocol,
     Warn,
 )
@@ -92,7 +93,8 @@ def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> 
     (done,) = proto.server_message(jsonrpc.result_response(retry["id"], final))
     assert isinstance(done, Deliver)
     assert done.message == {"jsonrpc": "2.0", "id": 7, "result": final}  # as written
-    assert len(proto.requests) == 0 and len(proto.asking) == 0
+    assert proto.modern_server is not None
+    assert len(proto.requests) == 0 and len(proto.modern_server.asking) == 0
 
 
 @pytest.mark.parametrize("shape", ["after id", "typescript"])
@@ -188,7 +190,11 @@ def test_a_legacy_client_that_does_not_answer_in_the_calls_timeout_fails_the_cal
     assert isinstance(failed, Deliver) and failed.message["id"] == 7
     assert failed.message["error"]["code"] == jsonrpc.REQUEST_TIMEOUT
     assert "within 10 s" in failed.message["error"]["message"]
-    assert proto.next_deadline() is None and len(proto.asking) == 0
+    assert (
+        proto.next_deadline() is None
+        and proto.modern_server is not None
+        and len(proto.modern_server.asking) == 0
+    )
     assert proto.client_answer("a", jsonrpc.result_response("mcpbroker:m:1", {})) == []
 
 
@@ -335,11 +341,13 @@ def test_a_modern_servers_log_messages_go_to_sessions_whose_requests_asked() -> 
 
 def test_a_server_refusing_initialize_with_modern_versions_is_opened_modern() -> None:
     proto = UpstreamProtocol("m")  # "era": "legacy", the default
-    assert proto.start()["method"] == "initialize"
+    assert proto.start()["method"] == "initialize" and proto.speaking is None
     refusal = jsonrpc.error_response(
         HANDSHAKE_ID, -32022, "no handshake", data={"supported": [MODERN]}
     )
-    probe = sent(proto.server_message(refusal))
+    speak, *actions = proto.server_message(refusal)
+    assert speak == Speak(MODERN)  # the link goes modern before the probe
+    probe = sent(actions)
     assert probe["method"] == "server/discover" and probe["id"] == PROBE_ID
     listen, ready = proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
     assert isinstance(ready, Ready) and proto.modern

@@ -38,13 +38,15 @@ new session for what the old one held (subscriptions, the log level).
 **Closing** DELETEs the session (bounded, shielded), then closes the pool.
 
 **A modern server** (2026-07-28; the rules: broker/wire/http_upstream_modern.py,
-docs/eras.md "A modern server by URL"): a request stamped with a modern
-version in its ``_meta`` is its own POST with the headers mirroring its body,
-sent at once (no initialize, no session, no GET stream, no DELETE); its
-stream's messages go up as plain frames, as from stdio; cancelling it closes
-its stream (no ``notifications/cancelled`` is POSTed). An initialize
-refused with a 4xx and a JSON-RPC error that is no modern server's sign
-has the link ask ``server/discover`` before it falls back
+docs/eras.md "A modern server by URL"): while the Upstream says the
+connection speaks a modern version (:meth:`HttpLink.speak`: the probe's,
+then the server's), each request is its own POST with the headers mirroring
+its body, sent at once (no initialize, no session, no GET stream, no
+DELETE); its stream's messages go up as plain frames, as from stdio;
+cancelling it closes its stream (no ``notifications/cancelled`` is POSTed).
+The era is the Upstream's word, never read from a request's ``_meta``. An
+initialize refused with a 4xx and a JSON-RPC error that is no modern
+server's sign has the link ask ``server/discover`` before it falls back
 (:meth:`HttpLink._modern_only`).
 """
 
@@ -125,7 +127,7 @@ class HttpLink:
         self._initialized = trio.Event()  # notifications/initialized went: requests may follow
         self._streams: dict[Any, trio.CancelScope] = {}  # request id -> its POST's scope
         # The 2026-07-28 revision (docs/eras.md, "A modern server by URL").
-        self._speaks_modern = False  # requests go modern (and no initialize went)
+        self._era: str | None = None  # the modern version requests go in (None: legacy)
         self._params = modern_rules.ParamHeaders()  # tools' Mcp-Param-* marks
         self._modern: set[Any] = set()  # modern requests not yet answered
         self._withdrawn: set[Any] = set()  # of those, cancelled before their POST
@@ -137,6 +139,9 @@ class HttpLink:
 
     # -- the Link interface ---------------------------------------------------
 
+    def speak(self, version: str | None) -> None:
+        self._era = version
+
     def encode(self, messages: list[Message]) -> list[bytes]:
         units: list[bytes] = []
         for message in messages:
@@ -145,7 +150,8 @@ class HttpLink:
             unit.method = method if isinstance(method, str) else None
             if unit.method is not None and "id" in message:
                 unit.id = message["id"]
-                self._modern_unit(unit, message)
+                if self._era is not None:
+                    self._modern_unit(unit, message, self._era)
             elif unit.method == "notifications/cancelled":
                 params = message.get("params")
                 unit.cancels = params.get("requestId") if isinstance(params, dict) else None
@@ -464,17 +470,12 @@ class HttpLink:
 
     # -- the 2026-07-28 revision ----------------------------------------------------
 
-    def _modern_unit(self, unit: Unit, message: Message) -> None:
-        """A request stamped with a modern version goes as the 2026-07-28
-        revision has it: its own POST, with the headers mirroring its body
-        (broker/wire/http_upstream_modern.py)."""
-        if unit.method == "initialize":
-            self._speaks_modern = False  # (a legacy session from now on)
-            return
-        version = modern_rules.modern_version(message)
-        if version is None:
-            return
-        self._speaks_modern = True
+    def _modern_unit(self, unit: Unit, message: Message, era: str) -> None:
+        """A request while the connection speaks the 2026-07-28 revision goes
+        as it has it: its own POST, with the headers mirroring its body
+        (broker/wire/http_upstream_modern.py; the version its ``_meta``
+        names, which the Upstream stamped: ``era`` if it names none)."""
+        version = modern_rules.modern_version(message) or era
         unit.modern = modern_rules.modern_headers(message, version, self._params)
         if unit.method == "tools/list":
             unit.lists_tools = modern_rules.is_tools_list_start(message)
@@ -749,7 +750,7 @@ class HttpLink:
                 scope.cancel()
             elif unit.cancels in self._modern:
                 self._withdrawn.add(unit.cancels)  # (its POST has not begun)
-        return self._speaks_modern and unit.id is None
+        return self._era is not None and unit.id is None
 
     def _frame(self, data: bytes) -> LinkFrame:
         if len(data) <= self._max:

@@ -44,6 +44,12 @@ class Link(Protocol):
     def info(self) -> Mapping[str, Any]:
         """What logs and ``mcpbroker status`` say of this connection (``pid``, ``url``)."""
 
+    def speak(self, version: str | None) -> None:
+        """The era the connection's requests go in from now on, as the
+        Upstream decided it (broker/eras/upstream.py: the probe's, then the
+        server's): a modern protocol version, or None (legacy, the era a link
+        starts in). Only a link whose wire differs by era (HTTP) follows it."""
+
     def encode(self, messages: list[Message]) -> list[bytes]:
         """The messages as units to write. Raises ``TypeError`` if a message
         cannot be encoded (orjson's errors are TypeErrors)."""

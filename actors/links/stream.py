@@ -31,6 +31,9 @@ class StreamLink:
         self._receive = FastIO(receive_stream)
         self._framer = ndjson.LineFramer(max_message_bytes)
 
+    def speak(self, version: str | None) -> None:
+        pass  # (the era is in the messages alone)
+
     def encode(self, messages: list[Message]) -> list[bytes]:
         return [b"".join(map(_line, messages))]
 

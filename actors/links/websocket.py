@@ -55,6 +55,9 @@ class WebSocketLink:
         self._closing = trio.Event()  # close() asks _run to end the connection
         self._closed = trio.Event()  # _run has ended it
 
+    def speak(self, version: str | None) -> None:
+        pass  # (the era is in the messages alone)
+
     def encode(self, messages: list[Message]) -> list[bytes]:
         return [orjson.dumps(message) for message in messages]  # a frame each
 

@@ -9,12 +9,13 @@ answer); there is no ``initialize``, no ``Mcp-Session-Id``, no GET stream,
 no DELETE, no ``Last-Event-ID``; closing a POST's stream cancels its
 request (no ``notifications/cancelled`` is sent on this transport).
 
-A request is the modern revision's when its ``params._meta`` names a modern
-protocol version (:func:`modern_version`): the Upstream stamps every request
-to a modern server so (broker/upstream.py), and its ``server/discover``
-probe is one. Such a POST carries (:func:`modern_headers`):
+A request is the modern revision's while the Upstream says the connection
+speaks a modern version (``Speak``, broker/eras/upstream.py: the probe's,
+then the server's), never by what its ``_meta`` holds; the Upstream stamps
+every request to a modern server with that version (:func:`modern_version`
+reads it). Such a POST carries (:func:`modern_headers`):
 
-- ``MCP-Protocol-Version``: the ``_meta`` version;
+- ``MCP-Protocol-Version``: the ``_meta`` version (the told one if it names none);
 - ``Mcp-Method``: the ``method``;
 - ``Mcp-Name``, for ``tools/call``, ``prompts/get`` and ``resources/read``:
   ``params.name`` / ``params.uri``;

@@ -1,0 +1,296 @@
+"""An upstream server's era (docs/eras.md): which one it speaks, and what a
+modern (2026-07-28) server needs of the broker's side of its connection.
+
+:class:`EraProbe` opens the connection: ``server/discover`` unless the
+server is configured legacy, ``initialize`` then; it follows the verdicts on
+the probe's answers (broker/eras/probe.py) and a probe that expired or
+failed. Each change of the era the connection's requests go in is said with
+:class:`~broker.upstream_actions.Speak` before them: the link follows it
+(HTTP: a modern request is its own POST), never guessing from a request.
+
+:class:`ModernServer` is the modern side of an
+:class:`~broker.upstream.UpstreamProtocol`, made when the probe finds the
+server modern (``UpstreamProtocol.modern_server``; None at a legacy server). It
+is given the protocol's tables it reads and updates (its sessions, their
+fan-out, the in-flight table), never the protocol itself:
+
+- **stamping**: a legacy client's request (and the broker's own) gets the
+  ``_meta`` every modern request carries, with the client's log level (the
+  modern era has no ``logging/setLevel``); a modern client's goes as it came;
+- **the listen**: subscriptions and list changes come through the broker's
+  one ``subscriptions/listen`` (:attr:`ModernServer.listen`), whose filter
+  is every list the server announces and the URIs its sessions subscribed to;
+- **the bridge**: a legacy client's ``tools/call``, ``prompts/get`` or
+  ``resources/read`` carries an ``InputRound`` note; an ``input_required``
+  answer is put to that client as requests, and the call sent again with
+  the answers (:attr:`ModernServer.asking`, broker/eras/bridge.py); the
+  protocol records each call sent again (``SendServer``) as a new request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from broker import jsonrpc
+from broker.eras.bridge import (
+    AnswerClient,
+    AskClient,
+    AskingClients,
+    SendServer,
+    is_input_required,
+    to_modern_request,
+)
+from broker.eras.modern import INPUT_METHODS
+from broker.eras.probe import (
+    Incompatible,
+    Legacy,
+    Reprobe,
+    Verdict,
+    discover_request,
+    modern_only,
+    read_probe_answer,
+)
+from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
+from broker.eras.versions import LATEST_MODERN_VERSION
+from broker.fanout import Fanout
+from broker.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
+from broker.lifecycle import (
+    BROKER_CLIENT_CAPABILITIES,
+    HandshakeError,
+    ServerIdentity,
+    initialize_request,
+)
+from broker.requestmap import InputRound, RequestMap
+from broker.upstream_actions import Action, Deliver, ListChanged, SendUpstream, Speak, Warn
+
+HANDSHAKE_ID = "mcpbroker-initialize"
+PROBE_ID = "mcpbroker-discover"
+
+
+class EraProbe:
+    """Which era a server speaks, found out as the connection opens."""
+
+    def __init__(self, era: str) -> None:
+        # "auto", "legacy" or "modern" (broker/config.py)
+        self.era = era
+        self.probes = 0  # server/discover probes sent, while the era is undecided
+        self.speaking: str | None = None  # the era the requests go in (Speak)
+
+    def opening(self) -> Message:
+        """The first message to write to a freshly started server, in the era
+        :attr:`speaking` says: the ``server/discover`` probe unless the server
+        is configured legacy, ``initialize`` then."""
+        if self.era == "legacy":
+            return initialize_request(HANDSHAKE_ID)
+        self.probes = 1
+        self.speaking = LATEST_MODERN_VERSION
+        return discover_request(PROBE_ID, LATEST_MODERN_VERSION)
+
+    def expired(self) -> list[Action]:
+        """The clock ran out on the probe: a server of ``"era": "auto"`` is
+        opened with ``initialize`` (a forced modern one waits for the startup
+        timeout, the only verdict left)."""
+        return self.initialize() if self.era == "auto" else []
+
+    def answered(self, message: Message) -> Verdict:
+        """The verdict on the server's answer to the probe."""
+        return read_probe_answer(message, first=self.probes == 1)
+
+    def follow(self, verdict: Legacy | Reprobe | Incompatible) -> list[Action]:
+        """What a verdict other than modern leads to (raises HandshakeError if
+        the server cannot be used as configured)."""
+        if isinstance(verdict, Reprobe):
+            return self.probe(verdict.version)
+        if isinstance(verdict, Incompatible):
+            raise HandshakeError(verdict.message)
+        self.probes = 0
+        if self.era == "modern":
+            raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
+        if self.era == "legacy":  # (probed only after it refused initialize)
+            raise HandshakeError(f"server refused initialize and is not modern: {verdict.reason}")
+        return self.initialize()
+
+    def refused(self, message: Message) -> list[Action] | None:
+        """The answer to ``initialize``: if it is a modern-only server's
+        refusal (a legacy-configured server's), it is probed at the version
+        it names; None: any other answer."""
+        version = modern_only(message) if self.era == "legacy" else None
+        if version is None:
+            return None
+        self.probes = 0
+        return self.probe(version)
+
+    def probe(self, version: str) -> list[Action]:
+        self.probes += 1
+        return [*self._speak(version), SendUpstream(discover_request(PROBE_ID, version))]
+
+    def initialize(self) -> list[Action]:
+        self.probes = 0
+        return [*self._speak(None), SendUpstream(initialize_request(HANDSHAKE_ID))]
+
+    def modern(self, version: str) -> list[Action]:
+        """The server is modern, at ``version``: its requests go so."""
+        self.probes = 0
+        return self._speak(version)
+
+    def _speak(self, version: str | None) -> list[Action]:
+        """The requests go in this era from now on: said if that is a change."""
+        if version == self.speaking:
+            return []
+        self.speaking = version
+        return [Speak(version)]
+
+
+class ModernServer:
+    """The modern side of one server connection (see the module's text)."""
+
+    def __init__(
+        self,
+        identity: ServerIdentity,
+        name: str,
+        numbering: tuple[int, int],
+        *,
+        sessions: dict[Hashable, dict[str, Any]],
+        modern_sessions: set[Hashable],
+        fanout: Fanout,
+        requests: RequestMap,
+    ) -> None:
+        self.identity = identity
+        self.offer = offer_of(identity.capabilities)
+        self.name = name
+        # The protocol's tables it reads and updates (the same for the
+        # connection's life): sessions -> their capabilities, the modern
+        # ones among them, their log levels and subscriptions, requests in flight.
+        self._sessions = sessions
+        self._modern_sessions = modern_sessions
+        self._fanout = fanout
+        self._requests = requests
+        # Its questions put to legacy clients (docs/eras.md).
+        self.asking = AskingClients(name, numbering)
+        # The broker's one subscriptions/listen at the server.
+        self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
+        self._listens = 0
+
+    def asks_legacy(self, session: Hashable, method: str) -> bool:
+        """A legacy client's call, which the server may answer
+        ``input_required``: the broker puts the questions (AskingClients)."""
+        return method in INPUT_METHODS and session not in self._modern_sessions
+
+    def stamp(self, request: Message, session: Hashable | None) -> None:
+        """Give a request, in place, the ``_meta`` every modern request
+        carries: the version, and the capabilities of the client it is for
+        (the broker's own for its own requests, ``None``), with the log level
+        that client set, if it set one."""
+        capabilities = None if session is None else self._sessions.get(session)
+        stamped = to_modern_request(
+            request,
+            self.identity.protocol_version,
+            BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
+            log_level=None if session is None else self._fanout.level_of(session),
+        )
+        request["params"] = stamped["params"]
+
+    def logs_to(self, admitted: list[Hashable]) -> list[Hashable]:
+        """Of the sessions a log message admits, those it is for: the server
+        logs for requests that asked (a level in ``_meta``), so sessions with
+        one in flight that set a level."""
+        busy = self._requests.sessions()
+        return [s for s in admitted if s in busy and self._fanout.level_of(s)]
+
+    # -- the listen (the protocol asks only while the connection is up) ---------
+
+    def subscribe(self, session: Hashable, request: Message, uri: str) -> list[Action]:
+        """A client's ``resources/(un)subscribe``: the server has none, the
+        URIs subscribed to are its listen's filter."""
+        if not self.offer.subscribe:
+            raise JsonRpcError(
+                METHOD_NOT_FOUND,
+                f"MCP server {self.name!r} takes no resource subscriptions",
+                data={"server": self.name},
+                id=request["id"],
+            )
+        if request["method"] == "resources/subscribe":
+            self._fanout.subscribe(session, uri)
+        else:
+            self._fanout.unsubscribe(session, uri)
+        return self.listen_actions()
+
+    def listen_actions(self) -> list[Action]:
+        """Listen for what the sessions want now: every list the server offers
+        to announce, and the URIs subscribed to (nothing if that is what it
+        already listens for)."""
+        offer = self.offer
+        uris = frozenset(self._fanout.subscribed_uris()) if offer.subscribe else frozenset()
+        self._listens += 1
+        id = f"mcpbroker-listen-{self._listens}"
+        return [SendUpstream(m) for m in self.listen.want(Filter(offer.lists, uris), id)]
+
+    def is_listen(self, request: Any) -> bool:
+        """Whether ``request`` is the id of the broker's listen."""
+        return self.listen.id is not None and request == self.listen.id
+
+    def listen_failed(self, detail: str) -> list[Action]:
+        """The link lost the answer to the listen (HTTP: its stream broke):
+        listen again if it had worked, and fetch the lists again."""
+        again = self.listen.dropped()
+        warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
+        return [warn] if again is None else [warn, *self._listen_again(again)]
+
+    def listen_ended(self, message: Message) -> list[Action]:
+        """The server answered the listen: a refusal is said; a stream ended is
+        opened again, and its lists are fetched again (what changed in the gap
+        was not told: 2026-07-28 has no replay)."""
+        again = self.listen.ended(message)
+        if again is None:
+            error = message.get("error")
+            said = error.get("message") if isinstance(error, dict) else error
+            return [Warn("server.listen_refused", f"subscriptions/listen was refused: {said}")]
+        return self._listen_again(again)
+
+    def _listen_again(self, ended: Filter) -> list[Action]:
+        """A stream that ended: listen again, and fetch its lists again."""
+        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(ended.lists)]
+        return [*self.listen_actions(), *changed]
+
+    # -- the bridge: a legacy client's input_required rounds ---------------------
+    # (Each gives questions and answers for clients, and the calls to send
+    # again, which the protocol records anew: SendServer.)
+
+    def round_answered(
+        self, session: Hashable, note: InputRound, message: Message, now: float, timeout: float
+    ) -> list[Deliver | SendServer]:
+        """The server answered a legacy client's call: ``input_required`` is
+        put to the client, who has ``timeout`` from ``now`` to answer; any
+        other answer goes to it as the server wrote it (docs/eras.md)."""
+        result = message.get("result")
+        if is_input_required(result):
+            assert isinstance(result, dict)
+            capabilities = self._sessions.get(session, {})
+            asked = self.asking.input_required(session, capabilities, note, result, now, timeout)
+            return self.bridged(asked)
+        return [Deliver(session, message)]
+
+    def client_answered(
+        self, session: Hashable, response: Message
+    ) -> list[Deliver | SendServer] | None:
+        """A client's answer to one of the server's questions (which, once all
+        are answered, sends the call again); None: not one of them."""
+        asked = self.asking.client_answered(session, response)
+        return None if asked is None else self.bridged(asked)
+
+    def withdraw(self, session: Hashable, request: RequestId | None) -> list[Deliver | SendServer]:
+        """A client cancelled a call that waits for its own answers (between
+        the server's rounds): the questions still open are withdrawn."""
+        return self.bridged(self.asking.cancel(session, request))
+
+    def bridged(self, actions: list[Any]) -> list[Deliver | SendServer]:
+        """AskingClients' actions: questions and answers to clients delivered,
+        calls to send again as they are."""
+        out: list[Deliver | SendServer] = []
+        for action in actions:
+            if isinstance(action, AskClient | AnswerClient):
+                out.append(Deliver(action.session, action.message))
+            elif isinstance(action, SendServer):
+                out.append(action)
+        return out

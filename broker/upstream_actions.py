@@ -1,0 +1,78 @@
+"""What the rules of one upstream server ask their actor to do: the actions.
+
+:class:`~broker.upstream.UpstreamProtocol` (and its modern side,
+broker/eras/upstream.py) answer what they are fed with a list of these; the
+Upstream actor (actors/upstream.py) carries them out:
+
+- :class:`SendUpstream`: write this message to the server;
+- :class:`Deliver`: put this message in that session's outbound queue;
+- :class:`Broadcast`: give this notification to every session using the server;
+- :class:`ListChanged`: one of the server's lists changed: the catalog refreshes
+  it before sessions hear of it;
+- :class:`Ready`: the server is ready for clients (the server's identity
+  attached): its handshake is done and, for an instance that warms up, it
+  has listed its tools;
+- :class:`Warn`: something the operator should hear about;
+- :class:`Speak`: the era the connection's requests go in from now on, which
+  the link follows (HTTP: a modern request is its own POST, docs/eras.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import attrs
+
+from broker.jsonrpc import Message, RequestId
+from broker.lifecycle import ServerIdentity
+
+
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
+class SendUpstream:
+    message: Message
+
+
+@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
+class Deliver:
+    session: Hashable
+    message: Message
+    # The client's id of the request the message belongs to, when the server
+    # says (progress) or it can be told (broker/related.py); None: unknown.
+    related: RequestId | None = None
+
+
+@attrs.frozen
+class Broadcast:
+    message: Message
+
+
+@attrs.frozen
+class ListChanged:
+    """A ``notifications/*/list_changed`` from the server (``message``)."""
+
+    message: Message
+
+
+@attrs.frozen
+class Ready:
+    identity: ServerIdentity
+
+
+@attrs.frozen
+class Warn:
+    """Something the operator should hear about (logged as a warning)."""
+
+    event: str
+    detail: str
+
+
+@attrs.frozen
+class Speak:
+    """The connection's requests go in this era from now on: at a modern
+    protocol ``version`` (the probe's, then the server's), or legacy (None,
+    from the ``initialize`` on). Given before the first request it concerns."""
+
+    version: str | None
+
+
+Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn | Speak
