@@ -108,6 +108,20 @@ async def client(
         yield session
 
 
+async def asks_every_kind(session: Client, mode: str, user: User, server_era: str) -> None:
+    """The client speaks the era its mode picks; the server's tools that ask
+    for elicitation, sampling and roots complete, each asking once."""
+    assert (session.protocol_version == MODERN) is (mode == "auto")
+    assert text_of(await session.call_tool("era", {})) == server_era
+    result = await session.call_tool("ask_user", {"question": "Colour?"})
+    assert (text_of(result), result.is_error) == ("accept: blue", False)
+    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
+    assert (text_of(result), result.is_error) == ("Paris", False)
+    result = await session.call_tool("roots", {})
+    assert (text_of(result), result.is_error) == ("file:///work", False)
+    assert user.asked == ["Colour?", "Capital?", "roots"]  # each asked once
+
+
 @pytest.mark.parametrize(("kind", "era"), SERVERS)
 async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
     socket_path: str, kind: str, era: str | None
@@ -119,16 +133,7 @@ async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
             for mode in ("legacy", "auto"):
                 user = User()
                 async with client(socket_path, mode, user) as session:
-                    assert (session.protocol_version == MODERN) is (mode == "auto")
-                    result = await session.call_tool("era", {})
-                    assert text_of(result) == ("modern" if modern else "legacy")
-                    result = await session.call_tool("ask_user", {"question": "Colour?"})
-                    assert (text_of(result), result.is_error) == ("accept: blue", False)
-                    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
-                    assert (text_of(result), result.is_error) == ("Paris", False)
-                    result = await session.call_tool("roots", {})
-                    assert (text_of(result), result.is_error) == ("file:///work", False)
-                    assert user.asked == ["Colour?", "Capital?", "roots"]  # each asked once
+                    await asks_every_kind(session, mode, user, "modern" if modern else "legacy")
 
 
 @pytest.mark.parametrize("kind", ["legacy", "modern"])
@@ -149,16 +154,7 @@ async def test_every_client_mode_gets_its_questions_over_websocket(
                                  list_roots_callback=user.roots)  # fmt: skip
                 transport = websocket_transport(daemon.websocket_url + "/s")
                 async with Client(transport, mode=mode, **callbacks) as session:  # type: ignore[arg-type]
-                    assert (session.protocol_version == MODERN) is (mode == "auto")
-                    result = await session.call_tool("era", {})
-                    assert text_of(result) == kind
-                    result = await session.call_tool("ask_user", {"question": "Colour?"})
-                    assert (text_of(result), result.is_error) == ("accept: blue", False)
-                    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
-                    assert (text_of(result), result.is_error) == ("Paris", False)
-                    result = await session.call_tool("roots", {})
-                    assert (text_of(result), result.is_error) == ("file:///work", False)
-                    assert user.asked == ["Colour?", "Capital?", "roots"]
+                    await asks_every_kind(session, mode, user, kind)
 
 
 @pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])
