@@ -18,6 +18,7 @@ from broker.eras.modern import (
     complete_answer,
     complete_result,
     discover_result,
+    names_result_type,
     read_meta,
 )
 from broker.eras.versions import (
@@ -268,3 +269,18 @@ def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
             expected["result"] = complete_result(method, expected["result"])
         assert isinstance(stamped, Answer) and stamped.id == "c1"
         assert orjson.loads(stamped.encode()) == expected
+
+
+@given(bodies, st.booleans(), st.booleans())
+def test_an_answer_names_result_type_as_its_bytes_do(
+    body: dict[str, Any], typescript_shape: bool, stamped_first: bool
+) -> None:
+    """Searched in the server's line in place (head or tail views it), or in
+    the bytes a stamp made."""
+    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
+        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
+    answer = split_answer(orjson.dumps(message))
+    assert answer is not None
+    if stamped_first:
+        complete_answer(answer, "tools/call")
+    assert names_result_type(answer) == (b'"resultType"' in answer.encode())

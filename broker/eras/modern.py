@@ -218,10 +218,13 @@ def names_result_type(answer: Answer) -> bool:
     """Whether a server's unparsed answer names ``resultType`` (a 2026-07-28
     server's answer always does: it passes as written). One-sided: the key
     anywhere counts, as :func:`complete_answer` has it."""
-    head, tail = answer.head, answer.tail
-    if head is not PREFIX and bytes(head).find(_RESULT_TYPE) >= 0:
-        return True
-    return bytes(tail).find(_RESULT_TYPE) >= 0  # (find, not `in`: see broker/jsonrpc.py _LONG)
+    # (the server's whole line, which head or tail views, searched in place;
+    # find, not `in`: see broker/jsonrpc.py _LONG)
+    part = answer.tail if answer.head is PREFIX else answer.head
+    line = part.obj if type(part) is memoryview else part
+    if type(line) is not bytes:
+        line = bytes(part)
+    return line.find(_RESULT_TYPE) >= 0
 
 
 _RESULT_TYPE = b'"resultType"'
