@@ -16,9 +16,9 @@ from broker.eras.modern import (
     check_input_requests,
     client_era,
     complete_answer,
+    complete_as_written,
     complete_result,
     discover_result,
-    names_result_type,
     read_meta,
 )
 from broker.eras.versions import (
@@ -271,16 +271,18 @@ def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
         assert orjson.loads(stamped.encode()) == expected
 
 
-@given(bodies, st.booleans(), st.booleans())
-def test_an_answer_names_result_type_as_its_bytes_do(
-    body: dict[str, Any], typescript_shape: bool, stamped_first: bool
+@given(bodies, st.sampled_from(["tools/call", "resources/read"]), st.booleans(), st.booleans())
+def test_an_answer_is_complete_as_written_as_its_bytes_say(
+    body: dict[str, Any], method: str, typescript_shape: bool, stamped_first: bool
 ) -> None:
     """Searched in the server's line in place (head or tail views it), or in
-    the bytes a stamp made."""
+    the bytes a stamp made: resultType, and on a read the caching hints."""
     message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
         "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
     answer = split_answer(orjson.dumps(message))
     assert answer is not None
     if stamped_first:
-        complete_answer(answer, "tools/call")
-    assert names_result_type(answer) == (b'"resultType"' in answer.encode())
+        complete_answer(answer, method)
+    line = answer.encode()
+    keys = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]
+    assert complete_as_written(answer, method) == all(key in line for key in keys)

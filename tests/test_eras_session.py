@@ -163,14 +163,18 @@ def test_a_call_goes_to_its_server_with_its_meta_and_its_answer_comes_back_moder
 
 def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> None:
     """A 2026-07-28 server's answer (the Upstream marks it, ``Answer.modern``)
-    is already in the era's terms: passed on unparsed and unstamped, even a
-    read without the caching hints (the server's to give) or an
-    ``input_required`` of the server's own; a legacy server's read is stamped."""
+    is already in the era's terms: passed on unparsed and unstamped when its
+    bytes name what the era's results carry (``resultType``; on a read the
+    caching hints too). The same line from a legacy server is read (it names
+    a key the broker would put), and stamped; a modern server's answer that
+    lacks a required key is completed as a legacy server's is."""
+    hints = {"ttlMs": 60000, "cacheScope": "public"}
     for modern in (True, False):
         proto = opened(session())
         call = request("r1", "resources/read", uri="file:///x")
         assert [type(a) for a in proto.receive(call)] == [Forward]
-        line = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","contents":[]}}'
+        line = (b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","contents":[],'
+                b'"ttlMs":60000,"cacheScope":"public"}}')  # fmt: skip
         answer = split_answer(line)
         assert answer is not None
         answer.id, answer.modern = "r1", modern
@@ -178,19 +182,22 @@ def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> 
         proto.take_outgoing([answer], out)
         if modern:
             assert out == [answer] and answer.encode() == line.replace(b":1,", b':"r1",')
-            # A modern server's answer without resultType (the era's results all
-            # have it) is stamped as a legacy server's would be.
-            call = request("r2", "tools/call", name="files__read")
-            assert [type(a) for a in proto.receive(call)] == [Forward]
-            bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":{"content":[]}}')
-            assert bare is not None
-            bare.id, bare.modern = "r2", True
-            assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2",
-                "result": {"resultType": "complete", "content": []}}]  # fmt: skip
-        else:  # (the server's own resultType: read, and the hints added)
-            hints = {"ttlMs": 0, "cacheScope": "private"}
+        else:  # (read, the server's own keys kept)
             assert out[0]["result"] == {"resultType": "complete", "contents": [], **hints}
         assert proto.inflight == set() and proto.open_calls == {}
+    # A modern server's answers that lack what the era's results carry.
+    for method, params, result, completed in (
+        ("tools/call", {"name": "files__read"}, b'{"content":[]}',
+         {"resultType": "complete", "content": []}),
+        ("resources/read", {"uri": "file:///x"}, b'{"resultType":"complete","contents":[]}',
+         {"resultType": "complete", "contents": [], "ttlMs": 0, "cacheScope": "private"}),
+    ):  # fmt: skip
+        proto = opened(session())
+        assert [type(a) for a in proto.receive(request("r2", method, **params))] == [Forward]
+        bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":%s}' % result)
+        assert bare is not None
+        bare.id, bare.modern = "r2", True
+        assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2", "result": completed}]
 
 
 def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> None:

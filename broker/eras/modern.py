@@ -214,20 +214,28 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     return answer
 
 
-def names_result_type(answer: Answer) -> bool:
-    """Whether a server's unparsed answer names ``resultType`` (a 2026-07-28
-    server's answer always does: it passes as written). One-sided: the key
-    anywhere counts, as :func:`complete_answer` has it."""
+def complete_as_written(answer: Answer, method: str) -> bool:
+    """Whether a server's unparsed answer already names what every result of
+    2026-07-28 carries: ``resultType``, and on a cacheable method ``ttlMs``
+    and ``cacheScope`` (a 2026-07-28 server's answer does: it then passes as
+    written). One-sided: the keys anywhere count, as :func:`complete_answer`
+    has it."""
     # (the server's whole line, which head or tail views, searched in place;
     # find, not `in`: see broker/jsonrpc.py _LONG)
     part = answer.tail if answer.head is PREFIX else answer.head
     line = part.obj if type(part) is memoryview else part
     if type(line) is not bytes:
         line = bytes(part)
-    return line.find(_RESULT_TYPE) >= 0
+    if line.find(_RESULT_TYPE) < 0:
+        return False
+    return method not in CACHEABLE_METHODS or (
+        line.find(_TTL) >= 0 and line.find(_CACHE_SCOPE) >= 0
+    )
 
 
 _RESULT_TYPE = b'"resultType"'
+_TTL = b'"ttlMs"'
+_CACHE_SCOPE = b'"cacheScope"'
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

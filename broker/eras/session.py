@@ -39,9 +39,9 @@ from broker.eras import bridge
 from broker.eras.modern import (
     INPUT_METHODS,
     complete_answer,
+    complete_as_written,
     complete_result,
     discover_result,
-    names_result_type,
     read_meta,
 )
 from broker.eras.subscriptions import (
@@ -397,16 +397,16 @@ class ModernSessionProtocol(SessionProtocol):
         answer to a request passed on, while no call waits for a retry (the
         bridge's) and none was taken over by one; stamped by
         :func:`~broker.eras.modern.complete_answer`, or as it is if a
-        2026-07-28 server wrote it (``Answer.modern``) naming ``resultType``.
+        2026-07-28 server wrote it (``Answer.modern``) complete.
         None: read it."""
         if self.aliases or self.questions:
             return None
         id = answer.id
         call = self.open_calls.get(id)
         if call is not None:
-            # (a modern server's answer as written, if it names resultType:
-            # the era's every result does; stamped otherwise, as a legacy one)
-            as_written = answer.modern and names_result_type(answer)
+            # (a modern server's answer as written, if it names what the era's
+            # results carry; stamped otherwise, as a legacy server's)
+            as_written = answer.modern and complete_as_written(answer, call[0])
             if not as_written and complete_answer(answer, call[0]) is None:
                 return None
             del self.open_calls[id]  # (what _forget does, in fewer steps)
