@@ -166,17 +166,31 @@ def to_modern_request(
 ) -> Message:
     """A legacy client's request for a modern server: what its ``initialize``
     said (version, capabilities, client info) and its log level, in ``_meta``."""
-    params = request.get("params")
-    params = params if isinstance(params, dict) else {}
-    meta = params.get("_meta")
-    stamped: dict[str, Any] = dict(meta) if isinstance(meta, dict) else {}
-    stamped[PROTOCOL_VERSION_KEY] = version
-    stamped[CLIENT_CAPABILITIES_KEY] = capabilities
+    params = modern_params(request.get("params"), version, capabilities, client_info, log_level)
+    return {**request, "params": params}
+
+
+def modern_params(
+    params: Any,
+    version: str,
+    capabilities: dict[str, Any],
+    client_info: Any = None,
+    log_level: str | None = None,
+) -> dict[str, Any]:
+    """:func:`to_modern_request`'s params alone, as a new dict (``params``
+    itself is left as it is): the Upstream's per-call form, which copies
+    only the params."""
+    stamped: dict[str, Any] = {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: capabilities}
     if client_info is not None:
         stamped[CLIENT_INFO_KEY] = client_info
     if log_level is not None:
         stamped[LOG_LEVEL_KEY] = log_level
-    return {**request, "params": {**params, "_meta": stamped}}
+    if type(params) is not dict:
+        return {"_meta": stamped}
+    meta = params.get("_meta")
+    if type(meta) is dict:  # (the client's own keys first, the stamp's over them)
+        stamped = {**meta, **stamped}
+    return {**params, "_meta": stamped}
 
 
 def is_input_required(result: Any) -> bool:

@@ -39,7 +39,7 @@ from broker.eras.bridge import (
     AskingClients,
     SendServer,
     is_input_required,
-    to_modern_request,
+    modern_params,
 )
 from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import (
@@ -183,13 +183,12 @@ class ModernServer:
         (the broker's own for its own requests, ``None``), with the log level
         that client set, if it set one."""
         capabilities = None if session is None else self._sessions.get(session)
-        stamped = to_modern_request(
-            request,
+        request["params"] = modern_params(
+            request.get("params"),
             self.identity.protocol_version,
             BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
             log_level=None if session is None else self._fanout.level_of(session),
         )
-        request["params"] = stamped["params"]
 
     def logs_to(self, admitted: list[Hashable]) -> list[Hashable]:
         """Of the sessions a log message admits, those it is for: the server
