@@ -237,6 +237,13 @@ def read_post(body: bytes, limit: int, version: str | None) -> Post | Refuse:
     return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch)
 
 
+def content_length(fields: dict[str, str]) -> int | None:
+    """A request's declared Content-Length (None: none, or a chunked body;
+    the HTTP server refused one that is not a number)."""
+    length = fields.get("content-length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
 def too_large(size: int, limit: int) -> Refuse:
     return Refuse(
         413,
