@@ -13,7 +13,10 @@ POST handlers hand the session their bodies (``receive``), and the session's
 writer hands the connection messages (``send``), which it queues on the
 stream each belongs to, never waiting; the HTTP response writing that stream
 (a POST's SSE stream or JSON answer, or the GET stream) takes them from
-there. A session that no request or stream has used for
+there. A POST whose client accepts both is answered in JSON unless
+something belonging to its request comes before the answer (then as an
+SSE stream, that first), as the 2026-07-28 requests are (http_modern.py).
+A session that no request or stream has used for
 :data:`IDLE_SECONDS` ends, as does one the client DELETEs.
 
 The POST bodies waiting for a session's reader are bounded in items
@@ -306,9 +309,10 @@ class HttpListener:
                     busy = wire.Refuse(503, f"Too many HTTP sessions ({MAX_SESSIONS})")
                     return await self._refuse(send, busy, scope)
                 session = self._start_session(target)
+            json_first = mode is True and wire.json_first(target.fields, post)
             session.busy += 1
             try:
-                number = session.streams.open(post, mode) if post.requests else None
+                number = session.streams.open(post, mode, json_first) if post.requests else None
                 if isinstance(number, wire.Refuse):
                     return await self._refuse(send, number, scope)
                 session.streams.answered(post)
@@ -318,7 +322,7 @@ class HttpListener:
                 if number is None:
                     return await _respond(send, 202)
                 fields = [(b"mcp-session-id", session.id.encode())]
-                if mode:
+                if mode and not json_first:
                     priming = session.streams.priming(number)
                     await self._stream(session, number, receive, send, fields, [], priming, False)
                 else:
@@ -421,32 +425,45 @@ class HttpListener:
     ) -> None:
         """Write stream ``number`` as SSE until it is done (a POST's: its
         answers written), the session ends, the client leaves, or another
-        GET takes the stream over.
-
-        A GET stream (``watch``) has a task watching for the client leaving;
-        a POST's stream ends with its answers, so a client that left is found
-        by the next write (an answer, progress, or the keep-alive comment),
-        which raises (ASGI's OSError) and ends the response."""
+        GET takes the stream over."""
         writer = object()
         if session.streams.attach(number, writer) is not None:
             session.wake(number)  # the response writing it until now stops
+        first = (priming or b"") + b"".join(event.data for event in replay)
+        try:
+            await self._sse(session, number, writer, receive, send, fields, first, watch)
+        finally:
+            session.streams.detach(number, writer)
+
+    async def _sse(
+        self,
+        session: HttpConnection,
+        number: int,
+        writer: object,
+        receive: Receive,
+        send: Send,
+        fields: list[tuple[bytes, bytes]],
+        first: bytes,
+        watch: bool,
+    ) -> None:
+        """The SSE response ``writer`` writes stream ``number`` as, ``first``
+        first. A GET stream (``watch``) has a task watching for the client
+        leaving; a POST's stream ends with its answers, so a client that left
+        is found by the next write (an answer, progress, or the keep-alive
+        comment), which raises (ASGI's OSError) and ends the response."""
         headers = [
             (b"content-type", sse.CONTENT_TYPE.encode()),
             (b"cache-control", b"no-cache"),
             *fields,
         ]
-        first = (priming or b"") + b"".join(event.data for event in replay)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            if not watch:
-                await self._write_stream(session, number, writer, send, first)
-                return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                await self._write_stream(session, number, writer, send, first)
-                nursery.cancel_scope.cancel()
-        finally:
-            session.streams.detach(number, writer)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if not watch:
+            await self._write_stream(session, number, writer, send, first)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+            await self._write_stream(session, number, writer, send, first)
+            nursery.cancel_scope.cancel()
 
     async def _write_stream(
         self, session: HttpConnection, number: int, writer: object, send: Send, first: bytes
@@ -491,22 +508,35 @@ class HttpListener:
         new: bool,
     ) -> None:
         """Answer a POST with one JSON body once its answers are in (a new
-        session's id goes with it only if the session did initialize).
+        session's id goes with it only if the session did initialize); or,
+        if its stream becomes SSE first (it was opened ``json_first`` and
+        something that belongs to its request came before the answer, or it
+        has waited :data:`KEEPALIVE_SECONDS` without a word), as that stream.
 
         No task watches for the client leaving meanwhile (one per request
         halved the throughput): the answer comes, or the broker's request
-        timeout answers for it, and writing it to a client that left closes
-        the connection."""
+        timeout answers for it, or the keep-alive comment goes, and writing
+        to a client that left closes the connection."""
         writer = object()
-        session.streams.attach(number, writer)
+        streams = session.streams
+        streams.attach(number, writer)
+        since, quiet = self.ticks, b""
         try:
             events: list[wire.Event] = []
             while not session.closed:
                 waker = session.waker(number)
-                stream = session.streams.streams.get(number)
-                if stream is None or not stream.waiting:
-                    events = session.streams.take(number)
+                stream = streams.streams.get(number)
+                if stream is None or (not stream.waiting and not stream.sse):
+                    events = streams.take(number)
                     break
+                if stream.sse:  # something came before the answer (or nothing for long)
+                    first = (stream.opening or b"") + quiet
+                    await self._sse(session, number, writer, receive, send, fields, first, False)
+                    return
+                if stream.json_first and self.ticks - since >= KEEPALIVE_TICKS:
+                    streams.as_sse(number)  # quiet for 15 to 20 s: say so, as SSE
+                    quiet = sse.KEEPALIVE
+                    continue
                 await waker.wait()
             if not events:
                 await self._refuse(send, _ENDED, None)
@@ -517,7 +547,7 @@ class HttpListener:
                 initialized = not new or session.streams.version is not None
                 await _respond(send, 200, body, fields if initialized else [])
         finally:
-            session.streams.detach(number, writer)
+            streams.detach(number, writer)
 
     async def _refuse(self, send: Send, refuse: wire.Refuse, scope: Any) -> None:
         if scope is not None:
