@@ -92,7 +92,9 @@ class HttpConnection:
             frames, size = await self._inbox.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             return [], 0
-        self.let_out(size)
+        self.inbox_bytes -= size  # (let_out, inline: once per POST)
+        if self._room_waiters:
+            self._wake_room()
         return frames, size
 
     async def send(self, messages: list[Outgoing]) -> None:
@@ -177,16 +179,20 @@ class HttpConnection:
         session, or the POST ended without handing them over)."""
         self.inbox_bytes -= size
         if self._room_waiters:
-            self._inbox_room.set()
-            self._inbox_room = trio.Event()
+            self._wake_room()
+
+    def _wake_room(self) -> None:
+        self._inbox_room.set()
+        self._inbox_room = trio.Event()
 
     async def deliver(self, body: bytes, counted: int = 0) -> bool:
         """Hand a POST body to the session; False if it has ended. ``counted``:
         the bytes :meth:`let_in` counted in for it (which the body's own
         length replaces; they are let out again when the session reads it)."""
         size = len(body)
-        self.inbox_bytes += size
-        self.let_out(counted)
+        self.inbox_bytes += size - counted
+        if counted > size and self._room_waiters:
+            self._wake_room()
         item: tuple[list[Frame], int] = ([body], size)
         try:
             try:
