@@ -422,3 +422,11 @@ def test_sse_events_keep_a_message_with_raw_newlines_whole() -> None:
     lines = [line for line in sse.event(data).split(b"\n") if line]
     assert b"\n".join(line[6:] for line in lines) == b'{\n"a": "b"\n}'
     assert orjson.loads(b"\n".join(line[6:] for line in lines)) == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("value", "length"), [("12", 12), ("0", 0), (None, None), ("", None), ("²", None), ("-1", None)]
+)
+def test_content_length_is_a_number_or_none(value: str | None, length: int | None) -> None:
+    fields = {} if value is None else {"content-length": value}
+    assert http.content_length(fields) == length

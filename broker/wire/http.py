@@ -254,7 +254,7 @@ def content_length(fields: dict[str, str]) -> int | None:
     """A request's declared Content-Length (None: none, or a chunked body;
     the HTTP server refused one that is not a number)."""
     length = fields.get("content-length")
-    return int(length) if length is not None and length.isdigit() else None
+    return int(length) if length is not None and length.isdecimal() else None
 
 
 def too_large(size: int, limit: int) -> Refuse:
