@@ -375,3 +375,29 @@ async def test_batches_on_2025_03_26_only(socket_path: str) -> None:
         refused = await new.post([new.request("ping")])
         assert refused.status_code == 400 and "2025-03-26" in refused.json()["error"]["message"]
         assert (await new.call("echo", text="fine"))["result"]["content"][0]["text"] == "fine"
+
+
+async def test_a_call_is_answered_in_json_and_one_with_progress_as_sse(socket_path: str) -> None:
+    """The client accepts both: JSON unless something must go before the answer."""
+    async with raw_daemon(socket_path) as (_, url), httpx2.AsyncClient(timeout=30) as http:
+        client = Raw(http, url + "/s")
+        await client.initialize()
+        plain = client.request("tools/call", {"name": "slow", "arguments": {"seconds": 0.3}})
+        answer = await client.post(plain)
+        assert answer.status_code == 200
+        assert answer.headers["content-type"] == "application/json"
+        assert answer.json()["id"] == plain["id"] and "result" in answer.json()
+
+        meta = {"progressToken": "p"}
+        arguments = {"seconds": 0.3}
+        call = client.request("tools/call", {"name": "slow", "arguments": arguments, "_meta": meta})
+        streamed = await client.post(call)
+        assert streamed.status_code == 200
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        found = events(streamed.text)
+        assert found[0]["data"] == "" and "id" in found[0]  # the priming event (2025-11-25)
+        messages = [orjson.loads(e["data"]) for e in found[1:]]
+        assert messages[0]["method"] == "notifications/progress"
+        assert messages[0]["params"]["progressToken"] == "p"
+        assert messages[-1]["id"] == call["id"] and "result" in messages[-1]
+        assert all(m.get("method") == "notifications/progress" for m in messages[:-1])

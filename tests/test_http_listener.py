@@ -124,3 +124,104 @@ async def test_a_quiet_stream_writes_its_keepalive_comment(autojump_clock: Any) 
         gaps = [b - a for a, b in zip([0.0, *comments], comments, strict=False)]
         assert all(15 <= gap <= 20 for gap in gaps), comments
         nursery.cancel_scope.cancel()
+
+
+async def scripted(connection: HttpConnection, view: Any, transparent: bool) -> None:
+    """Answers at once; a call with a progress token reports progress first;
+    ``slow`` is answered after 40 s."""
+    try:
+        while True:
+            frames, _ = await connection.receive()
+            if not frames:
+                return
+            message = orjson.loads(frames[0])
+            if "id" not in message:
+                continue
+            params = message.get("params", {})
+            token = params.get("_meta", {}).get("progressToken")
+            if token is not None:
+                progress = {"progressToken": token, "progress": 1}
+                notification = {"jsonrpc": "2.0", "method": "notifications/progress"}
+                await connection.send([{**notification, "params": progress}])
+            if message["method"] == "slow":
+                await trio.sleep(40)
+            result = {"protocolVersion": "2025-11-25", "echo": message["method"]}
+            await connection.send([{"jsonrpc": "2.0", "id": message["id"], "result": result}])
+    finally:
+        await connection.aclose()
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    """The data of an SSE body's events, and a comment as itself."""
+    found = []
+    for block in body.split(b"\n\n"):
+        if block.startswith(b":"):
+            found.append(block)
+        found += [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
+    return found
+
+
+async def test_a_post_is_answered_in_json_unless_something_goes_first(
+    autojump_clock: Any,
+) -> None:
+    app = HttpListener(lambda: Policy(), ["s"], 1 << 20, 1 << 20, scripted)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(app.run)
+        _, headers, _ = await call(app, "POST", initialize())
+        session = headers[b"mcp-session-id"].decode()
+
+        # the answer first: JSON, though the client accepts SSE too
+        status, headers, body = await call(
+            app, "POST", {**initialize(2), "method": "quick"}, session
+        )
+        assert status == 200 and headers[b"content-type"] == b"application/json"
+        assert orjson.loads(body)["result"]["echo"] == "quick"
+
+        # progress first: an SSE stream, the progress, then the answer
+        meta = {"_meta": {"progressToken": "p"}}
+        progress_call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": meta}
+        status, headers, body = await call(app, "POST", progress_call, session)
+        assert status == 200 and headers[b"content-type"] == sse.CONTENT_TYPE.encode()
+        events = [orjson.loads(e) for e in sse_events(body) if e]  # (the priming event: empty)
+        assert [e.get("method") for e in events] == ["notifications/progress", None]
+        assert events[0]["params"]["progressToken"] == "p" and events[1]["id"] == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_post_quiet_for_long_turns_sse_for_its_keepalive(autojump_clock: Any) -> None:
+    app = HttpListener(lambda: Policy(), ["s"], 1 << 20, 1 << 20, scripted)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(app.run)
+        _, headers, _ = await call(app, "POST", initialize())
+        session = headers[b"mcp-session-id"]
+        sent: list[tuple[float, dict[str, Any]]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append((trio.current_time(), message))
+
+        incoming = [
+            {"type": "http.request", "body": orjson.dumps({**initialize(2), "method": "slow"})}
+        ]
+
+        async def receive() -> dict[str, Any]:
+            if incoming:
+                return incoming.pop(0)
+            await trio.sleep_forever()
+            raise AssertionError
+
+        fields = [*HEADERS, (b"mcp-session-id", session)]
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": fields}
+        start = trio.current_time()
+        await app(scope, receive, send)
+        (at, head), *bodies = sent
+        assert dict(head["headers"])[b"content-type"] == sse.CONTENT_TYPE.encode()
+        assert 15 <= at - start <= 20  # the head goes once the stream owes its client a word
+        # its first write: the priming event (a 2025-11-25 session), the comment
+        first = bodies[0][1]["body"]
+        assert first.startswith(b"id: ") and first.endswith(b"\ndata: \n\n" + sse.KEEPALIVE)
+        body = b"".join(message["body"] for _, message in bodies)
+        events = [e for e in sse_events(body) if e]
+        assert events == [sse.KEEPALIVE.strip()] * (len(events) - 1) + [events[-1]]
+        assert orjson.loads(events[-1])["result"]["echo"] == "slow"
+        assert bodies[-1][0] - start >= 40
+        nursery.cancel_scope.cancel()

@@ -246,6 +246,92 @@ def test_a_json_stream_carries_only_its_answer() -> None:
     assert orjson.loads(event.data) == jsonrpc.result_response(1, "r")  # no SSE framing
 
 
+def json_first(streams: http.HttpStreams, id: Any, tokens: Any = ()) -> int:
+    number = streams.open(http.Post((id,), (), tokens, False, False), True, json_first=True)
+    assert isinstance(number, int)
+    return number
+
+
+def test_json_first_a_stream_answered_first_is_json() -> None:
+    streams = initialized()
+    number = json_first(streams, 1, tokens=("t",))
+    assert add(streams, jsonrpc.result_response(1, "r")) == number
+    stream = streams.streams[number]
+    assert not stream.sse and stream.opening is None
+    (event,) = streams.take(number)
+    assert orjson.loads(event.data) == jsonrpc.result_response(1, "r")  # no SSE framing
+    assert streams.done(number)
+    progress = jsonrpc.notification("notifications/progress", {"progressToken": "t"})
+    assert add(streams, progress) == http.STANDALONE  # late: nowhere else to go
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", "2025-06-18"])
+def test_json_first_a_stream_turns_sse_at_what_comes_before_its_answer(version: str) -> None:
+    streams = initialized(version)
+    number = json_first(streams, 1, tokens=("t",))
+    progress = jsonrpc.notification("notifications/progress", {"progressToken": "t"})
+    assert add(streams, progress) == number
+    stream = streams.streams[number]
+    assert stream.sse and not stream.json_first
+    # a 2025-11-25 client's stream opens with its priming event, numbered first
+    opening = stream.opening
+    assert (opening is not None) is (version == "2025-11-25")
+    assert add(streams, jsonrpc.result_response(1, "r")) == number
+    events = streams.take(number)
+    assert datas(events) == [progress, jsonrpc.result_response(1, "r")]
+    if opening is not None:
+        primed = int(opening.split(b"id: ")[1].split(b"\n")[0].split(b"-")[1])
+        assert primed < events[0].number < events[1].number
+    assert streams.done(number)
+
+
+def test_json_first_a_server_request_related_to_the_call_turns_it_sse() -> None:
+    streams = initialized()
+    number = json_first(streams, "c")
+    sampling = request("mcpbroker:s:1", "sampling/createMessage")
+    assert add(streams, Related(sampling, "c")) == number
+    assert streams.streams[number].sse
+    (event,) = streams.take(number)
+    assert event.data.startswith(b"id: ")  # an SSE event, resumable
+
+
+def test_json_first_a_quiet_stream_turned_sse_by_its_writer_carries_the_rest() -> None:
+    streams = initialized()
+    number = json_first(streams, 1)
+    streams.as_sse(number)
+    assert streams.streams[number].sse and streams.streams[number].opening is not None
+    add(streams, jsonrpc.result_response(1, "r"))
+    assert datas(streams.take(number)) == [jsonrpc.result_response(1, "r")]
+
+
+def test_json_first_a_stream_whose_client_left_carries_nothing_more() -> None:
+    streams = initialized()
+    number = json_first(streams, 1, tokens=("t",))
+    writer = object()
+    streams.attach(number, writer)
+    streams.detach(number, writer)
+    progress = jsonrpc.notification("notifications/progress", {"progressToken": "t"})
+    assert add(streams, progress) == http.STANDALONE
+    assert add(streams, jsonrpc.result_response(1, "r")) is None
+    assert number not in streams.streams
+
+
+@pytest.mark.parametrize(
+    ("accept", "batch", "first"),
+    [
+        ("application/json, text/event-stream", False, True),
+        ("*/*", False, True),
+        ("text/event-stream", False, False),
+        ("application/json, text/event-stream", True, False),
+    ],
+)
+def test_json_first_when_the_client_takes_both_and_it_is_no_batch(
+    accept: str, batch: bool, first: bool
+) -> None:
+    post = http.Post((1,), (), (), False, batch)
+    assert http.json_first({"accept": accept}, post) is first
+
+
 def test_a_json_answer_whose_client_left_is_dropped() -> None:
     streams = initialized()
     number = opened(streams, 1, sse=False)
@@ -336,3 +422,11 @@ def test_sse_events_keep_a_message_with_raw_newlines_whole() -> None:
     lines = [line for line in sse.event(data).split(b"\n") if line]
     assert b"\n".join(line[6:] for line in lines) == b'{\n"a": "b"\n}'
     assert orjson.loads(b"\n".join(line[6:] for line in lines)) == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("value", "length"), [("12", 12), ("0", 0), (None, None), ("", None), ("²", None), ("-1", None)]
+)
+def test_content_length_is_a_number_or_none(value: str | None, length: int | None) -> None:
+    fields = {} if value is None else {"content-length": value}
+    assert http.content_length(fields) == length

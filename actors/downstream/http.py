@@ -13,8 +13,16 @@ POST handlers hand the session their bodies (``receive``), and the session's
 writer hands the connection messages (``send``), which it queues on the
 stream each belongs to, never waiting; the HTTP response writing that stream
 (a POST's SSE stream or JSON answer, or the GET stream) takes them from
-there. A session that no request or stream has used for
+there. A POST whose client accepts both is answered in JSON unless
+something belonging to its request comes before the answer (then as an
+SSE stream, that first), as the 2026-07-28 requests are (http_modern.py).
+A session that no request or stream has used for
 :data:`IDLE_SECONDS` ends, as does one the client DELETEs.
+
+The POST bodies waiting for a session's reader are bounded in items
+(:data:`INBOX_SIZE`) and in bytes (``broker.maxQueuedBytes``): a POST is let
+in before its body is read, and past the bound it waits, its body unread in
+its socket (:meth:`HttpConnection.let_in`; docs/architecture.md, "The seams").
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from broker.wire.websocket import Policy
 
 IDLE_SECONDS = 1800.0  # a session nobody has used this long ends
 MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
-INBOX_SIZE = 16  # POST bodies waiting for the session's reader
+INBOX_SIZE = 16  # POST bodies waiting for the session's reader (and in bytes: maxQueuedBytes)
 KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
 KEEPALIVE_TICKS = 3  # (it is told every KEEPALIVE_SECONDS / KEEPALIVE_TICKS to look)
 REAP_SECONDS = 30.0  # how often idle sessions are looked for
@@ -66,6 +74,13 @@ class HttpConnection:
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](
             INBOX_SIZE
         )
+        # Bytes of POST bodies let in (being read, or waiting in the inbox),
+        # at most ``max_inbox_bytes`` unless one body alone is more: a POST
+        # is let in before its body is read (see let_in).
+        self.max_inbox_bytes = max_queued_bytes
+        self.inbox_bytes = 0
+        self._inbox_room = trio.Event()
+        self._room_waiters = 0
         self._wakers: dict[int, trio.Event] = {}
         self._told_dropped = False
         self._log = get_logger(http_session=session_id[:8])
@@ -74,9 +89,13 @@ class HttpConnection:
 
     async def receive(self) -> tuple[list[Frame], int]:
         try:
-            return await self._inbox.receive()
+            frames, size = await self._inbox.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             return [], 0
+        self.inbox_bytes -= size  # (let_out, inline: once per POST)
+        if self._room_waiters:
+            self._wake_room()
+        return frames, size
 
     async def send(self, messages: list[Outgoing]) -> None:
         if self.closed:
@@ -105,6 +124,7 @@ class HttpConnection:
     async def aclose(self) -> None:
         self.closed = True
         self._inbox_send.close()
+        self._inbox_room.set()
         for waker in self._wakers.values():
             waker.set()
         self._wakers.clear()
@@ -130,16 +150,61 @@ class HttpConnection:
         if waker is not None:
             waker.set()
 
-    async def deliver(self, body: bytes) -> bool:
-        """Hand a POST body to the session; False if it has ended."""
-        item: tuple[list[Frame], int] = ([body], len(body))
+    def let_in_nowait(self, size: int) -> bool:
+        """Count in a POST body of at most ``size`` bytes, if the inbox has
+        room for it (or holds nothing: one body always goes in)."""
+        if self.inbox_bytes and self.inbox_bytes + size > self.max_inbox_bytes:
+            return False
+        self.inbox_bytes += size
+        return True
+
+    async def let_in(self, size: int) -> bool:
+        """Wait until a POST body of at most ``size`` bytes has room, and count
+        it in; False if the session ended first. Asked before the body is
+        read: while the session's reader lags, the bodies of its next POSTs
+        wait unread in their sockets (TCP's backpressure, as on the unix
+        socket), not in the daemon's memory."""
+        while not self.let_in_nowait(size):
+            if self.closed:
+                return False
+            self._room_waiters += 1
+            try:
+                await self._inbox_room.wait()
+            finally:
+                self._room_waiters -= 1
+        return True
+
+    def let_out(self, size: int) -> None:
+        """``size`` bytes counted in by :meth:`let_in` left (read by the
+        session, or the POST ended without handing them over)."""
+        self.inbox_bytes -= size
+        if self._room_waiters:
+            self._wake_room()
+
+    def _wake_room(self) -> None:
+        self._inbox_room.set()
+        self._inbox_room = trio.Event()
+
+    async def deliver(self, body: bytes, counted: int = 0) -> bool:
+        """Hand a POST body to the session; False if it has ended. ``counted``:
+        the bytes :meth:`let_in` counted in for it (which the body's own
+        length replaces; they are let out again when the session reads it)."""
+        size = len(body)
+        self.inbox_bytes += size - counted
+        if counted > size and self._room_waiters:
+            self._wake_room()
+        item: tuple[list[Frame], int] = ([body], size)
         try:
             try:
                 self._inbox_send.send_nowait(item)  # no pass through the scheduler
             except trio.WouldBlock:  # when there is room (the usual case)
                 await self._inbox_send.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.let_out(size)
             return False
+        except BaseException:
+            self.let_out(size)
+            raise
         return True
 
     def end(self, reason: str) -> None:
@@ -222,49 +287,60 @@ class HttpListener:
     # -- the verbs ----------------------------------------------------------
 
     async def _post(self, target: wire.Target, scope: Any, receive: Receive, send: Send) -> None:
-        body = await _read_body(receive, target.fields, self._limit)
-        if isinstance(body, wire.Refuse):
-            return await self._refuse(send, body, scope)
         session = self.sessions.get(target.session_id or "")
-        post = wire.read_post(body, self._limit, session.streams.version if session else None)
-        if isinstance(post, wire.Refuse):
-            return await self._refuse(send, post, scope)
-        refused = wire.check_session(target, session is not None, post.initialize)
-        if refused is not None:
-            return await self._refuse(send, refused, scope)
-        mode = wire.choose_mode(target.fields, post.initialize) if post.requests else False
-        if isinstance(mode, wire.Refuse):
-            return await self._refuse(send, mode, scope)
-        new = session is None
-        if session is None:
-            if len(self.sessions) >= MAX_SESSIONS:
-                busy = wire.Refuse(503, f"Too many HTTP sessions ({MAX_SESSIONS})")
-                return await self._refuse(send, busy, scope)
-            session = self._start_session(target)
-        session.busy += 1
-        try:
-            if not post.requests:
-                session.streams.answered(post)
-                if not await session.deliver(body):
-                    return await self._refuse(send, _ENDED, scope)
-                return await _respond(send, 202)
-            number = session.streams.open(post, mode)
-            if isinstance(number, wire.Refuse):
-                return await self._refuse(send, number, scope)
-            session.streams.answered(post)
-            if not await session.deliver(body):
+        counted = 0  # bytes let into the session's inbox for this body, until handed over
+        if session is not None:  # (else an initialize, or a session that ended: refused below)
+            declared = wire.content_length(target.fields)
+            if declared is not None and declared > self._limit:
+                return await self._refuse(send, wire.too_large(declared, self._limit), scope)
+            counted = self._limit if declared is None else declared  # (chunked: the most)
+            if not session.let_in_nowait(counted) and not await session.let_in(counted):
                 return await self._refuse(send, _ENDED, scope)
-            fields = [(b"mcp-session-id", session.id.encode())]
-            if mode:
-                priming = session.streams.priming(number)
-                await self._stream(session, number, receive, send, fields, [], priming, False)
-            else:
-                await self._answer(session, number, receive, send, fields, new)
+        try:
+            body = await _read_body(receive, target.fields, self._limit)
+            if isinstance(body, wire.Refuse):
+                return await self._refuse(send, body, scope)
+            post = wire.read_post(body, self._limit, session.streams.version if session else None)
+            if isinstance(post, wire.Refuse):
+                return await self._refuse(send, post, scope)
+            refused = wire.check_session(target, session is not None, post.initialize)
+            if refused is not None:
+                return await self._refuse(send, refused, scope)
+            mode = wire.choose_mode(target.fields, post.initialize) if post.requests else False
+            if isinstance(mode, wire.Refuse):
+                return await self._refuse(send, mode, scope)
+            new = session is None
+            if session is None:
+                if len(self.sessions) >= MAX_SESSIONS:
+                    busy = wire.Refuse(503, f"Too many HTTP sessions ({MAX_SESSIONS})")
+                    return await self._refuse(send, busy, scope)
+                session = self._start_session(target)
+            json_first = mode is True and wire.json_first(target.fields, post)
+            session.busy += 1
+            try:
+                number = session.streams.open(post, mode, json_first) if post.requests else None
+                if isinstance(number, wire.Refuse):
+                    return await self._refuse(send, number, scope)
+                session.streams.answered(post)
+                handed, counted = counted, 0
+                if not await session.deliver(body, handed):
+                    return await self._refuse(send, _ENDED, scope)
+                if number is None:
+                    return await _respond(send, 202)
+                fields = [(b"mcp-session-id", session.id.encode())]
+                if mode and not json_first:
+                    priming = session.streams.priming(number)
+                    await self._stream(session, number, receive, send, fields, [], priming, False)
+                else:
+                    await self._answer(session, number, receive, send, fields, new)
+            finally:
+                session.busy -= 1
+                session.last_active = trio.current_time()
+                if new and session.streams.version is None:
+                    session.end("initialize failed")
         finally:
-            session.busy -= 1
-            session.last_active = trio.current_time()
-            if new and session.streams.version is None:
-                session.end("initialize failed")
+            if counted and session is not None:  # (its body never reached the session)
+                session.let_out(counted)
 
     async def _modern_post(
         self, target: wire.Target, scope: Any, receive: Receive, send: Send
@@ -355,32 +431,45 @@ class HttpListener:
     ) -> None:
         """Write stream ``number`` as SSE until it is done (a POST's: its
         answers written), the session ends, the client leaves, or another
-        GET takes the stream over.
-
-        A GET stream (``watch``) has a task watching for the client leaving;
-        a POST's stream ends with its answers, so a client that left is found
-        by the next write (an answer, progress, or the keep-alive comment),
-        which raises (ASGI's OSError) and ends the response."""
+        GET takes the stream over."""
         writer = object()
         if session.streams.attach(number, writer) is not None:
             session.wake(number)  # the response writing it until now stops
+        first = (priming or b"") + b"".join(event.data for event in replay)
+        try:
+            await self._sse(session, number, writer, receive, send, fields, first, watch)
+        finally:
+            session.streams.detach(number, writer)
+
+    async def _sse(
+        self,
+        session: HttpConnection,
+        number: int,
+        writer: object,
+        receive: Receive,
+        send: Send,
+        fields: list[tuple[bytes, bytes]],
+        first: bytes,
+        watch: bool,
+    ) -> None:
+        """The SSE response ``writer`` writes stream ``number`` as, ``first``
+        first. A GET stream (``watch``) has a task watching for the client
+        leaving; a POST's stream ends with its answers, so a client that left
+        is found by the next write (an answer, progress, or the keep-alive
+        comment), which raises (ASGI's OSError) and ends the response."""
         headers = [
             (b"content-type", sse.CONTENT_TYPE.encode()),
             (b"cache-control", b"no-cache"),
             *fields,
         ]
-        first = (priming or b"") + b"".join(event.data for event in replay)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            if not watch:
-                await self._write_stream(session, number, writer, send, first)
-                return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                await self._write_stream(session, number, writer, send, first)
-                nursery.cancel_scope.cancel()
-        finally:
-            session.streams.detach(number, writer)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if not watch:
+            await self._write_stream(session, number, writer, send, first)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+            await self._write_stream(session, number, writer, send, first)
+            nursery.cancel_scope.cancel()
 
     async def _write_stream(
         self, session: HttpConnection, number: int, writer: object, send: Send, first: bytes
@@ -425,22 +514,35 @@ class HttpListener:
         new: bool,
     ) -> None:
         """Answer a POST with one JSON body once its answers are in (a new
-        session's id goes with it only if the session did initialize).
+        session's id goes with it only if the session did initialize); or,
+        if its stream becomes SSE first (it was opened ``json_first`` and
+        something that belongs to its request came before the answer, or it
+        has waited :data:`KEEPALIVE_SECONDS` without a word), as that stream.
 
         No task watches for the client leaving meanwhile (one per request
         halved the throughput): the answer comes, or the broker's request
-        timeout answers for it, and writing it to a client that left closes
-        the connection."""
+        timeout answers for it, or the keep-alive comment goes, and writing
+        to a client that left closes the connection."""
         writer = object()
-        session.streams.attach(number, writer)
+        streams = session.streams
+        streams.attach(number, writer)
+        since, quiet = self.ticks, b""
         try:
             events: list[wire.Event] = []
             while not session.closed:
                 waker = session.waker(number)
-                stream = session.streams.streams.get(number)
-                if stream is None or not stream.waiting:
-                    events = session.streams.take(number)
+                stream = streams.streams.get(number)
+                if stream is None or (not stream.waiting and not stream.sse):
+                    events = streams.take(number)
                     break
+                if stream.sse:  # something came before the answer (or nothing for long)
+                    first = (stream.opening or b"") + quiet
+                    await self._sse(session, number, writer, receive, send, fields, first, False)
+                    return
+                if stream.json_first and self.ticks - since >= KEEPALIVE_TICKS:
+                    streams.as_sse(number)  # quiet for 15 to 20 s: say so, as SSE
+                    quiet = sse.KEEPALIVE
+                    continue
                 await waker.wait()
             if not events:
                 await self._refuse(send, _ENDED, None)
@@ -451,7 +553,7 @@ class HttpListener:
                 initialized = not new or session.streams.version is not None
                 await _respond(send, 200, body, fields if initialized else [])
         finally:
-            session.streams.detach(number, writer)
+            streams.detach(number, writer)
 
     async def _refuse(self, send: Send, refuse: wire.Refuse, scope: Any) -> None:
         if scope is not None:
@@ -491,9 +593,9 @@ _ENDED = wire.Refuse(404, "Session not found: it ended (initialize again)")
 
 async def _read_body(receive: Receive, fields: dict[str, str], limit: int) -> bytes | wire.Refuse:
     """A request's body, or 413 as soon as it is known to be over ``limit``."""
-    length = fields.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        return wire.too_large(int(length), limit)
+    length = wire.content_length(fields)
+    if length is not None and length > limit:
+        return wire.too_large(length, limit)
     chunks: list[bytes] = []
     size = 0
     while True:

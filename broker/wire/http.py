@@ -9,9 +9,12 @@ One MCP session spans many HTTP requests to one endpoint (``/mcp``, or
   POST, as ``application/json`` (one message) or as ``text/event-stream``,
   which also carries what belongs to the request (its progress, its log
   messages, the requests a server sends the client because of it) before
-  its answer, then ends. :func:`choose_mode` decides which (SSE when the
-  client accepts it: only SSE can carry progress and server requests;
-  ``initialize`` in JSON).
+  its answer, then ends. :func:`choose_mode` decides which: what the
+  client accepts; when it accepts both (as SDK clients do), JSON unless
+  something comes before the answer (:func:`json_first`: the stream turns
+  SSE at the first message that is not its answer, in
+  :meth:`HttpStreams.add`, or when its writer has waited long enough to
+  owe a keep-alive comment); ``initialize`` in JSON, a batch as SSE.
 - **GET** opens the session's *standalone* stream (number 0): everything
   that belongs to no open request (``list_changed``, ``resources/updated``,
   requests not tied to one). With ``Last-Event-ID`` it resumes the stream
@@ -165,7 +168,8 @@ def accepts_json(fields: dict[str, str]) -> bool:
 def choose_mode(fields: dict[str, str], initialize: bool = False) -> bool | Refuse:
     """How to answer a POST that carries requests: True for an SSE stream (the
     client accepts one: it is the only way progress and server requests
-    reach it before the answer), False for one JSON answer, or 406.
+    reach it before the answer; :func:`json_first` says whether it is one
+    only if something must go first), False for one JSON answer, or 406.
     ``initialize`` is answered in JSON when the client takes it: nothing can
     come before its answer, and the session id goes out only with a success."""
     json = bool(_media_types(fields) & {"application/json", "application/*", "*/*"})
@@ -187,6 +191,15 @@ class Post:
     tokens: tuple[Any, ...]  # progress tokens its requests carry
     initialize: bool  # it is an initialize request
     batch: bool
+
+
+def json_first(fields: dict[str, str], post: Post) -> bool:
+    """Whether a POST :func:`choose_mode` answers as SSE is answered in JSON
+    unless something must go before its answer (:class:`Stream`'s
+    ``json_first``): its client accepts JSON too, and it is not a batch
+    (whose JSON answer is every answer at once). The spec lets the server
+    answer either way; JSON costs the daemon a fifth less per call."""
+    return not post.batch and accepts_json(fields)
 
 
 def read_post(body: bytes, limit: int, version: str | None) -> Post | Refuse:
@@ -237,6 +250,13 @@ def read_post(body: bytes, limit: int, version: str | None) -> Post | Refuse:
     return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch)
 
 
+def content_length(fields: dict[str, str]) -> int | None:
+    """A request's declared Content-Length (None: none, or a chunked body;
+    the HTTP server refused one that is not a number)."""
+    length = fields.get("content-length")
+    return int(length) if length is not None and length.isdecimal() else None
+
+
 def too_large(size: int, limit: int) -> Refuse:
     return Refuse(
         413,
@@ -264,9 +284,13 @@ class Stream:
     """One stream of a session: the GET stream (number 0), or a POST's."""
 
     # (a plain class: mypyc compiles broker/, and attrs' factories do not mix with it)
-    def __init__(self, number: int, sse: bool) -> None:
+    def __init__(self, number: int, sse: bool, json_first: bool = False) -> None:
         self.number = number
         self.sse = sse
+        # Not decided yet: JSON if the answer comes first, SSE if anything else
+        # does (HttpStreams.add) or the writer asks for it (HttpStreams.as_sse).
+        self.json_first = json_first
+        self.opening: bytes | None = None  # what an SSE stream decided late opens with
         self.waiting: set[tuple[type, RequestId]] = set()  # answers still due
         self.tokens: list[Any] = []
         self.pending: collections.deque[Event] = collections.deque()
@@ -302,9 +326,10 @@ class HttpStreams:
 
     # -- what clients send --------------------------------------------------
 
-    def open(self, post: Post, sse: bool) -> int | Refuse:
+    def open(self, post: Post, sse: bool, json_first: bool = False) -> int | Refuse:
         """A POST's requests open a stream; returns its number (or 400 if one
-        of their ids is already in flight in this session)."""
+        of their ids is already in flight in this session). ``json_first``
+        (with ``sse``): JSON unless something must go before the answer."""
         for request in post.requests:
             if id_key(request) in self._by_request:
                 return Refuse(
@@ -312,7 +337,7 @@ class HttpStreams:
                 )
         number = self._next_stream
         self._next_stream += 1
-        stream = Stream(number, sse)
+        stream = Stream(number, sse and not json_first, sse and json_first)
         for request in post.requests:
             stream.waiting.add(id_key(request))
             self._by_request[id_key(request)] = number
@@ -384,7 +409,7 @@ class HttpStreams:
         """``number`` if its stream can carry what belongs to its request
         (an SSE stream not yet answered), else the standalone stream."""
         stream = self.streams.get(number) if number is not None else None
-        if stream is None or not stream.sse or not stream.waiting:
+        if stream is None or not (stream.sse or stream.json_first) or not stream.waiting:
             return STANDALONE
         return stream.number
 
@@ -416,6 +441,10 @@ class HttpStreams:
         stream = self.streams[number]
         if number != STANDALONE:
             self._settle(stream, message)
+            if stream.json_first:  # JSON if this is its answer, SSE if it goes first
+                stream.json_first = False
+                if stream.waiting:
+                    self._become_sse(stream)
         if stream.abandoned:
             self._forget_if_over(stream)
             return None
@@ -453,6 +482,18 @@ class HttpStreams:
                 if self._by_token.get(token) == stream.number:
                     del self._by_token[token]
             stream.tokens.clear()
+
+    def as_sse(self, number: int) -> None:
+        """Stream ``number``, not decided yet, is to be SSE from now on (its
+        writer waited long enough to write a keep-alive comment)."""
+        stream = self.streams[number]
+        if stream.json_first:
+            stream.json_first = False
+            self._become_sse(stream)
+
+    def _become_sse(self, stream: Stream) -> None:
+        stream.sse = True
+        stream.opening = self.priming(stream.number)  # (numbered before what it carries)
 
     def _bound(self) -> None:
         standalone = self.streams[STANDALONE].pending
@@ -521,6 +562,7 @@ class HttpStreams:
             return
         stream.writer = None
         if not stream.sse and not stream.done:
+            stream.json_first = False  # (what belongs to its request goes elsewhere)
             stream.abandoned = True
             self.pending_bytes -= sum(len(event.data) for event in stream.pending)
             self.pending_count -= len(stream.pending)
