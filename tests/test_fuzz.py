@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -278,17 +279,21 @@ def test_taking_a_run_of_calls_is_taking_them_one_by_one(
     assert fast.inflight == slow.inflight
 
 
-def _ready_upstream() -> UpstreamProtocol:
-    proto = UpstreamProtocol("s")
+def _ready_upstream(era: str = "legacy") -> UpstreamProtocol:
+    """A ready server's rules, sessions A and B attached. ``"modern"``: a
+    2026-07-28 server (its probe answered), A a legacy client (whose calls
+    may be answered input_required: the bridge's) and B a modern one."""
+    proto = UpstreamProtocol("s", era="legacy" if era == "legacy" else "auto")
     proto.start()
-    proto.server_message(
-        jsonrpc.result_response(
-            "mcpbroker-initialize",
-            {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "s"}},
-        )
-    )
+    if era == "legacy":
+        result = {"protocolVersion": "2025-11-25", "capabilities": {}, "serverInfo": {"name": "s"}}
+        proto.server_message(jsonrpc.result_response("mcpbroker-initialize", result))
+    else:
+        result = {"resultType": "complete", "supportedVersions": ["2026-07-28"],
+                  "capabilities": {}}  # fmt: skip
+        proto.server_message(jsonrpc.result_response("mcpbroker-discover", result))
     for session in ("A", "B"):
-        proto.attach(session, {})
+        proto.attach(session, {}, modern=era == "modern" and session == "B")
     return proto
 
 
@@ -313,13 +318,23 @@ upstream_requests = st.fixed_dictionaries(
         )
     },
 )
+# A modern server's round of questions (for a legacy client's call: the bridge's).
+INPUT_REQUIRED = {
+    "resultType": "input_required",
+    "requestState": "s",
+    "inputRequests": {"q": {"method": "roots/list"}},
+}
 server_answers = st.one_of(
     st.fixed_dictionaries(
         {"id": st.one_of(st.integers(0, 8), st.booleans(), st.sampled_from(["1", 1.0]))},
         optional={
             "jsonrpc": st.sampled_from(["2.0", "2.0", "1.0"]),
             "result": st.one_of(
-                st.just({"task": {"taskId": "t1", "status": "working"}}), json_values
+                st.just({"task": {"taskId": "t1", "status": "working"}}),
+                # (a modern server's: final, or a round of questions for the bridge)
+                st.just({"resultType": "complete", "content": []}),
+                st.just(INPUT_REQUIRED),
+                json_values,
             ),
             "error": json_values,
             "method": st.just("ping"),
@@ -387,10 +402,12 @@ def _outcome(call: Any, *args: Any) -> Any:
         return ("error", exc.code, exc.message)
 
 
+@pytest.mark.parametrize("era", ["legacy", "modern"])
 @settings(max_examples=500, deadline=None)
 @given(upstream_events)
-def test_the_upstream_fast_paths_do_what_the_general_ones_do(events: list[Any]) -> None:
-    fast, slow = _ready_upstream(), _ready_upstream()
+def test_the_upstream_fast_paths_do_what_the_general_ones_do(era: str, events: list[Any]) -> None:
+    fast, slow = _ready_upstream(era), _ready_upstream(era)
+    assert fast.modern is (era == "modern")
     for now, (source, session, message) in enumerate(events):
         ours, theirs = copy.deepcopy(message), copy.deepcopy(message)
         if source == "client":
@@ -421,7 +438,10 @@ def test_the_upstream_fast_paths_do_what_the_general_ones_do(events: list[Any]) 
                 # general path drops it or takes it for a request, the unparsed one
                 # passes it on as the server wrote it (broker/wire/envelope.py). That is
                 # the one difference allowed.
-                entry = slow.requests.close_plain(message["id"])
+                # (a legacy client's call at a modern server: its InputRound note)
+                entry = slow.requests.close_plain(message["id"]) or slow.requests.close_round(
+                    message["id"]
+                )
                 slow.deadlines.discard(message["id"])
                 assert entry is not None
                 assert (delivered, unparsed.id) == (entry.session, entry.client_id)
