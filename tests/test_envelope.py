@@ -203,23 +203,3 @@ def test_an_oversize_answers_id_is_read_from_its_ends_in_any_spacing(
 )
 def test_no_id_is_guessed_from_inside_an_answer(head: bytes, tail: bytes) -> None:
     assert answer_id(head, tail) is None
-
-
-@given(st.sampled_from(["prefix", "typescript"]), st.text(max_size=8), st.booleans())
-def test_an_answer_holds_what_its_bytes_hold(shape: str, text: str, replaced: bool) -> None:
-    """Searched in place (a view in the server's whole line), or in a part the
-    broker replaced; the same as searching the answer's bytes."""
-    result = {"content": [{"type": "text", "text": text}], "resultType": "complete"}
-    message = {"jsonrpc": "2.0", "id": 12, "result": result}
-    if shape == "typescript":
-        message = {"result": result, "jsonrpc": "2.0", "id": 12}
-    answer = split_answer(orjson.dumps(message))
-    assert answer is not None
-    if replaced:  # (as complete_answer stamps a part)
-        if shape == "prefix":
-            answer.tail = bytes(answer.tail)
-        else:
-            answer.head = bytes(answer.head)
-    answer.id = "c"
-    for needle in (b'"resultType"', b'"input_required"', b'"text"', b'"' + text.encode() + b'"'):
-        assert answer.holds(needle) == (needle in answer.encode())

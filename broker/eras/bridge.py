@@ -202,7 +202,10 @@ def ends_round(answer: Answer) -> bool:
     :func:`is_input_required`), so it may pass on as any other answer does.
     Cheap and one-sided: bytes naming ``"input_required"`` anywhere are left
     to the parser, which tells."""
-    return not answer.holds(_INPUT_REQUIRED)
+    return (
+        bytes(answer.head).find(_INPUT_REQUIRED) < 0
+        and bytes(answer.tail).find(_INPUT_REQUIRED) < 0
+    )  # (find, not `in`: see broker/jsonrpc.py _LONG)
 
 
 _INPUT_REQUIRED = b'"input_required"'

@@ -220,9 +220,17 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     and ``cacheScope`` (a 2026-07-28 server's answer does: it then passes as
     written). One-sided: the keys anywhere count, as :func:`complete_answer`
     has it."""
-    if not answer.holds(_RESULT_TYPE):
+    # (the server's whole line, which head or tail views, searched in place;
+    # find, not `in`: see broker/jsonrpc.py _LONG)
+    part = answer.tail if answer.head is PREFIX else answer.head
+    line = part.obj if type(part) is memoryview else part
+    if type(line) is not bytes:
+        line = bytes(part)
+    if line.find(_RESULT_TYPE) < 0:
         return False
-    return method not in CACHEABLE_METHODS or (answer.holds(_TTL) and answer.holds(_CACHE_SCOPE))
+    return method not in CACHEABLE_METHODS or (
+        line.find(_TTL) >= 0 and line.find(_CACHE_SCOPE) >= 0
+    )
 
 
 _RESULT_TYPE = b'"resultType"'

@@ -69,19 +69,6 @@ class Answer:
         once, into what the session writes)."""
         return self.head, orjson.dumps(self.id), self.tail
 
-    def holds(self, needle: bytes) -> bool:
-        """Whether the answer's bytes hold ``needle`` (a quoted key or value:
-        never in the id's digits), searched without a copy: a view is searched
-        in the server's whole line, which it is part of. One-sided, as any
-        byte search is: the bytes may sit anywhere in the result."""
-        for part in (self.head, self.tail):
-            whole = part.obj if type(part) is memoryview else part
-            if type(whole) is not bytes:
-                whole = bytes(part)
-            if whole.find(needle) >= 0:  # (find, not `in`: see broker/jsonrpc.py _LONG)
-                return True
-        return False
-
     def encode(self) -> bytes:
         """The answer's bytes (no framing: that is the wire format's)."""
         return b"".join(self.pieces())
