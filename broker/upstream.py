@@ -353,8 +353,9 @@ class UpstreamProtocol:
 
     def forward_fast(self, session: Hashable, request: Message, now: float = 0.0) -> bool:
         """The common case of :meth:`client_request` (which starts with it): a
-        request that needs no note (not a subscription or a task), rewritten in
-        place for the server. False: not such a request (nothing changed), or
+        request that needs no note (not a subscription or a task) but the
+        ``InputRound`` of a legacy client's call at a modern server, rewritten
+        in place for the server. False: not such a request (nothing changed), or
         the server is not ready. Raises what :meth:`client_request` would (a
         reused id). The actor calls it first to skip building actions.
         """
@@ -631,8 +632,9 @@ class UpstreamProtocol:
     def answer_fast(self, answer: Answer) -> Hashable | None:
         """:meth:`response_fast` for an answer left unparsed (broker/wire/envelope.py):
         the session to deliver it to, with the client's id put in place. None:
-        not the answer to a request that needs no note (nothing changed);
-        parse the line and use :meth:`server_message`."""
+        not the answer to a request that needs no note, nor the final answer
+        of an ``InputRound`` (nothing changed); parse the line and use
+        :meth:`server_message`."""
         upstream_id = answer.id
         if type(upstream_id) is not int:
             return None
