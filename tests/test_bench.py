@@ -85,6 +85,28 @@ async def test_bench_through_the_daemon_counts_requests(socket_path: str) -> Non
     assert "calls/s" in text and "50" in text
 
 
+async def test_bench_in_the_modern_era_through_the_daemon_and_direct(socket_path: str) -> None:
+    """``--era modern``: the clients speak 2026-07-28 through the daemon (which
+    bridges to the legacy demo server) and, with ``--direct``, straight to a
+    modern echo server launched from the config."""
+    config = os.path.join(os.path.dirname(socket_path), "config.json")
+    modern_echo = {**echo_server(), "args": [*echo_server()["args"], "--modern"]}
+    async with await trio.open_file(config, "wb") as f:
+        await f.write(orjson.dumps({"mcpServers": {"echo": modern_echo}}))
+    with trio.fail_after(60):
+        async with running_daemon({"demo": demo_server(), "echo": modern_echo}, socket_path):
+            legacy_server = await run_bench(
+                socket_path, {"text": "hi"}, "--server", "demo", "--tool", "echo",
+                "--era", "modern", "--clients", "2", "--requests", "30")  # fmt: skip
+            modern_server = await run_bench(
+                socket_path, {"text": "hi"}, "--server", "echo", "--tool", "echo",
+                "--era", "modern", "--requests", "30", "--direct", "--config", config)  # fmt: skip
+    for report in (legacy_server, modern_server):
+        assert report["era"] == "modern" and report["broker"]["ok"] == 30
+    assert (modern_server["direct"]["ok"], modern_server["direct"]["errors"]) == (30, {})
+    assert "speaking 2026-07-28" in bench.render(modern_server)
+
+
 async def test_bench_reports_errors_by_code_and_tool_errors(socket_path: str) -> None:
     with trio.fail_after(30):
         async with running_daemon({"echo": echo_server(), "demo": demo_server()}, socket_path):

@@ -31,6 +31,7 @@ import os
 import sys
 from typing import Any
 
+import attrs
 import orjson
 
 from actors.paths import default_config_path, default_socket_path
@@ -70,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the load straight against the server: launched from the config, "
         "or over Streamable HTTP for a url server",
+    )
+    parser.add_argument(
+        "--era",
+        choices=["legacy", "modern"],
+        default="legacy",
+        help="the clients' protocol era: modern speaks 2026-07-28 (no initialize, "
+        "_meta on every call; the broker bridges to a legacy server), as does --direct",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--socket", metavar="PATH", default=None, help="the daemon's socket")
@@ -148,9 +156,10 @@ def run(
         "arguments": arguments,
         "clients": args.clients,
         "in_flight": args.in_flight,
+        "era": args.era,
     }
     direct = _direct_target(args) if args.direct else None  # a bad config fails before the run
-    target = Target(socket=socket_path, servers=(args.server,))
+    target = Target(socket=socket_path, servers=(args.server,), era=args.era)
     watch = {"daemon": status["pid"], "server": server["pid"]}
     load = load_of(args, arguments, args.in_flight)
     report["broker"] = _measure([target] * args.clients, load, watch, progress)
@@ -191,11 +200,11 @@ def _direct_target(args: argparse.Namespace) -> Target:
         ) from None
     server = config.enabled_servers.get(args.server)
     if server is not None and server.url is not None:
-        return _url_target(args.server, server)
+        return attrs.evolve(_url_target(args.server, server), era=args.era)
     if server is None or not server.command:
         raise ValueError(f"{path} has no server {args.server!r} to launch directly")
     argv = (server.command, *server.args)
-    return Target(argv=argv, env=dict(server.env) or None, cwd=server.cwd)
+    return Target(argv=argv, env=dict(server.env) or None, cwd=server.cwd, era=args.era)
 
 
 def _url_target(name: str, server: Any) -> Target:
@@ -327,6 +336,8 @@ def render(report: dict[str, Any]) -> str:
         f"server {report['server']}, tool {report['tool']}: {report['clients']} clients x "
         f"{report['in_flight']} in flight"
     )
+    if report.get("era") == "modern":
+        head += ", speaking 2026-07-28"
     rows: list[list[str]] = [["", *("through the daemon" if p == "broker" else p for p in paths)]]
     rows.append(["calls", *(f"{report[p]['calls']:,}" for p in paths)])
     rows.append(["calls/s", *(f"{report[p]['throughput']:,.0f}" for p in paths)])
