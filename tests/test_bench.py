@@ -22,7 +22,7 @@ import trio
 
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
 from tools import bench
-from tools.bench_engine import Engine, Load, Target
+from tools.bench_engine import BenchError, Engine, Load, Target
 
 ECHO_SERVER = [sys.executable, str(REPO / "benchmarks" / "echo_server.py")]
 
@@ -101,6 +101,11 @@ async def test_bench_in_the_modern_era_through_the_daemon_and_direct(socket_path
             modern_server = await run_bench(
                 socket_path, {"text": "hi"}, "--server", "echo", "--tool", "echo",
                 "--era", "modern", "--requests", "30", "--direct", "--config", config)  # fmt: skip
+            # --direct at a legacy server: told why, with the way that works.
+            args = bench_args(socket_path, "--server", "demo", "--tool", "echo", "--era",
+                              "modern", "--requests", "5", "--direct", "--demo")  # fmt: skip
+            with pytest.raises(BenchError, match="--era modern, --direct speaks 2026-07-28"):
+                await trio.to_thread.run_sync(bench.run, args, {"text": "hi"})
     for report in (legacy_server, modern_server):
         assert report["era"] == "modern" and report["broker"]["ok"] == 30
     assert (modern_server["direct"]["ok"], modern_server["direct"]["errors"]) == (30, {})

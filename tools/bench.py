@@ -242,6 +242,11 @@ def _legacy_hint(target: Target, error: str) -> str:
     daemon would fall back to HTTP+SSE there (as the spec says), ``--direct`` does not."""
     from broker.wire.http_upstream import FALLBACK_STATUSES
 
+    if target.era == "modern" and "server/discover" in error:
+        return (
+            " (with --era modern, --direct speaks 2026-07-28 to the server, which this one "
+            "does not; through the daemon the broker bridges to it)"
+        )
     if target.url and any(f"HTTP {status} " in error for status in FALLBACK_STATUSES):
         return (
             " (a legacy HTTP+SSE server answers Streamable HTTP's initialize so; "
