@@ -18,12 +18,13 @@ import orjson
 import structlog
 import trio
 
-from actors.links.http import HttpLink, launch_http
+from actors.links.http import HARD_LIMIT_FACTOR, HttpLink, launch_http
 from actors.links.link import LinkContext
 from broker.config import ServerConfig
 from broker.eras.probe import discover_request
 from broker.eras.versions import LATEST_MODERN_VERSION, PROTOCOL_VERSION_KEY
 from broker.lifecycle import initialize_request
+from broker.wire.frames import Failed
 from tests.test_eras_http_upstream_e2e import era_http_server, stats
 from tests.test_http_upstream_e2e import http_server
 
@@ -131,3 +132,83 @@ async def test_a_link_told_modern_posts_each_request_at_once_without_initialize(
                 answered = await answer_to(answers, "bare")
             # (the modern handler's words: its own POST, at the told version)
             assert answered["error"]["code"] == -32602 and "_meta" in answered["error"]["message"]
+
+
+async def serve_modern_posts(listener: trio.SocketListener, limit: int) -> None:
+    """A 2026-07-28 server by hand, one POST per connection: the request whose
+    id is "big" is answered with an SSE event past the link's hard limit (an
+    ``httpx2.SSEError`` to read), "cut" with a JSON body that ends early, any
+    other with a JSON answer."""
+
+    async def serve(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += await stream.receive_some(65536)
+            id = orjson.loads(body)["id"]
+            answer = orjson.dumps(
+                {"jsonrpc": "2.0", "id": id, "result": {"resultType": "complete"}}
+            )
+            if id == "big":
+                event = b"data: " + b"x" * (limit * HARD_LIMIT_FACTOR + 1) + b"\n\n"
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"connection: close\r\n\r\n" + event
+                )
+            elif id == "cut":
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n" % (len(answer) + 50) + answer
+                )
+            else:
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n" % len(answer) + answer
+                )
+
+    await trio.serve_listeners(serve, [listener])
+
+
+async def test_one_modern_answer_that_breaks_fails_its_request_not_the_link() -> None:
+    """A modern POST has no session: an answer that cannot be read (an SSE
+    event past the hard limit, a body cut short) is that request's failure;
+    the link goes on, and the next request is answered."""
+    limit = 4096
+    with trio.fail_after(30):
+        async with trio.open_nursery() as servers:
+            (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            servers.start_soon(serve_modern_posts, listener, limit)
+            port = listener.socket.getsockname()[1]
+            answers: dict[Any, Any] = {}
+            async with trio.open_nursery() as nursery:
+                context = LinkContext(nursery, limit, structlog.get_logger())
+                link = await launch_http(ServerConfig(url=f"http://127.0.0.1:{port}/mcp"), context)
+
+                async def read() -> None:
+                    while frames := await link.receive():
+                        for frame in frames:
+                            if isinstance(frame, bytes):
+                                message = orjson.loads(frame)
+                                answers[message.get("id")] = message
+                            else:  # (a request the link failed: Failed(id, why))
+                                answers[frame.request] = frame
+
+                nursery.start_soon(read)
+                link.speak(LATEST_MODERN_VERSION)
+                meta = {PROTOCOL_VERSION_KEY: LATEST_MODERN_VERSION}
+                for id in ("big", "cut", "after"):
+                    request = {"jsonrpc": "2.0", "id": id, "method": "tools/list",
+                               "params": {"_meta": meta}}  # fmt: skip
+                    await link.send(link.encode([request]))
+                big, cut = await answer_to(answers, "big"), await answer_to(answers, "cut")
+                assert isinstance(big, Failed) and "stream broke" in big.detail
+                assert isinstance(cut, Failed) and "broke off" in cut.detail
+                after = await answer_to(answers, "after")
+                assert after["result"] == {"resultType": "complete"}
+                await link.close()
+                nursery.cancel_scope.cancel()
+            servers.cancel_scope.cancel()

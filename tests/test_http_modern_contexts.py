@@ -293,3 +293,33 @@ class Watched(Exchange):
         finally:
             self.watching -= 1
         raise AssertionError("unreachable")
+
+
+class Broken(Exchange):
+    """A connection whose read fails (a bug in it, say) once the watcher reads."""
+
+    async def receive(self) -> dict[str, Any]:
+        raise RuntimeError("the connection broke")
+
+
+async def test_a_watcher_that_fails_ends_its_own_context_not_the_listener(
+    autojump_clock: Any,
+) -> None:
+    """The watcher runs in the listener's shared nursery: what goes wrong in
+    it ends that POST's context, and every other context goes on."""
+    script = Script()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        other = Exchange()
+        post, body = call(1, "slow")
+        nursery.start_soon(contexts.answer, TARGET, post, body, True, other.receive, other.send)
+        broken = Broken()
+        post, body = call(2, "slow")
+        nursery.start_soon(contexts.answer, TARGET, post, body, True, broken.receive, broken.send)
+        await trio.sleep(20)  # (past a tick: both are watched; the broken one's read fails)
+        assert len(contexts.contexts) == 1 and 2 in script.ended
+        other.leave.set()  # the other is still served, and watched
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(script.ended) == [1, 2] and not contexts.contexts
+        nursery.cancel_scope.cancel()

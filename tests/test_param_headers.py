@@ -104,3 +104,9 @@ def test_the_schema_is_the_tool_the_view_names() -> None:
     assert tool_schema(catalog, ("s", "t"), False, "s__nope") is None
     assert tool_schema(catalog, ("t",), False, "s__call") is None  # not in that view
     assert tool_schema(catalog, ("s",), True, 7) is None
+
+
+def test_an_integer_header_past_pythons_digit_limit_is_a_mismatch_not_a_crash() -> None:
+    """``int()`` refuses more than 4300 digits with a ValueError, which the
+    listener's check did not expect (a 500 and a closed connection)."""
+    assert "Limit" in mismatch({"limit": 42}, headers(Limit="9" * 5000))

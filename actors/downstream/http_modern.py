@@ -468,10 +468,15 @@ class _Watch:
             await self._done.wait()
 
     async def _run(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        # (a task of the listener's shared nursery: whatever goes wrong here
+        # ends this POST's context, never the listener and every client's)
         try:
             with scope:
                 while (await self._receive())["type"] != "http.disconnect":
                     pass
                 self._context.end("the client closed the request's stream (cancelled)")
+        except Exception as exc:
+            get_logger().exception("http.modern_watch_failed")
+            self._context.end(f"mcpbroker: watching the request failed ({exc!r})")
         finally:
             done.set()

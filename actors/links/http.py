@@ -85,6 +85,11 @@ ERROR_BODY = 200  # characters of an error answer's body kept for the message
 # What httpx2 raises when the server or the connection fails us (a bug of
 # ours, such as a closed client, is not among them).
 HTTP_ERRORS = (httpx2.HTTPError, httpx2.StreamError)
+# What breaks one response's body after its head came (a connection lost in
+# mid-read, bad framing, an SSE event past the limit): on a modern POST, that
+# request's failure, never the link's (a request of a legacy session's breaks
+# the session's, so there it ends the link).
+STREAM_ERRORS = (httpx2.ReadError, httpx2.RemoteProtocolError, httpx2.SSEError)
 # The link's own server/discover, for a server that refused the initialize
 # (_modern_only), and how long it waits for its answer (the Upstream's probe's).
 DISCOVER_ID = "mcpbroker-http-discover"
@@ -498,7 +503,11 @@ class HttpLink:
             status = response.status_code
             media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
             if 200 <= status < 300 and media == "application/json":
-                frames = await self._body(response, unit)
+                try:
+                    frames = await self._body(response, unit)
+                except STREAM_ERRORS as exc:  # (this request's alone: there is no session)
+                    await self._failed(unit, f"its answer broke off ({_describe(exc)})")
+                    return
                 if unit.lists_tools is not None and len(frames) == 1 and type(frames[0]) is bytes:
                     frames = [self._learnt(frames[0], unit.lists_tools)]
                 await self._emit(frames)
@@ -546,7 +555,15 @@ class HttpLink:
 
     async def _own_answer(self, request: Message, version: str) -> bytes | None:
         """POST one of the link's own modern requests: its answer (JSON or the
-        last of an SSE stream), None if it brought none within the size limit."""
+        last of an SSE stream), None if it brought none within the size limit
+        or its stream broke (it is the link's, for the request it serves: that
+        request goes on without it, and the link with it)."""
+        try:
+            return await self._own_exchange(request, version)
+        except STREAM_ERRORS:
+            return None
+
+    async def _own_exchange(self, request: Message, version: str) -> bytes | None:
         assert self._client is not None
         headers = {"accept": rules.ACCEPT_POST, "content-type": "application/json"}
         headers.update(modern_rules.modern_headers(request, version, self._params))
@@ -589,7 +606,7 @@ class HttpLink:
                     data = self._learnt(data, unit.lists_tools)
                 await self._emit([self._frame(data)])
                 return  # (the answer ends the stream: closing it is no cancellation now)
-        except (httpx2.ReadError, httpx2.RemoteProtocolError) as exc:
+        except STREAM_ERRORS as exc:  # (this request's alone: there is no session)
             await self._failed(unit, f"its stream broke ({_describe(exc)})")
             return
         await self._failed(unit, "a stream that ended before its answer")
