@@ -104,7 +104,9 @@ async def test_bench_in_the_modern_era_through_the_daemon_and_direct(socket_path
             # --direct at a legacy server: told why, with the way that works.
             args = bench_args(socket_path, "--server", "demo", "--tool", "echo", "--era",
                               "modern", "--requests", "5", "--direct", "--demo")  # fmt: skip
-            with pytest.raises(BenchError, match="--era modern, --direct speaks 2026-07-28"):
+            with pytest.raises(
+                BenchError, match="--direct speaks 2026-07-28 to the server itself"
+            ):
                 await trio.to_thread.run_sync(bench.run, args, {"text": "hi"})
     for report in (legacy_server, modern_server):
         assert report["era"] == "modern" and report["broker"]["ok"] == 30

@@ -95,7 +95,7 @@ def test_modern_fields_name_the_method_and_the_tool_as_the_broker_reads_them() -
     assert modern_fields("server/discover") == b"Mcp-Method: server/discover\r\n"
     plain = modern_fields("tools/call", "echo")
     assert plain == b"Mcp-Method: tools/call\r\nMcp-Name: echo\r\n"
-    for name in ("écho", "=?base64?eA==?=", "a\tb"):  # not sent as they are
+    for name in ("écho", "=?base64?eA==?=", "a\tb", " echo", "echo "):  # not sent as they are
         field = modern_fields("tools/call", name).split(b"\r\n")[1]
         value = field.removeprefix(b"Mcp-Name: ").decode("ascii")
         assert value.startswith("=?base64?") and decode_header_value(value) == name

@@ -242,10 +242,10 @@ def _legacy_hint(target: Target, error: str) -> str:
     daemon would fall back to HTTP+SSE there (as the spec says), ``--direct`` does not."""
     from broker.wire.http_upstream import FALLBACK_STATUSES
 
-    if target.era == "modern" and "server/discover" in error:
+    if target.era == "modern":
         return (
-            " (with --era modern, --direct speaks 2026-07-28 to the server, which this one "
-            "does not; through the daemon the broker bridges to it)"
+            " (with --era modern, --direct speaks 2026-07-28 to the server itself: if it "
+            "does not, measure it through the daemon, which bridges to it)"
         )
     if target.url and any(f"HTTP {status} " in error for status in FALLBACK_STATUSES):
         return (

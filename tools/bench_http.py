@@ -32,7 +32,6 @@ at the end (the server's idle timeout ends it), legacy HTTP+SSE.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import selectors
 import socket
@@ -43,6 +42,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+from broker.wire.http_upstream_modern import encode_header_value
 
 ACCEPT_BOTH = "application/json, text/event-stream"  # what SDK clients send
 MODERN_VERSION = "2026-07-28"
@@ -94,12 +95,11 @@ def discover_body(id: str) -> bytes:
 def modern_fields(method: str, name: str | None = None) -> bytes:
     """The header fields a 2026-07-28 POST of ``method`` carries beside its body:
     ``Mcp-Method``, and ``Mcp-Name`` (``name``: a tool's, a prompt's, a URI),
-    in the spec's ``=?base64?...?=`` form unless it is plain printable ASCII."""
+    encoded as the broker's own link encodes them (the spec's
+    ``=?base64?...?=`` form unless the value is safe as it is)."""
     fields = _field("Mcp-Method", method)
     if name is not None:
-        if not (name.isascii() and name.isprintable()) or name.startswith("=?"):
-            name = f"=?base64?{base64.b64encode(name.encode()).decode()}?="
-        fields += _field("Mcp-Name", name)
+        fields += _field("Mcp-Name", encode_header_value(name))
     return fields
 
 
