@@ -159,7 +159,7 @@ async def test_too_many_contexts_is_503(autojump_clock: Any) -> None:
         await ask(contexts, 1)  # parked: it still counts
         refused = await ask(contexts, 2)
         assert refused.sent[0]["status"] == 503
-        assert refused.answer()["error"]["code"] == -32000
+        assert refused.answer()["error"]["code"] == -32005  # (a limit: docs/protocol.md)
         nursery.cancel_scope.cancel()
 
 

@@ -54,7 +54,7 @@ from actors.logs import get_logger
 from actors.mailbox import Outgoing
 from broker import jsonrpc
 from broker.eras.tokens import is_ours
-from broker.jsonrpc import CONNECTION_CLOSED, RequestId, id_key
+from broker.jsonrpc import CONNECTION_CLOSED, LIMIT_REACHED, RequestId, id_key
 from broker.wire import http as wire
 from broker.wire import http_modern, sse
 from broker.wire.envelope import Answer
@@ -256,7 +256,7 @@ class ModernHttp:
         if context is None:
             if len(self.contexts) - self.idle_count >= self.max_contexts:
                 why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
-                return await _json(send, 503, _error(post.id, why))
+                return await _json(send, 503, _error(post.id, why, LIMIT_REACHED))
             context = self._start(target)
         context.begin(post.id)
         if not await context.deliver(body):
@@ -423,8 +423,8 @@ def _pop_oldest(parked: dict[str, ModernContext]) -> tuple[str, ModernContext]:
     return token, parked.pop(token)
 
 
-def _error(id: RequestId, message: str) -> bytes:
-    return jsonrpc.encode(jsonrpc.error_response(id, CONNECTION_CLOSED, message))
+def _error(id: RequestId, message: str, code: int = CONNECTION_CLOSED) -> bytes:
+    return jsonrpc.encode(jsonrpc.error_response(id, code, message))
 
 
 async def _start_sse(send: Send) -> bool:

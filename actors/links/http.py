@@ -819,12 +819,9 @@ async def launch_http(
 
 
 async def _status(response: httpx2.Response) -> str:
-    """``HTTP 500 Internal Server Error``, and the start of the body if it says more."""
-    try:
-        body = await response.aread()
-    except httpx2.HTTPError:
-        body = b""
-    return _status_text(response, body)
+    """``HTTP 500 Internal Server Error``, and the start of the body if it
+    says more (read only so far: a server's error page is not held whole)."""
+    return _status_text(response, await _error_body(response))
 
 
 def _status_text(response: httpx2.Response, body: bytes) -> str:
