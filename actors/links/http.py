@@ -209,12 +209,12 @@ class HttpLink:
         """The client, its tasks, and the end: a DELETE of the session. An end
         before the link is open is an ``OSError`` (to retry with backoff)."""
         timeout = httpx2.Timeout(CONNECT_TIMEOUT, read=None, write=WRITE_TIMEOUT, pool=None)
-        # Each request task may hold its POST and a GET that polls its stream;
-        # then the notice tasks and the GET stream: never a wait for the pool.
-        limits = httpx2.Limits(max_connections=2 * MAX_STREAMS + NOTICE_TASKS + 1)
+        # (no limit on connections to configure: the link's tasks bound how many
+        # requests are open at once, and the stack never waits for one:
+        # actors/links/http_pool.py)
         started = False
         try:
-            transport = StackTransport(limits=limits)
+            transport = StackTransport()
             async with httpx2.AsyncClient(
                 headers=self._headers, timeout=timeout, transport=transport, auth=auth
             ) as client:
