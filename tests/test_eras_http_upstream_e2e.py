@@ -15,8 +15,6 @@ through ``mcpbroker connect``, in legacy mode and in ``mode="auto"``.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,8 +24,9 @@ import pytest
 import trio
 from mcp import types
 
-from tests.conftest import REPO, running_daemon, text_of
+from tests.conftest import running_daemon, text_of
 from tests.test_eras_matrix_e2e import MODERN, User, client
+from tests.test_http_upstream_e2e import listening_process
 from tests.test_websocket_upstream_e2e import free_port
 
 pytestmark = [
@@ -40,27 +39,9 @@ pytestmark = [
 async def era_http_server(kind: str) -> AsyncIterator[str]:
     """tests/servers/era_server.py KIND over Streamable HTTP: its URL."""
     port = free_port()
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.servers.era_server", kind, "--http", str(port)],
-        cwd=str(REPO),
-        env=dict(os.environ),
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with trio.fail_after(20):
-            while True:
-                try:
-                    stream = await trio.open_tcp_stream("127.0.0.1", port)
-                except OSError:
-                    await trio.sleep(0.05)
-                    continue
-                await stream.aclose()
-                break
+    args = ["tests.servers.era_server", kind, "--http", str(port)]
+    async with listening_process(args, port, dict(os.environ)):
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
 
 
 def url_server(url: str, era: str | None) -> dict[str, Any]:

@@ -40,15 +40,15 @@ PATHS = {"streamable-http": "/mcp", "sse": "/sse"}
 
 
 @asynccontextmanager
-async def http_server(
-    transport: str, port: int | None = None, **env: str
-) -> AsyncIterator[tuple[str, trio.Process]]:
-    """The SDK server over HTTP in a process of its own: its URL and process."""
-    port = port or free_port()
+async def listening_process(
+    module_args: list[str], port: int, env: dict[str, str]
+) -> AsyncIterator[trio.Process]:
+    """``python -m MODULE ARGS`` in a process of its own, once it listens on
+    ``port`` (at most 20 s); killed on exit."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.servers.http_server", transport, str(port)],
+        [sys.executable, "-m", *module_args],
         cwd=str(REPO),
-        env={**os.environ, "SDK_SERVER_NAME": "http-test", **env},
+        env=env,
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -61,11 +61,23 @@ async def http_server(
                     continue
                 await stream.aclose()
                 break
-        yield f"http://127.0.0.1:{port}{PATHS[transport]}", process
+        yield process
     finally:
         process.kill()
         with trio.CancelScope(shield=True):
             await process.wait()
+
+
+@asynccontextmanager
+async def http_server(
+    transport: str, port: int | None = None, **env: str
+) -> AsyncIterator[tuple[str, trio.Process]]:
+    """The SDK server over HTTP in a process of its own: its URL and process."""
+    port = port or free_port()
+    args = ["tests.servers.http_server", transport, str(port)]
+    environ = {**os.environ, "SDK_SERVER_NAME": "http-test", **env}
+    async with listening_process(args, port, environ) as process:
+        yield f"http://127.0.0.1:{port}{PATHS[transport]}", process
 
 
 @pytest.mark.parametrize(
