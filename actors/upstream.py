@@ -167,6 +167,7 @@ class Upstream:
             expected_tools=expected_tools,
             state=ServerState.IDLE if lazy else ServerState.STARTING,
             era=config.era,
+            process=config.command is not None,
         )
         self._status_changed = trio.Event()
         self._start_requested = trio.Event()
@@ -645,7 +646,14 @@ class Upstream:
             raise failure
 
     async def _connect(self) -> LaunchError | None:
+        unprobed = self._protocol.unprobed
         self._protocol = self._protocol.restarted()
+        if self._protocol.unprobed != unprobed:
+            self._log.warning(
+                "server.probe_skipped",
+                reason=self._protocol.unprobed,
+                detail="it is opened with initialize from now on (until a reload)",
+            )
         async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
             try:
                 self._stderr_tail.clear()

@@ -67,9 +67,10 @@ class ServerConfig:
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
     # Requests to clients: "auto", "exclusive" or "concurrent" (broker/turns.py).
     server_requests: str = "auto"
-    # The protocol era: "auto" probes server/discover, "legacy" opens with
-    # initialize, "modern" requires 2026-07-28 (docs/eras.md).
-    era: str = "legacy"
+    # The protocol era: "auto" probes server/discover (a server that speaks
+    # both eras is used in the modern one), "legacy" opens with initialize,
+    # "modern" requires 2026-07-28 (docs/eras.md, "Upstream").
+    era: str = "auto"
     # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
     # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
     oauth: dict[str, str] = attrs.field(factory=dict)

@@ -40,7 +40,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from broker import jsonrpc
-from broker.eras.bridge import SendServer, ends_round, legacy_params
+from broker.eras.bridge import SendServer, ends_round, legacy_params, refuses_back_channel
 from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import Legacy, Modern
 from broker.eras.upstream import HANDSHAKE_ID, PROBE_ID, EraProbe, ModernServer
@@ -110,12 +110,20 @@ class UpstreamProtocol:
         expected_tools: frozenset[str] | None = None,
         state: ServerState = ServerState.INITIALIZING,
         era: str = "legacy",
+        process: bool = True,
     ) -> None:
         self.name = name
+        # The server is a child process (stdio), not reached by URL: one that
+        # ends while probed may have ended because of the probe (restarted).
+        self.process = process
         # "auto", "legacy" or "modern" (broker/config.py); what this connection
         # speaks is decided by its opening (:meth:`start`, :attr:`probe`).
         self.era = era
         self.probe = EraProbe(era)
+        # A server that went away while its probe was out is opened with
+        # initialize from then on (:meth:`restarted`): the reason, for the log.
+        self.unprobed: str | None = None
+        self.back_channel_warned = False  # (_back_channel_refused)
         # Whether it speaks the modern era (decided by the probe), and its
         # modern side then (None: a legacy server).
         self.modern = False
@@ -157,6 +165,7 @@ class UpstreamProtocol:
             expected_tools=self.expected_tools,
             state=self.state,
             era=self.era,
+            process=self.process,
         )
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
@@ -164,6 +173,14 @@ class UpstreamProtocol:
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
+        fresh.unprobed = self.unprobed
+        if self.process and self.probe.undecided and self.era == "auto":
+            # Some legacy servers exit on a request before initialize: probing
+            # each new process would make a crash loop of a working server.
+            # (A url server that cannot be reached is not one of them.)
+            fresh.unprobed = f"it went away while asked server/discover ({self.last_error})"
+        if fresh.unprobed is not None:
+            fresh.probe = EraProbe("legacy")  # (still opened modern if it refuses initialize so)
         return fresh
 
     @property
@@ -768,8 +785,24 @@ class UpstreamProtocol:
         elif isinstance(note, InputRound) and self.modern_server is not None:
             timeout = self.deadlines.policy.timeout  # (the call's own, between rounds too)
             bridged = self.modern_server.round_answered(entry.session, note, message, now, timeout)
-            return self._bridged(bridged, now)
+            return [*self._back_channel_refused(message), *self._bridged(bridged, now)]
         return [Deliver(entry.session, message)]
+
+    def _back_channel_refused(self, message: Message) -> list[Action]:
+        """A legacy client's call that the modern server failed because its
+        tool asks the legacy way (the SDK's ``ctx.elicit``): the operator is
+        told which setting makes it work (docs/eras.md), once per connection."""
+        if self.back_channel_warned or not refuses_back_channel(message):
+            return []
+        self.back_channel_warned = True
+        return [
+            Warn(
+                "server.needs_legacy_era",
+                f"a tool of MCP server {self.name!r} asks its client the legacy way "
+                "(server-to-client requests), which the 2026-07-28 era this server "
+                'was opened in does not have: set "era": "legacy" for it',
+            )
+        ]
 
     def _handshake_done(self, message: Message) -> list[Action]:
         probed = self.probe.refused(message)

@@ -36,12 +36,19 @@ def socket_path() -> Iterator[str]:
 
 
 def sdk_server(name: str = "sdk-test-server") -> dict[str, Any]:
-    """Config entry for the official-SDK test server (tests/servers/sdk_server.py)."""
+    """Config entry for the official-SDK test server (tests/servers/sdk_server.py).
+
+    ``"era": "legacy"``, as docs/eras.md tells users of such a server: the SDK
+    serves both eras, but its tools ask and notify the legacy way
+    (``ctx.elicit``, ``send_tool_list_changed``), which the 2026-07-28 era the
+    default would open it in does not have. Tests of the default era use
+    tests/servers/era_server.py, whose tools work in both."""
     return {
         "command": sys.executable,
         "args": ["-m", "tests.servers.sdk_server"],
         "cwd": str(REPO),
         "env": {"SDK_SERVER_NAME": name},
+        "era": "legacy",
     }
 
 

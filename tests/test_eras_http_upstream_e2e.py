@@ -3,7 +3,7 @@
 The official SDK's server (tests/servers/era_server.py ``--http``) runs over
 Streamable HTTP on 127.0.0.1, modern only, dual-era (the SDK's app: it
 routes on ``MCP-Protocol-Version``) or legacy only, behind the broker as a
-``url`` server with ``"era": "auto"`` and with the default. The HTTP link
+``url`` server with the default ``"era"`` (``auto``) and with ``"legacy"``. The HTTP link
 speaks the 2026-07-28 revision to a modern one (actors/links/http.py,
 broker/wire/http_upstream_modern.py): its own POST per request with the
 headers mirroring the body, which the SDK's server checks (a missing or
@@ -57,12 +57,12 @@ async def stats(url: str) -> dict[str, Any]:
 
 # (the server's kind, its "era" in the config: None for the default; whether it is modern)
 SERVERS = [
-    ("modern", None, True),  # refuses initialize (-32022): opened modern
-    ("modern-only", None, True),  # refuses it with -32602: server/discover says modern
-    ("modern", "auto", True),
-    ("dual", "auto", True),
-    ("dual", None, False),
-    ("legacy", "auto", False),  # the probe meets its 400 (no session): legacy
+    ("modern", None, True),  # the default ("auto"): the probe says modern
+    ("dual", None, True),  # speaks both: used in the modern era
+    ("legacy", None, False),  # the probe meets its 400 (no session): legacy
+    ("modern", "legacy", True),  # refuses initialize (-32022): opened modern
+    ("modern-only", "legacy", True),  # refuses it with -32602: server/discover says modern
+    ("dual", "legacy", False),
 ]
 
 
@@ -93,7 +93,7 @@ async def test_every_client_mode_calls_a_url_server_of_every_era(
                     assert user.asked == ["Colour?", "Capital?"]  # each asked once
 
 
-@pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])
+@pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", None)])
 async def test_a_legacy_client_hears_a_url_servers_changes_through_the_listen(
     socket_path: str, kind: str, era: str | None
 ) -> None:

@@ -2,9 +2,10 @@
 
 The official SDK's server (tests/servers/era_server.py) runs legacy only,
 modern only, or dual-era, behind the broker: with the default ``era``
-(``legacy``: a modern-only server refuses ``initialize`` and is opened
-modern; a dual-era one is legacy), and a dual-era one also with ``"era":
-"auto"`` (modern). The official SDK's ``Client`` reaches it through
+(``auto``: the ``server/discover`` probe; a legacy-only server answers it
+with an error and is opened with ``initialize``, a modern-only or dual-era
+one is used in the modern era), and a dual-era one also with ``"era":
+"legacy"`` (opened with ``initialize``). The official SDK's ``Client`` reaches it through
 ``mcpbroker connect`` in legacy mode and in ``mode="auto"`` (which the
 broker answers modern). In every combination a tool that asks for
 elicitation, one that asks for sampling and one that lists the client's
@@ -45,7 +46,7 @@ pytestmark = [
 
 MODERN = "2026-07-28"
 # (the server's kind, its "era" in the config: None for the default)
-SERVERS = [("legacy", None), ("modern", None), ("dual", None), ("dual", "auto")]
+SERVERS = [("legacy", None), ("modern", None), ("dual", None), ("dual", "legacy")]
 
 
 def era_server(kind: str, era: str | None = None) -> dict[str, Any]:
@@ -126,7 +127,7 @@ async def asks_every_kind(session: Client, mode: str, user: User, server_era: st
 async def test_every_client_mode_gets_its_questions_from_every_kind_of_server(
     socket_path: str, kind: str, era: str | None
 ) -> None:
-    modern = kind == "modern" or era == "auto"  # the era the broker speaks to it
+    modern = kind != "legacy" and era != "legacy"  # the era the broker speaks to it
     with trio.fail_after(90):
         async with running_daemon({"s": era_server(kind, era)}, socket_path) as daemon:
             assert (daemon.upstreams["s"].identity.protocol_version == MODERN) is modern
@@ -157,7 +158,7 @@ async def test_every_client_mode_gets_its_questions_over_websocket(
                     await asks_every_kind(session, mode, user, kind)
 
 
-@pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", "auto")])
+@pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", None)])
 async def test_a_legacy_client_hears_a_modern_servers_changes(
     socket_path: str, kind: str, era: str | None
 ) -> None:

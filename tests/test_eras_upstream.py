@@ -9,7 +9,7 @@ import pytest
 from broker import jsonrpc
 from broker.eras.versions import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, PROTOCOL_VERSION_KEY
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, HandshakeError
-from broker.states import ServerState
+from broker.states import ServerState, ServerTrigger
 from broker.upstream import (
     HANDSHAKE_ID,
     PROBE_ID,
@@ -169,6 +169,73 @@ def test_a_restarted_connection_is_probed_again() -> None:
     proto.server_gone("exited")
     fresh = proto.restarted()
     assert fresh.era == "auto" and not fresh.modern
+    assert fresh.start()["method"] == "server/discover" and fresh.unprobed is None
+
+
+def test_a_process_that_exits_while_probed_is_opened_with_initialize_from_then_on() -> None:
+    """Some legacy servers exit on a request before initialize: the next
+    process is not probed (nor any after it), so it is not a crash loop."""
+    proto, _ = started("auto")
+    proto.server_gone("exited during startup")
+    fresh = proto.restarted()
+    assert fresh.unprobed is not None and "server/discover" in fresh.unprobed
+    assert fresh.start()["method"] == "initialize" and fresh.era == "auto"
+    fresh.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT_RESULT))
+    fresh.server_gone("exited")
+    later = fresh.restarted()
+    later.move(ServerTrigger.BACKOFF_ELAPSED)
+    later.move(ServerTrigger.LAUNCHED)
+    assert later.start()["method"] == "initialize" and later.unprobed == fresh.unprobed
+    # ... still opened modern if it turns out to be a modern-only server
+    refusal = jsonrpc.error_response(HANDSHAKE_ID, -32022, "no", data={"supported": [MODERN]})
+    later.server_message(refusal)
+    later.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert later.modern and later.state is ServerState.READY
+
+
+def test_a_url_server_unreachable_while_probed_is_probed_again() -> None:
+    proto = UpstreamProtocol("m", era="auto", process=False)
+    proto.start()
+    proto.server_gone("could not be reached")
+    fresh = proto.restarted()
+    assert fresh.unprobed is None and fresh.start()["method"] == "server/discover"
+
+
+def test_a_probe_answered_or_timed_out_leaves_the_next_process_probed() -> None:
+    for end in ("answered", "expired"):
+        proto, _ = started("auto")
+        if end == "answered":
+            proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "Method not found"))
+        else:
+            proto.probe_expired()
+        proto.server_gone("exited during startup")
+        assert proto.restarted().start()["method"] == "server/discover"
+
+
+def test_auto_after_a_late_probe_takes_the_refused_initialize_as_modern_evidence() -> None:
+    """A server slow to start reads the probe after it timed out; a dual-era
+    one then fixes its era at modern and refuses the initialize that
+    followed (naming only modern versions): it is probed again, and modern."""
+    proto, _ = started("auto")
+    proto.probe_expired()
+    assert proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED)) == []  # late
+    refusal = jsonrpc.error_response(HANDSHAKE_ID, -32022, "no", data={"supported": [MODERN]})
+    speak, probe = proto.server_message(refusal)
+    assert speak == Speak(MODERN) and isinstance(probe, SendUpstream)
+    assert probe.message["method"] == "server/discover"
+    proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert proto.modern and proto.state is ServerState.READY
+
+
+def test_a_server_refusing_initialize_then_probed_legacy_fails_once() -> None:
+    """The refusal's probe is sent once: a server whose probe then answers
+    legacy fails its handshake (restarted with backoff), never loops."""
+    proto, _ = started("auto")
+    proto.probe_expired()
+    refusal = jsonrpc.error_response(HANDSHAKE_ID, -32022, "no", data={"supported": [MODERN]})
+    proto.server_message(refusal)
+    with pytest.raises(HandshakeError, match="refused initialize and is not modern"):
+        proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "Method not found"))
 
 
 def test_the_era_key_is_checked() -> None:
@@ -176,7 +243,9 @@ def test_the_era_key_is_checked() -> None:
 
     servers = {"m": {"command": "x", "era": "auto"}}
     assert parse_config({"mcpServers": servers}).servers["m"].era == "auto"
-    assert parse_config({"mcpServers": {"m": {"command": "x"}}}).servers["m"].era == "legacy"
+    assert parse_config({"mcpServers": {"m": {"command": "x"}}}).servers["m"].era == "auto"
+    servers = {"m": {"command": "x", "era": "legacy"}}
+    assert parse_config({"mcpServers": servers}).servers["m"].era == "legacy"
     with pytest.raises(ConfigError, match=r'"mcpServers.m.era" must be'):
         parse_config({"mcpServers": {"m": {"command": "x", "era": "2026"}}})
 

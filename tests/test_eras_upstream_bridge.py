@@ -368,3 +368,36 @@ def test_a_server_refusing_initialize_otherwise_fails_its_handshake() -> None:
     proto.server_message(refusal)
     with pytest.raises(HandshakeError, match="not modern"):
         proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "no discover either"))
+
+
+# -- a tool that asks the legacy way, at a modern server ---------------------------
+
+NO_BACK_CHANNEL = (
+    "Cannot send 'elicitation/create': this transport context has no back-channel "
+    "for server-initiated requests."
+)
+
+
+def test_a_refused_back_channel_is_left_to_the_parser_and_warned_of_once() -> None:
+    """The SDK refuses ``ctx.elicit`` in the modern era: the legacy client
+    gets the server's error as written, and the operator one warning naming
+    the setting (docs/eras.md); a plain error is no such sign."""
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    warned: list[Warn] = []
+    for id, text in [(1, "plain failure"), (2, NO_BACK_CHANNEL), (3, NO_BACK_CHANNEL)]:
+        upstream_id = sent(proto.client_request("a", call(id)))["id"]
+        error = jsonrpc.error_response(upstream_id, -32600, text)
+        answer = split_answer(jsonrpc.encode(error))
+        assert answer is not None
+        if text == NO_BACK_CHANNEL:
+            assert proto.answer_fast(answer) is None  # (nothing changed: parse it)
+        else:
+            assert proto.answer_fast(answer) == "a"
+            continue
+        actions = proto.server_message(error)
+        assert actions[-1] == Deliver("a", jsonrpc.error_response(id, -32600, text))
+        warned += [a for a in actions if isinstance(a, Warn)]
+    (warning,) = warned
+    assert warning.event == "server.needs_legacy_era" and '"era": "legacy"' in warning.detail
+    assert len(proto.requests) == 0

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import sys
 
+from typing import Any
+
 import pytest
+import structlog
 import trio
+from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client, text_of
+from tests.faultkit import misbehaving
 from tests.test_eras_e2e import modern_client
 
 MODERN = "2026-07-28"
@@ -55,7 +60,7 @@ async def test_a_modern_client_calls_a_modern_server(socket_path: str) -> None:
 
 
 async def test_a_legacy_server_is_still_opened_with_initialize(socket_path: str) -> None:
-    """``"era": "legacy"`` (the default): never probed."""
+    """``"era": "legacy"`` (as ``sdk_server()`` sets it): never probed."""
     with trio.fail_after(60):
         async with (
             running_daemon({"s": sdk_server("old")}, socket_path) as daemon,
@@ -67,16 +72,79 @@ async def test_a_legacy_server_is_still_opened_with_initialize(socket_path: str)
 
 
 async def test_auto_falls_back_to_initialize_on_a_legacy_only_server(socket_path: str) -> None:
-    """The demo server answers ``server/discover`` with an error: it is opened legacy."""
-    demo = {
-        "command": sys.executable,
-        "args": ["-m", "tools.demo_server"],
-        "cwd": str(REPO),
-        "era": "auto",
-    }
+    """The demo server answers ``server/discover`` with an error: with the
+    default ``era`` (auto) it is opened legacy."""
+    demo = {"command": sys.executable, "args": ["-m", "tools.demo_server"], "cwd": str(REPO)}
     with trio.fail_after(60):
         async with running_daemon({"d": demo}, socket_path) as daemon:
             assert daemon.upstreams["d"].identity.protocol_version != MODERN
+
+
+def default_era(entry: dict[str, Any]) -> dict[str, Any]:
+    """A config entry without its ``era``: the default."""
+    return {key: value for key, value in entry.items() if key != "era"}
+
+
+async def test_by_default_a_dual_era_server_is_used_in_the_modern_era(socket_path: str) -> None:
+    """The SDK's ``MCPServer.run()`` speaks both eras: the default probe finds
+    2026-07-28, and a legacy client's calls reach it stamped for that era."""
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"m": default_era(sdk_server("up"))}, socket_path) as daemon,
+            shim_client(socket_path, "m") as client,
+        ):
+            assert daemon.upstreams["m"].identity.protocol_version == MODERN
+            result = await client.call_tool("echo", {"text": "hello"})
+            assert (text_of(result), result.is_error) == ("hello", False)
+
+
+async def test_a_tool_that_asks_the_legacy_way_names_the_setting_in_the_log(
+    socket_path: str,
+) -> None:
+    """The SDK server's ``ask_user`` calls ``ctx.elicit``, which its modern era
+    refuses (no back-channel): the legacy client gets the server's refusal, as
+    a modern host would, and the operator is told, once, to set ``"era":
+    "legacy"``, with which the same call completes."""
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"answer": "blue"})
+
+    with structlog.testing.capture_logs() as captured, trio.fail_after(60):
+        async with (
+            running_daemon({"m": default_era(sdk_server("up"))}, socket_path),
+            shim_client(socket_path, "m", elicitation_callback=elicit) as client,
+        ):
+            for _ in range(2):
+                with pytest.raises(MCPError, match="back-channel"):
+                    await client.call_tool("ask_user", {"question": "Colour?"})
+    warned = [r for r in captured if r["event"] == "server.needs_legacy_era"]
+    assert len(warned) == 1 and '"era": "legacy"' in warned[0]["detail"]
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"m": sdk_server("up")}, socket_path),  # ("era": "legacy")
+            shim_client(socket_path, "m", elicitation_callback=elicit) as client,
+        ):
+            result = await client.call_tool("ask_user", {"question": "Colour?"})
+            assert (text_of(result), result.is_error) == ("accept: blue", False)
+
+
+async def test_a_server_that_exits_when_probed_is_opened_with_initialize(
+    socket_path: str,
+) -> None:
+    """A legacy server that exits on any first request but ``initialize``: the
+    probe costs it one process, and from then on it is opened with
+    ``initialize`` (not probed into a crash loop), said once in the log."""
+    with structlog.testing.capture_logs() as captured, trio.fail_after(60):
+        async with (
+            running_daemon({"s": misbehaving("strict-opening")}, socket_path) as daemon,
+            shim_client(socket_path, "s") as client,
+        ):
+            assert daemon.upstreams["s"].identity.protocol_version != MODERN
+            result = await client.call_tool("echo", {"text": "x"})
+            assert text_of(result) == "x"
+            assert daemon.upstreams["s"].statistics().restarts == 1
+    skipped = [r for r in captured if r["event"] == "server.probe_skipped"]
+    assert len(skipped) == 1 and "server/discover" in skipped[0]["reason"]
 
 
 async def test_a_legacy_only_server_forced_modern_fails_its_handshake(socket_path: str) -> None:

@@ -76,6 +76,15 @@ class EraProbe:
         self.era = era
         self.probes = 0  # server/discover probes sent, while the era is undecided
         self.speaking: str | None = None  # the era the requests go in (Speak)
+        # The server refused initialize as a modern-only server does, and is
+        # probed at the version it named: a legacy verdict then ends it.
+        self.refusal_probed = False
+
+    @property
+    def undecided(self) -> bool:
+        """A probe is out and its verdict not in (a server that goes away
+        now may have gone away because of it: UpstreamProtocol.restarted)."""
+        return self.probes > 0
 
     def opening(self) -> Message:
         """The first message to write to a freshly started server, in the era
@@ -107,17 +116,24 @@ class EraProbe:
         self.probes = 0
         if self.era == "modern":
             raise HandshakeError(f'server is not modern ("era": "modern"): {verdict.reason}')
-        if self.era == "legacy":  # (probed only after it refused initialize)
+        if self.refusal_probed or self.era == "legacy":  # (probed after it refused initialize)
             raise HandshakeError(f"server refused initialize and is not modern: {verdict.reason}")
         return self.initialize()
 
     def refused(self, message: Message) -> list[Action] | None:
         """The answer to ``initialize``: if it is a modern-only server's
-        refusal (a legacy-configured server's), it is probed at the version
-        it names; None: any other answer."""
-        version = modern_only(message) if self.era == "legacy" else None
-        if version is None:
+        refusal, it is probed at the version it names; None: any other answer.
+
+        Under ``"legacy"`` that is how a modern-only server is found. Under
+        ``"auto"`` it is how one whose probe timed out is: a server slow to
+        start (``npx`` fetching a package) may read the late probe first, and a
+        dual-era server fixes its era with the first request it reads (the
+        SDK's ``serve_dual_era_loop``), so it then refuses the initialize.
+        Once only: a server probed so that answers legacy fails its handshake."""
+        version = modern_only(message) if self.era != "modern" else None
+        if version is None or self.refusal_probed:
             return None
+        self.refusal_probed = True
         self.probes = 0
         return self.probe(version)
 

@@ -18,6 +18,9 @@ that use each):
 - ``stderr-flood BYTES``: calling ``misbehave`` writes BYTES to stderr, in
   lines of 100 bytes, as fast as the pipe takes them, then answers.
 
+- ``strict-opening``: exits (code 1, a line on stderr) if its first request
+  is not ``initialize``, as some legacy servers do when probed with
+  ``server/discover``; otherwise ``normal``.
 - ``crash-at-start CODE``: writes a line to stderr and exits with CODE at once
   (a crash loop, once the broker restarts it).
 - ``recoverable``: a server worth restarting (tests/test_recovery_e2e.py): it
@@ -112,6 +115,10 @@ class Server:
                 continue
             if not isinstance(message, dict) or "method" not in message or "id" not in message:
                 continue  # notifications and responses
+            if self.mode == "strict-opening" and message["method"] != "initialize":
+                print(f"misbehaving: {message['method']} before initialize", file=sys.stderr)
+                sys.exit(1)
+            self.mode = "normal" if self.mode == "strict-opening" else self.mode
             if message["method"] == "tools/call" and self.mode == "deaf":
                 return wait_for_parent_to_die()
             params = message.get("params") or {}
