@@ -10,7 +10,6 @@ clients call it through ``mcpbroker connect``.
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 import pytest
