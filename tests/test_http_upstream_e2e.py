@@ -37,6 +37,9 @@ from tests.test_server_requests_e2e import elicitor, sampler
 from tests.test_websocket_upstream_e2e import fails, free_port
 
 PATHS = {"streamable-http": "/mcp", "sse": "/sse"}
+# tests/servers/http_server.py is the SDK test server's tools over HTTP: they
+# ask and notify the legacy way, so it is opened so, as docs/eras.md says.
+LEGACY = {"era": "legacy"}
 
 
 @asynccontextmanager
@@ -97,7 +100,7 @@ async def test_several_clients_share_one_url_server(
     Streamable HTTP answering with streams and with JSON bodies."""
     with trio.fail_after(60):
         async with http_server(transport, **env) as (url, process):
-            entry: dict[str, Any] = {"url": url, **({"type": type_} if type_ else {})}
+            entry: dict[str, Any] = {"url": url, **LEGACY, **({"type": type_} if type_ else {})}
             async with running_daemon({"web": entry}, socket_path) as daemon:
                 answers: list[tuple[int, str]] = []
                 progress: list[float] = []
@@ -149,7 +152,7 @@ async def test_a_servers_requests_reach_the_caller_among_concurrent_ones(
     with trio.fail_after(60):
         async with (
             http_server("streamable-http") as (url, _),
-            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, **LEGACY}}, socket_path) as daemon,
             shim_client(socket_path, "web", sampling_callback=sampler("a")) as a,
             shim_client(socket_path, "web", sampling_callback=sampler("b")) as b,
             shim_client(socket_path, "web", elicitation_callback=elicitor("c")) as c,
@@ -184,9 +187,9 @@ async def test_headers_take_a_token_from_the_environment(
     with trio.fail_after(60):
         async with http_server("streamable-http", REQUIRE_TOKEN="s3cret") as (url, _):
             servers = {
-                "good": {"url": url, "headers": {"Authorization": "Bearer ${HTTP_TEST_TOKEN}"}},
-                "unset": {"url": url, "headers": {"Authorization": "Bearer ${HTTP_TEST_MISSING}"}},
-                "wrong": {"url": url, "headers": {"Authorization": "Bearer nope"}},
+                "good": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer ${HTTP_TEST_TOKEN}"}},
+                "unset": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer ${HTTP_TEST_MISSING}"}},
+                "wrong": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer nope"}},
             }
             async with (
                 running_daemon(servers, socket_path, wait=("good",)) as daemon,
@@ -213,7 +216,7 @@ async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
     with trio.fail_after(60):
         async with (
             http_server("streamable-http", port) as (url, first),
-            running_daemon({"web": {"url": url, "restartDelay": 0.05}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, **LEGACY, "restartDelay": 0.05}}, socket_path) as daemon,
             shim_client(socket_path, "web") as a,
             shim_client(socket_path, "web") as b,
         ):
@@ -250,7 +253,7 @@ async def test_an_expired_session_is_opened_again_and_the_call_goes_through(
     with trio.fail_after(60):
         async with (
             http_server("streamable-http") as (url, process),
-            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, **LEGACY}}, socket_path) as daemon,
             shim_client(socket_path, "web") as a,
             shim_client(socket_path, "web") as b,
         ):
@@ -276,7 +279,7 @@ async def test_an_http_error_fails_that_call_only_and_a_cancelled_call_is_cancel
     with trio.fail_after(60):
         async with (
             http_server("streamable-http") as (url, process),
-            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, **LEGACY}}, socket_path) as daemon,
             shim_client(socket_path, "web") as client,
         ):
             upstream = daemon.upstreams["web"]
@@ -317,7 +320,7 @@ async def test_a_bug_in_the_link_restarts_that_server_only(
         async with (
             http_server("streamable-http") as (url, process),
             running_daemon(
-                {"web": {"url": url, "restartDelay": 0.05}}, socket_path, wait=()
+                {"web": {"url": url, **LEGACY, "restartDelay": 0.05}}, socket_path, wait=()
             ) as daemon,
         ):
             upstream = daemon.upstreams["web"]
@@ -337,7 +340,7 @@ async def test_a_stream_closed_before_its_answer_is_polled_again(socket_path: st
     with trio.fail_after(60):
         async with (
             http_server("streamable-http", EVENT_STORE="1") as (url, _),
-            running_daemon({"web": {"url": url}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, **LEGACY}}, socket_path) as daemon,
             shim_client(socket_path, "web", sampling_callback=sampler("a")) as a,
             shim_client(socket_path, "web", sampling_callback=sampler("b")) as b,
         ):

@@ -160,6 +160,9 @@ def late_server() -> dict[str, Any]:
         "cwd": str(REPO),
         "env": {"LATE_DELAY": "0.3"},
         "share": "per-session",
+        # (it registers its tool on notifications/initialized, which the
+        # 2026-07-28 era has not: a legacy-era server, opened so)
+        "era": "legacy",
     }
 
 
