@@ -652,7 +652,7 @@ class Upstream:
             self._log.warning(
                 "server.probe_skipped",
                 reason=self._protocol.unprobed,
-                detail="it is opened with initialize from now on (until a reload)",
+                detail="it is opened with initialize from now on (until its entry changes)",
             )
         async with trio.open_nursery() as nursery:  # the link's own tasks, and ours
             try:
