@@ -187,9 +187,9 @@ async def test_headers_take_a_token_from_the_environment(
     with trio.fail_after(60):
         async with http_server("streamable-http", REQUIRE_TOKEN="s3cret") as (url, _):
             servers = {
-                "good": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer ${HTTP_TEST_TOKEN}"}},
-                "unset": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer ${HTTP_TEST_MISSING}"}},
-                "wrong": {"url": url, **LEGACY, "headers": {"Authorization": "Bearer nope"}},
+                "good": {"url": url, "headers": {"Authorization": "Bearer ${HTTP_TEST_TOKEN}"}},
+                "unset": {"url": url, "headers": {"Authorization": "Bearer ${HTTP_TEST_MISSING}"}},
+                "wrong": {"url": url, "headers": {"Authorization": "Bearer nope"}},
             }
             async with (
                 running_daemon(servers, socket_path, wait=("good",)) as daemon,
@@ -216,7 +216,7 @@ async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
     with trio.fail_after(60):
         async with (
             http_server("streamable-http", port) as (url, first),
-            running_daemon({"web": {"url": url, **LEGACY, "restartDelay": 0.05}}, socket_path) as daemon,
+            running_daemon({"web": {"url": url, "restartDelay": 0.05}}, socket_path) as daemon,
             shim_client(socket_path, "web") as a,
             shim_client(socket_path, "web") as b,
         ):

@@ -15,14 +15,15 @@ from broker.wire import http
 from broker.wire.http_modern import (
     METHODS,
     ModernPost,
+    answer_mode,
     answers,
     decode_header_value,
-    is_modern,
     parked_token,
     read_post,
     status_of,
     wrong_verb,
 )
+from broker.wire.websocket import Policy
 
 MODERN = "2026-07-28"
 META = {
@@ -179,10 +180,15 @@ def test_a_retry_says_its_request_state() -> None:
 
 
 def test_which_requests_are_modern_and_the_verbs_and_statuses() -> None:
-    assert is_modern({"mcp-protocol-version": MODERN})
-    assert is_modern({"mcp-protocol-version": "2099-01-01"})
-    assert not is_modern({"mcp-protocol-version": "2025-06-18"})
-    assert not is_modern({})
+    for version, modern in [(MODERN, True), ("2099-01-01", True), ("2025-06-18", False)]:
+        headers = [(b"host", b"127.0.0.1"), (b"mcp-protocol-version", version.encode())]
+        target = http.check_request("POST", "/mcp", "127.0.0.1", headers, ["s"], Policy())
+        assert isinstance(target, http.Target) and target.modern is modern
+    accepts_json = {"accept": "application/json"}
+    assert answer_mode(accepts_json, "tools/call") is False
+    refused = answer_mode(accepts_json, "subscriptions/listen")
+    assert isinstance(refused, http.Refuse) and refused.status == 406
+    assert answer_mode({"accept": "text/event-stream"}, "subscriptions/listen") is True
     for verb in ("GET", "DELETE"):
         refusal = wrong_verb(verb)
         assert refusal.status == 405 and refusal.headers == (("Allow", "POST"),)

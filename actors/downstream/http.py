@@ -35,6 +35,7 @@ import trio
 
 from actors.downstream.http_modern import ModernHttp
 from actors.downstream.http_server import HttpServer
+from actors.downstream.replies import Receive, Send, respond, write
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
@@ -48,14 +49,10 @@ from broker.wire.websocket import Policy
 IDLE_SECONDS = 1800.0  # a session nobody has used this long ends
 MAX_SESSIONS = 1024  # HTTP sessions at once; past it, initialize gets 503
 INBOX_SIZE = 16  # POST bodies waiting for the session's reader (and in bytes: maxQueuedBytes)
-KEEPALIVE_SECONDS = 15.0  # an SSE stream with nothing to say writes a comment this often
-KEEPALIVE_TICKS = 3  # (it is told every KEEPALIVE_SECONDS / KEEPALIVE_TICKS to look)
 REAP_SECONDS = 30.0  # how often idle sessions are looked for
 
 # What the listener does with a new session: run it until it ends.
 OpenSession = Callable[["HttpConnection", tuple[str, ...] | None, bool], Awaitable[None]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class HttpConnection:
@@ -257,7 +254,7 @@ class HttpListener:
         to say writes its keep-alive comment (one task for all of them: a
         timer per wait cost a tenth of an SSE answer's CPU)."""
         while True:
-            await trio.sleep(KEEPALIVE_SECONDS / KEEPALIVE_TICKS)
+            await trio.sleep(sse.TICK_SECONDS)
             self.ticks += 1
             for session in list(self.sessions.values()):
                 session.wake_all()
@@ -326,7 +323,7 @@ class HttpListener:
                 if not await session.deliver(body, handed):
                     return await self._refuse(send, _ENDED, scope)
                 if number is None:
-                    return await _respond(send, 202)
+                    return await respond(send, 202)
                 fields = [(b"mcp-session-id", session.id.encode())]
                 if mode and not json_first:
                     priming = session.streams.priming(number)
@@ -355,14 +352,12 @@ class HttpListener:
         if isinstance(post, wire.Refuse):
             return await self._refuse(send, post, scope)
         if not post.request:
-            return await _respond(send, 202)  # (no client notification means anything here)
+            return await respond(send, 202)  # (no client notification means anything here)
         if post.method == "tools/call" and self._catalogs is not None:
             refused = self._check_params(target, post.message, scope["headers"])
             if refused is not None:
                 return await self._refuse(send, refused, scope)
-        mode = wire.choose_mode(target.fields)
-        if mode is False and post.method == http_modern.LISTEN:
-            mode = wire.Refuse(406, "Not Acceptable: subscriptions/listen is a text/event-stream")
+        mode = http_modern.answer_mode(target.fields, post.method)
         if isinstance(mode, wire.Refuse):
             return await self._refuse(send, mode, scope)
         json = wire.accepts_json(target.fields)
@@ -414,7 +409,7 @@ class HttpListener:
         if refused is not None or session is None:
             return await self._refuse(send, refused or _ENDED, scope)
         session.end("the client deleted it")
-        await _respond(send, 204)
+        await respond(send, 204)
 
     # -- answers ------------------------------------------------------------
 
@@ -475,7 +470,7 @@ class HttpListener:
         self, session: HttpConnection, number: int, writer: object, send: Send, first: bytes
     ) -> None:
         if first:
-            await _body(send, first)
+            await write(send, first)
         if not await self._pump(session, number, writer, send):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -492,13 +487,13 @@ class HttpListener:
                 if streams.done(number):
                     await send({"type": "http.response.body", "body": data, "more_body": False})
                     return True
-                await _body(send, data)
+                await write(send, data)
                 written = self.ticks
                 continue
             if streams.done(number):
                 return False
-            if self.ticks - written >= KEEPALIVE_TICKS:  # quiet for 15 to 20 s
-                await _body(send, sse.KEEPALIVE)
+            if self.ticks - written >= sse.KEEPALIVE_TICKS:  # quiet for 15 to 20 s
+                await write(send, sse.KEEPALIVE)
                 written = self.ticks
                 continue
             await waker.wait()
@@ -517,7 +512,7 @@ class HttpListener:
         session's id goes with it only if the session did initialize); or,
         if its stream becomes SSE first (it was opened ``json_first`` and
         something that belongs to its request came before the answer, or it
-        has waited :data:`KEEPALIVE_SECONDS` without a word), as that stream.
+        has waited ``sse.KEEPALIVE_SECONDS`` without a word), as that stream.
 
         No task watches for the client leaving meanwhile (one per request
         halved the throughput): the answer comes, or the broker's request
@@ -539,7 +534,7 @@ class HttpListener:
                     first = (stream.opening or b"") + quiet
                     await self._sse(session, number, writer, receive, send, fields, first, False)
                     return
-                if stream.json_first and self.ticks - since >= KEEPALIVE_TICKS:
+                if stream.json_first and self.ticks - since >= sse.KEEPALIVE_TICKS:
                     streams.as_sse(number)  # quiet for 15 to 20 s: say so, as SSE
                     quiet = sse.KEEPALIVE
                     continue
@@ -551,7 +546,7 @@ class HttpListener:
                 if len(events) > 1:
                     body = b"[" + b",".join(event.data for event in events) + b"]"
                 initialized = not new or session.streams.version is not None
-                await _respond(send, 200, body, fields if initialized else [])
+                await respond(send, 200, body, fields if initialized else [])
         finally:
             streams.detach(number, writer)
 
@@ -566,7 +561,7 @@ class HttpListener:
                 peer=str(scope.get("client")),
             )
         extra = [(k.lower().encode(), v.encode()) for k, v in refuse.headers]
-        await _respond(send, refuse.status, refuse.body(), extra)
+        await respond(send, refuse.status, refuse.body(), extra)
 
     # -- sessions -----------------------------------------------------------
 
@@ -609,20 +604,6 @@ async def _read_body(receive: Receive, fields: dict[str, str], limit: int) -> by
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-async def _respond(
-    send: Send, status: int, body: bytes = b"", fields: Iterable[tuple[bytes, bytes]] = ()
-) -> None:
-    headers = [(b"content-length", str(len(body)).encode()), *fields]
-    if body:
-        headers.append((b"content-type", b"application/json"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _body(send: Send, data: bytes) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

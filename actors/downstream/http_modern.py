@@ -7,7 +7,7 @@ as on the unix socket and WebSocket) over a :class:`ModernContext`, which
 hands the session the POST's body and takes what the session writes for the
 POST being answered. The answer goes out as JSON, unless something comes
 before it (progress, a log message the request asked for, a listen stream's
-acknowledgement) or it takes longer than :data:`KEEPALIVE_SECONDS`: then as
+acknowledgement) or it takes longer than ``sse.KEEPALIVE_SECONDS``: then as
 an SSE stream (a JSON error keeps its HTTP status, as the SDK's server does).
 
 A context whose request is answered is kept *idle* for the next POST to the
@@ -36,7 +36,7 @@ Closing a POST's stream before its answer is the request's cancellation: the
 context ends, and its session's end cancels what it had in flight upstream
 (``notifications/cancelled`` to the server), as when any client leaves. A
 task watches for that only once a POST has waited past one tick of the
-listener's clock (:data:`TICK_SECONDS`; the same tick paces the SSE
+listener's clock (``sse.TICK_SECONDS``; the same tick paces the SSE
 keep-alive comments): nearly every call is answered sooner, and a watcher
 per POST cost more than the rest of the POST's handling (the client that
 leaves sooner is noticed by then, or by the write of its answer).
@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from actors.downstream.replies import Receive, Send, respond, write
 from actors.errors import TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
@@ -66,14 +67,9 @@ MAX_PARKED = 1024  # calls waiting so at once; past it the oldest is cancelled
 MAX_CONTEXTS = 4096  # modern requests at once (answering, listening or parked): past it, 503
 MAX_IDLE = 256  # answered contexts kept for the next POSTs (their sessions stay open)
 IDLE_SECONDS = 60.0  # an idle context not taken again this long ends
-KEEPALIVE_SECONDS = 15.0  # silence before the answer becomes an SSE stream (and between comments)
-KEEPALIVE_TICKS = 3  # (ticks of TICK_SECONDS: quiet for 15 to 20 s)
-TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS  # how often waiting POSTs are told to look
 
 Route = tuple[tuple[str, ...] | None, bool]  # a URL's view: its servers, and whether transparent
 OpenSession = Callable[[Any, tuple[str, ...] | None, bool], Awaitable[None]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 _SSE_HEADERS = [
     (b"content-type", sse.CONTENT_TYPE.encode()),
@@ -221,13 +217,13 @@ class ModernHttp:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the contexts' sessions (and the parked ones' timers) until
-        cancelled; every :data:`TICK_SECONDS`, wake the POSTs waiting for an
+        cancelled; every ``sse.TICK_SECONDS``, wake the POSTs waiting for an
         answer (one task for all: a timer per wait cost a tenth of a call)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             while True:
-                await trio.sleep(TICK_SECONDS)
+                await trio.sleep(sse.TICK_SECONDS)
                 self.ticks += 1
                 for context in self.contexts:
                     if context.waiting is not None:
@@ -256,11 +252,13 @@ class ModernHttp:
         if context is None:
             if len(self.contexts) - self.idle_count >= self.max_contexts:
                 why = f"mcpbroker: too many 2026-07-28 requests at once ({self.max_contexts})"
-                return await _json(send, 503, _error(post.id, why, LIMIT_REACHED))
+                return await respond(send, 503, _error(post.id, why, LIMIT_REACHED))
             context = self._start(target)
         context.begin(post.id)
         if not await context.deliver(body):
-            return await _json(send, 200, _error(post.id, "mcpbroker: the request's session ended"))
+            return await respond(
+                send, 200, _error(post.id, "mcpbroker: the request's session ended")
+            )
         answer: dict[str, Any] | None = None
         reason = "the client closed the request's stream (cancelled)"
         watch = _Watch(context, receive)
@@ -297,31 +295,31 @@ class ModernHttp:
             for message, data in context.take():
                 if http_modern.answers(message, wanted):
                     if streaming:
-                        await _body(send, sse.event(data), more=False)
+                        await write(send, sse.event(data), more=False)
                     else:
                         error = message.get("error")
                         code = error.get("code") if isinstance(error, dict) else None
-                        await _json(send, status_of(code) if type(code) is int else 200, data)
+                        await respond(send, status_of(code) if type(code) is int else 200, data)
                     return message  # type: ignore[no-any-return]
                 if not sse_ok:
                     continue  # (a client that takes JSON only gets the answer alone)
                 if not streaming:
                     streaming = await _start_sse(send)
-                await _body(send, sse.event(data))
+                await write(send, sse.event(data))
                 written = self.ticks
             if context.closed:
                 if streaming:
-                    await _body(send, b"", more=False)
+                    await write(send, b"", more=False)
                 else:
                     ended = _error(id, "mcpbroker: the request's session ended before its answer")
-                    await _json(send, 200, ended)
+                    await respond(send, 200, ended)
                 return None
             if self.ticks != written:
                 watch.start(self._nursery)
-                if self.ticks - written >= KEEPALIVE_TICKS and sse_ok:  # quiet for 15 to 20 s
+                if self.ticks - written >= sse.KEEPALIVE_TICKS and sse_ok:  # quiet for 15 to 20 s
                     if not streaming:
                         streaming = await _start_sse(send)
-                    await _body(send, sse.KEEPALIVE)
+                    await write(send, sse.KEEPALIVE)
                     written = self.ticks
             await waker.wait()
 
@@ -430,16 +428,6 @@ def _error(id: RequestId, message: str, code: int = CONNECTION_CLOSED) -> bytes:
 async def _start_sse(send: Send) -> bool:
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
     return True
-
-
-async def _json(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _body(send: Send, data: bytes, more: bool = True) -> None:
-    await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
 class _Watch:

@@ -66,9 +66,8 @@ from broker.jsonrpc import (
     RequestId,
     id_key,
 )
-from broker.lifecycle import LEGACY_VERSIONS
 from broker.session import LIST_METHODS
-from broker.wire.http import VERSION_HEADER, Refuse
+from broker.wire.http import VERSION_HEADER, Refuse, choose_mode
 
 METHOD_HEADER = "mcp-method"
 NAME_HEADER = "mcp-name"
@@ -92,16 +91,18 @@ STATUS_OF_CODE = {
 _SENTINEL = re.compile(r"=\?base64\?(.*)\?=", re.DOTALL)
 
 
-def is_modern(fields: dict[str, str]) -> bool:
-    """Whether a request is for these rules: its ``MCP-Protocol-Version`` is
-    not a legacy one (a modern version, or one the broker does not know,
-    which is answered -32022 here rather than with a legacy 400)."""
-    version = fields.get(VERSION_HEADER)
-    return version is not None and version not in LEGACY_VERSIONS
-
-
 def status_of(code: int) -> int:
     return STATUS_OF_CODE.get(code, 200)
+
+
+def answer_mode(fields: dict[str, str], method: str) -> bool | Refuse:
+    """How to answer a modern POST (``choose_mode``: True for an SSE stream,
+    False for one JSON answer, or 406); ``subscriptions/listen`` is a stream
+    or nothing, so a client that takes only JSON gets 406 for it."""
+    mode = choose_mode(fields)
+    if mode is False and method == LISTEN:
+        return Refuse(406, "Not Acceptable: subscriptions/listen is a text/event-stream")
+    return mode
 
 
 def wrong_verb(method: str) -> Refuse:

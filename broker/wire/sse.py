@@ -13,6 +13,12 @@ from __future__ import annotations
 
 CONTENT_TYPE = "text/event-stream"
 KEEPALIVE = b": keep-alive\n\n"
+# A stream (or a waiting answer) with nothing to say writes KEEPALIVE after
+# KEEPALIVE_SECONDS to KEEPALIVE_SECONDS * (1 + 1/KEEPALIVE_TICKS) of silence:
+# the listener looks every TICK_SECONDS, not per stream.
+KEEPALIVE_SECONDS = 15.0
+KEEPALIVE_TICKS = 3
+TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS
 
 
 def event(data: bytes, id: str | None = None) -> bytes:
