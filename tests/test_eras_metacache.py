@@ -341,3 +341,30 @@ def test_a_session_remembers_once_and_reads_every_call_after() -> None:
     assert metas == [META] * 5
     assert all(meta is session.meta_cache.meta for meta in metas[1:])
     assert session.client_capabilities == META[CLIENT_CAPABILITIES_KEY]
+
+
+def test_the_sdk_clients_calls_are_read_with_the_remembered_bytes() -> None:
+    """The official SDK's modern client writes ``_meta`` as params' last key
+    (its stamp adds it to the dumped request) and params last: the first
+    place looked at. Its bytes, as its stdio transport writes them."""
+    from mcp import types
+    from mcp.client.session import _make_modern_stamp
+
+    stamp = _make_modern_stamp("2026-07-28", {"name": "c", "version": "1"}, {}, lambda n, a: {})
+
+    def sdk_line(id: int) -> bytes:
+        params = types.CallToolRequestParams(name="t", arguments={"text": "é"})
+        data = types.CallToolRequest(params=params).model_dump(
+            by_alias=True, mode="json", exclude_none=True
+        )
+        stamp(data, {})
+        request = types.JSONRPCRequest(jsonrpc="2.0", id=id, **data)
+        return request.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+    cache = MetaCache()
+    first = sdk_line(1)
+    cache.remember(first, jsonrpc.decode(first)["params"]["_meta"])
+    line = sdk_line(2)
+    assert line.endswith(cache.key + b"}}")
+    message = cache.decode(line)
+    assert message is not None and orjson.dumps(message) == orjson.dumps(jsonrpc.decode(line))

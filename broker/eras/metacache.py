@@ -46,10 +46,15 @@ when the swapped line is.
 **What is remembered.** Only a ``_meta`` the session's checks found good
 (version 2026-07-28, capabilities an object) and whose keys are all among
 the version, capabilities and client info: one with a log level, a
-``progressToken`` or any other key is never remembered (those take the
-general path, and their keys reach the server as before), and only when
-orjson writes it back as the line wrote it (a client that writes spaces or
-escapes otherwise is simply never matched) and reads it back equal.
+``progressToken`` or any other key is never remembered (such a line is
+decoded and checked in full, as before, and its keys reach the server);
+and only when orjson writes it back as the line wrote it (a client that
+writes spaces or escapes otherwise is simply never matched) and reads it
+back equal. Where the bytes are looked for: first where the official SDK
+and ``mcpbroker bench`` write them (params' last key, params the message's
+last: the line ends with them and ``}}``), then after the line's last
+``"_meta":`` (any other client's order); the marker, not the place, is
+what proves them ``params._meta``.
 :data:`MAX_REMEMBERED` bounds how often a session tries to remember anew
 (a client whose ``_meta`` changes on every call, or that writes it
 otherwise than orjson does, would pay for a try on each).
