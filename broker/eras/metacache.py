@@ -82,6 +82,7 @@ MARKER = 7346128095
 MARKER_BYTES = b"7346128095"
 _KEY = b'"_meta":'
 _SWAP = _KEY + MARKER_BYTES
+_SWAP_TAIL = _SWAP + b"}}"
 # The _meta keys a remembered value may hold (anything else reaches the server).
 REMEMBERED_KEYS = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY})
 # How many times a session tries to remember a value (the first, and changes after it).
@@ -93,6 +94,7 @@ class MetaCache:
 
     def __init__(self) -> None:
         self.key = b""  # '"_meta":' and the value's bytes; empty: nothing remembered
+        self.tail = b""  # the key, params' last, at the end of the line: the key and '}}'
         self.meta: dict[str, Any] = {}  # the value (shared by the requests: never changed)
         self.capabilities: dict[str, Any] = {}  # its clientCapabilities
         self.client_info: Any = None  # its clientInfo
@@ -103,22 +105,24 @@ class MetaCache:
         the line carries that value's bytes there (the module's docstring
         says why the marker proves it); None: decode it in full."""
         key = self.key
-        # Where the SDK and the benchmark's client write it: the last key of
-        # params, the message's last key ('..."_meta":{...}}}'); else at the
-        # last '"_meta":'. (A find of the whole key, a long needle, costs
-        # CPython ten times as much.)
         if not key:
             return None
-        at = len(line) - len(key) - 2
-        if not line.startswith(key, at):
+        # Where the SDK and the benchmark's client write it: the last key of
+        # params, the message's last key ('..."_meta":{...}}}'); else after
+        # the last '"_meta":'. (A find of the whole key, a long needle, costs
+        # CPython ten times as much.)
+        if line.endswith(self.tail):
+            swapped = line[: len(line) - len(self.tail)] + _SWAP_TAIL
+        else:
             at = line.rfind(_KEY)
             if not line.startswith(key, at):
                 return None  # (at -1: the last byte, never the key)
+            swapped = line[:at] + _SWAP + line[at + len(key) :]
         if line.find(MARKER_BYTES) >= 0:
             return None
         try:
             # (a compiled build checks the message is a dict here: a TypeError)
-            message: Message = jsonrpc.decode(line[:at] + _SWAP + line[at + len(key) :])
+            message: Message = jsonrpc.decode(swapped)
             params = message["params"]
             marker = params["_meta"]
         except (JsonRpcError, KeyError, TypeError):
@@ -144,6 +148,6 @@ class MetaCache:
         again = orjson.loads(value)
         if again != meta:
             return
-        self.key, self.meta = key, again
+        self.key, self.tail, self.meta = key, key + b"}}", again
         self.capabilities = again[CLIENT_CAPABILITIES_KEY]
         self.client_info = again.get(CLIENT_INFO_KEY)
