@@ -455,7 +455,7 @@ class ModernSessionProtocol(SessionProtocol):
         :func:`~broker.eras.modern.complete_answer`, or as it is if a
         2026-07-28 server wrote it (``Answer.modern``) complete.
         None: read it."""
-        if self.aliases or self.questions:
+        if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return None
         id = answer.id
         call = self.open_calls.get(id)
