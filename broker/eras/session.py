@@ -194,12 +194,14 @@ class ModernSessionProtocol(SessionProtocol):
                 frame = frames[i]
                 if type(frame) is not bytes:
                     return i
-                message = cache.decode(frame)
-                if message is not None:
-                    forward = self._forward_remembered(message)
+                remembered = cache.decode(frame)
+                if remembered is not None:
+                    forward = self._forward_remembered(remembered)
                 else:
                     try:
-                        message = jsonrpc.decode(frame)
+                        # (Any, not the Message above: a compiled build would
+                        # check that a line such as '1' decodes to a dict)
+                        message: Any = jsonrpc.decode(frame)
                     except JsonRpcError:
                         return i
                     forward = self.forward_fast(message)
