@@ -295,8 +295,10 @@ async def test_harness_modern_scenario_counts_both_eras() -> None:
 @pytest.mark.parametrize("upstream", ["legacy", "modern"])
 async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None:
     # A modern call goes through the modern session's fast paths, in and out,
-    # exactly once: nothing parsed again, nothing one request at a time. At a
-    # modern server the answer is passed on as written (not even searched).
+    # exactly once: nothing parsed again, nothing one request at a time. Its
+    # _meta is read from the bytes the session remembered (broker/eras/metacache.py),
+    # not decoded and checked again (forward_fast: each session's first call
+    # only). At a modern server the answer is passed on as written.
     command = [sys.executable, "-m", "benchmarks.count", "lines", "--era", "modern"]
     command += ["--upstream", upstream]
     command += ["--clients", "2", "--in-flight", "2", "--calls", "500", "--top", "100"]
@@ -312,12 +314,14 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
         for found in re.finditer(r"^ +[0-9.]+ lines +([0-9.]+) calls  (\S+)$", out, re.MULTILINE)
     }
     for function in (
-        "broker/eras/session.py:forward_fast",
+        "broker/eras/metacache.py:decode",
+        "broker/eras/session.py:_forward_remembered",
         "broker/eras/session.py:_answer_fast",
         "broker/upstream.py:answer_fast",
     ):
         assert calls.get(function) == 1.0, out
     stamped = calls.get("broker/eras/modern.py:complete_answer", 0.0)
     assert stamped == (1.0 if upstream == "legacy" else 0.0), out
-    for slow in ("broker/eras/session.py:_request", "broker/eras/session.py:_outgoing_modern"):
+    slow_ones = ("_request", "_outgoing_modern", "forward_fast")
+    for slow in (f"broker/eras/session.py:{name}" for name in slow_ones):
         assert calls.get(slow, 0.0) < 0.01, out

@@ -438,7 +438,7 @@ class AnsweringServers:
         self.server = server
         self.states = RequestStates(key, limit)
         self.timeout = timeout
-        self._calls: dict[Hashable, _Parked] = {}
+        self.parked: dict[Hashable, _Parked] = {}  # the calls waiting for a retry, by name
         self._unarmed: list[_Parked] = []  # parked since the last arm()
         # requestState -> (its deadline, the timeout it was given): the parked calls.
         self._deadlines: dict[str, tuple[float, float]] = {}
@@ -446,7 +446,7 @@ class AnsweringServers:
         self._expired: dict[str, tuple[Hashable, float]] = {}
 
     def __len__(self) -> int:
-        return len(self._calls)
+        return len(self.parked)
 
     def server_asked(
         self,
@@ -471,10 +471,10 @@ class AnsweringServers:
                 f"the {CAPABILITY_OF[method]!r} capability"
             )
             return [SendServer(jsonrpc.error_response(request["id"], -32601, message))]
-        parked = self._calls.get(name)
+        parked = self.parked.get(name)
         if parked is None:
             parked = _Parked(session, name, call_method, client_id, {}, [])
-            self._calls[name] = parked
+            self.parked[name] = parked
         parked.waiting.append(_Question(request["id"], method, params))
         if parked.client_id is None:
             return []  # the client is away: it hears this on its retry
@@ -507,7 +507,7 @@ class AnsweringServers:
                     SendServer(jsonrpc.result_response(question.server_id, responses[key]))
                 )
         if parked.final is not None:  # answered while the client was away
-            del self._calls[parked.call]
+            del self.parked[parked.call]
             return [*actions, AnswerClient(session, {**parked.final, "id": request["id"]})]
         actions.append(Rebind(parked.call, session, request["id"]))
         if parked.asking or parked.waiting:
@@ -517,13 +517,13 @@ class AnsweringServers:
     def call_answered(self, call: Hashable, response: Message) -> bool:
         """The call itself was answered. True: the client is away, the answer is
         kept for its retry (do not deliver it now)."""
-        parked = self._calls.get(call)
+        parked = self.parked.get(call)
         if parked is None:
             return False
         if parked.client_id is None:
             parked.final = response
             return True
-        del self._calls[call]
+        del self.parked[call]
         return False
 
     def arm(self, now: float) -> float | None:
@@ -582,7 +582,7 @@ class AnsweringServers:
 
     def session_gone(self, session: Hashable) -> list[Action]:
         actions: list[Action] = []
-        for parked in [p for p in self._calls.values() if p.session == session]:
+        for parked in [p for p in self.parked.values() if p.session == session]:
             if parked.token is not None:
                 self.states.discard(parked.token)
                 self._deadlines.pop(parked.token, None)
@@ -591,7 +591,7 @@ class AnsweringServers:
 
     def cancelled(self, call: Hashable) -> list[Action]:
         """The client cancelled the call (or it timed out): its questions get errors."""
-        parked = self._calls.get(call)
+        parked = self.parked.get(call)
         if parked is None:
             return []
         if parked.token is not None:
@@ -624,7 +624,7 @@ class AnsweringServers:
         """End a parked call: the server's open questions get errors; the
         client, if it waits, an error; the call is cancelled upstream unless
         the caller already did (``cancel``)."""
-        self._calls.pop(parked.call, None)
+        self.parked.pop(parked.call, None)
         parked.token = None  # (its token is discarded: no clock for it either)
         message = f"mcpbroker: {why}"
         actions: list[Action] = [

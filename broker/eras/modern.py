@@ -226,6 +226,10 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     line = part.obj if type(part) is memoryview else part
     if type(line) is not bytes:
         line = bytes(part)
+    if len(line) > 2 * _WINDOW:  # (a large answer: looked at near its ends first)
+        return _names(line, _RESULT_TYPE) and (
+            method not in CACHEABLE_METHODS or (_names(line, _TTL) and _names(line, _CACHE_SCOPE))
+        )
     if line.find(_RESULT_TYPE) < 0:
         return False
     return method not in CACHEABLE_METHODS or (
@@ -236,6 +240,18 @@ def complete_as_written(answer: Answer, method: str) -> bool:
 _RESULT_TYPE = b'"resultType"'
 _TTL = b'"ttlMs"'
 _CACHE_SCOPE = b'"cacheScope"'
+# How far from either end of a large answer its keys are looked for first.
+_WINDOW = 256
+
+
+def _names(line: bytes, key: bytes) -> bool:
+    """Whether ``key`` is anywhere in a large ``line``, looked for first where servers
+    write it, near the start of a large answer's result (benchmarks/echo_server.py)
+    or near its end (the official SDK writes ``resultType`` last): a 1 MiB
+    answer searched whole cost 250 µs per key."""
+    if line.find(key, 0, _WINDOW) >= 0 or line.find(key, len(line) - _WINDOW) >= 0:
+        return True
+    return line.find(key) >= 0
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

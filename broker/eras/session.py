@@ -36,6 +36,7 @@ from typing import Any
 
 from broker import jsonrpc
 from broker.eras import bridge
+from broker.eras.metacache import MetaCache
 from broker.eras.modern import (
     INPUT_METHODS,
     complete_answer,
@@ -85,6 +86,7 @@ from broker.states import SessionState, SessionTrigger
 from broker.tasks import TASK_METHODS
 from broker.views import initialize_for
 from broker.wire.envelope import Answer
+from broker.wire.frames import Frame
 
 # Methods of the legacy era that 2026-07-28 removed.
 GONE = frozenset(
@@ -137,6 +139,7 @@ class ModernSessionProtocol(SessionProtocol):
         self.open_calls: dict[RequestId, Call] = {}  # forwarded and unanswered, by first id
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
         self.questions = bridge.AnsweringServers("", key, timeout=input_timeout)
+        self.meta_cache = MetaCache()  # the _meta bytes its client sends on every call
         self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
         self.own_requests = 0
         # Answers to servers' questions that the writer decided: the actor sends them.
@@ -174,6 +177,61 @@ class ModernSessionProtocol(SessionProtocol):
         self.client_capabilities = capabilities
         self.client_info = meta.get(CLIENT_INFO_KEY)
         self.open_calls[message["id"]] = (method, forward[0], capabilities)
+        return forward
+
+    def take_forwards(
+        self, frames: list[Frame], start: int, forwards: dict[str, list[Message]]
+    ) -> int:
+        """:meth:`SessionProtocol.take_forwards`, each line first read with the
+        ``_meta`` bytes its client sent last (:class:`~broker.eras.metacache.MetaCache`:
+        not decoded or checked again); a line that does not carry them is
+        decoded in full and, taken, its ``_meta`` remembered."""
+        if self.state is not SessionState.OPERATING or self.refusal is not None:
+            return start
+        cache = self.meta_cache
+        try:
+            for i in range(start, len(frames)):
+                frame = frames[i]
+                if type(frame) is not bytes:
+                    return i
+                remembered = cache.decode(frame)
+                if remembered is not None:
+                    forward = self._forward_remembered(remembered)
+                else:
+                    try:
+                        # (Any, not the Message above: a compiled build would
+                        # check that a line such as '1' decodes to a dict)
+                        message: Any = jsonrpc.decode(frame)
+                    except JsonRpcError:
+                        return i
+                    forward = self.forward_fast(message)
+                    if forward is not None:
+                        cache.remember(frame, message["params"]["_meta"])
+                if forward is None:
+                    return i
+                forwards.setdefault(forward[0], []).append(forward[1])
+        except Exception:
+            self.move(SessionTrigger.FAILED)
+            raise
+        return len(frames)
+
+    def _forward_remembered(self, message: Message) -> tuple[str, Message] | None:
+        """:meth:`forward_fast` of a message whose ``_meta`` is the remembered
+        one (so known good, with no log level): its checks but the ``_meta``'s,
+        in line here (a call less per call)."""
+        method = message.get("method")
+        if not self.attached or method not in FAST_METHODS:
+            return None
+        params = message["params"]
+        if "requestState" in params and method in INPUT_METHODS and is_ours(params["requestState"]):
+            return None  # a retry: the bridge's
+        forward = SessionProtocol.forward_fast(self, message)
+        if forward is None:
+            return None
+        cache = self.meta_cache
+        self.client_capabilities = cache.capabilities
+        self.client_info = cache.client_info
+        self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
         return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
@@ -399,7 +457,7 @@ class ModernSessionProtocol(SessionProtocol):
         :func:`~broker.eras.modern.complete_answer`, or as it is if a
         2026-07-28 server wrote it (``Answer.modern``) complete.
         None: read it."""
-        if self.aliases or self.questions:
+        if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return None
         id = answer.id
         call = self.open_calls.get(id)
