@@ -401,3 +401,25 @@ def test_a_refused_back_channel_is_left_to_the_parser_and_warned_of_once() -> No
     (warning,) = warned
     assert warning.event == "server.needs_legacy_era" and '"era": "legacy"' in warning.detail
     assert len(proto.requests) == 0
+
+
+@pytest.mark.parametrize("shape", ["after id", "typescript"])
+def test_only_an_error_is_searched_for_the_refusal(shape: str) -> None:
+    """A final result that merely says the words passes unparsed; an error
+    that says them is left to the parser, in either shape of answer."""
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+
+    def line(upstream_id: int, key: bytes, value: bytes) -> bytes:
+        if shape == "typescript":
+            return b'{"%s":%s,"jsonrpc":"2.0","id":%d}' % (key, value, upstream_id)
+        return b'{"jsonrpc":"2.0","id":%d,"%s":%s}' % (upstream_id, key, value)
+
+    text = NO_BACK_CHANNEL.encode()
+    result = b'{"content":[{"type":"text","text":"%s"}]}' % text
+    error = b'{"code":-32600,"message":"%s"}' % text
+    for id, key, value, fast in [(1, b"result", result, True), (2, b"error", error, False)]:
+        upstream_id = sent(proto.client_request("a", call(id)))["id"]
+        answer = split_answer(line(upstream_id, key, value))
+        assert answer is not None and answer.is_error() is (key == b"error")
+        assert (proto.answer_fast(answer) == "a") is fast

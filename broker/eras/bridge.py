@@ -200,15 +200,13 @@ def is_input_required(result: Any) -> bool:
 def ends_round(answer: Answer) -> bool:
     """Whether a modern server's answer, unparsed, is a call's last (not
     :func:`is_input_required`), so it may pass on as any other answer does.
-    Cheap and one-sided: bytes naming ``"input_required"`` anywhere are left
-    to the parser, which tells; so are bytes naming a missing back-channel
-    (:func:`refuses_back_channel`, which the Upstream warns of)."""
-    tail = bytes(answer.tail)  # (find, not `in`: see broker/jsonrpc.py _LONG)
-    return (
-        bytes(answer.head).find(_INPUT_REQUIRED) < 0
-        and tail.find(_INPUT_REQUIRED) < 0
-        and tail.find(_NO_BACK_CHANNEL) < 0
-    )
+    Cheap and one-sided: a result whose bytes name ``"input_required"``
+    anywhere is left to the parser, which tells; so is an error whose bytes
+    name a missing back-channel (:func:`refuses_back_channel`, which the
+    Upstream warns of)."""
+    needle = _NO_BACK_CHANNEL if answer.is_error() else _INPUT_REQUIRED
+    # (find, not `in`: see broker/jsonrpc.py _LONG)
+    return bytes(answer.head).find(needle) < 0 and bytes(answer.tail).find(needle) < 0
 
 
 _INPUT_REQUIRED = b'"input_required"'
@@ -218,14 +216,12 @@ _NO_BACK_CHANNEL = b"no back-channel"
 def refuses_back_channel(message: Message) -> bool:
     """Whether a modern server's answer is the official SDK's refusal to ask
     its client the legacy way (``ctx.elicit``, ``create_message``,
-    ``list_roots``: "this transport context has no back-channel for
-    server-initiated requests"), in the error or in a tool's error result.
-    Such a tool works only in the legacy era: the Upstream says so, naming
-    the setting that opens the server so (docs/eras.md)."""
-    error, result = message.get("error"), message.get("result")
-    if error is None and not (isinstance(result, dict) and result.get("isError") is True):
-        return False
-    return jsonrpc.encode(error if error is not None else result).find(_NO_BACK_CHANNEL) >= 0
+    ``list_roots``: an error saying "this transport context has no
+    back-channel for server-initiated requests"). Such a tool works only in
+    the legacy era: the Upstream says so, naming the setting that opens the
+    server so (docs/eras.md)."""
+    error = message.get("error")
+    return error is not None and jsonrpc.encode(error).find(_NO_BACK_CHANNEL) >= 0
 
 
 # -- a legacy client at a modern server ---------------------------------------

@@ -69,6 +69,13 @@ class Answer:
         once, into what the session writes)."""
         return self.head, orjson.dumps(self.id), self.tail
 
+    def is_error(self) -> bool:
+        """Whether it is an error response: ``"error"`` is the key after the id
+        (the first shape) or the first key (the TypeScript SDK's)."""
+        if self.head is PREFIX:
+            return bytes(self.tail[1:9]) == b'"error":'
+        return bytes(self.head[:9]) == b'{"error":'
+
     def encode(self) -> bytes:
         """The answer's bytes (no framing: that is the wire format's)."""
         return b"".join(self.pieces())
