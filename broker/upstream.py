@@ -111,6 +111,7 @@ class UpstreamProtocol:
         state: ServerState = ServerState.INITIALIZING,
         era: str = "legacy",
         process: bool = True,
+        unprobed: str | None = None,
     ) -> None:
         self.name = name
         # The server is a child process (stdio), not reached by URL: one that
@@ -119,10 +120,10 @@ class UpstreamProtocol:
         # "auto", "legacy" or "modern" (broker/config.py); what this connection
         # speaks is decided by its opening (:meth:`start`, :attr:`probe`).
         self.era = era
-        self.probe = EraProbe(era)
-        # A server that went away while its probe was out is opened with
-        # initialize from then on (:meth:`restarted`): the reason, for the log.
-        self.unprobed: str | None = None
+        # Why a server of "era": "auto" is no longer probed, but opened with
+        # initialize (:meth:`restarted`): None while it is probed.
+        self.unprobed = unprobed
+        self.probe = EraProbe(era if unprobed is None else "legacy")
         self.back_channel_warned = False  # (_back_channel_refused)
         # Whether it speaks the modern era (decided by the probe), and its
         # modern side then (None: a legacy server).
@@ -155,7 +156,26 @@ class UpstreamProtocol:
         self.modern_sessions: set[Hashable] = set()
 
     def restarted(self) -> UpstreamProtocol:
-        """A fresh protocol for a new server process, keeping the attached sessions."""
+        """A fresh protocol for a new server process, keeping the attached sessions.
+
+        A process that ended before its handshake was done, once it had been
+        sent the ``server/discover`` probe (answered, timed out or not), is
+        not probed again: some legacy servers exit on any first request but
+        ``initialize``, and probing each new process would make a crash loop
+        of a working server. (A ``url`` server that could not be reached is
+        no such sign.) Its next processes are opened with ``initialize``, and
+        still opened modern if they refuse it as a modern-only server does."""
+        unprobed = self.unprobed
+        if (
+            unprobed is None
+            and self.process
+            and self.era == "auto"
+            and self.probe.sent
+            and self.identity is None
+        ):
+            unprobed = (
+                f"it ended before its handshake once asked server/discover ({self.last_error})"
+            )
         fresh = UpstreamProtocol(
             self.name,
             self.deadlines.policy,
@@ -166,6 +186,7 @@ class UpstreamProtocol:
             state=self.state,
             era=self.era,
             process=self.process,
+            unprobed=unprobed,
         )
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
@@ -173,14 +194,6 @@ class UpstreamProtocol:
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
-        fresh.unprobed = self.unprobed
-        if self.process and self.probe.undecided and self.era == "auto":
-            # Some legacy servers exit on a request before initialize: probing
-            # each new process would make a crash loop of a working server.
-            # (A url server that cannot be reached is not one of them.)
-            fresh.unprobed = f"it went away while asked server/discover ({self.last_error})"
-        if fresh.unprobed is not None:
-            fresh.probe = EraProbe("legacy")  # (still opened modern if it refuses initialize so)
         return fresh
 
     @property

@@ -172,10 +172,18 @@ def test_a_restarted_connection_is_probed_again() -> None:
     assert fresh.start()["method"] == "server/discover" and fresh.unprobed is None
 
 
-def test_a_process_that_exits_while_probed_is_opened_with_initialize_from_then_on() -> None:
-    """Some legacy servers exit on a request before initialize: the next
-    process is not probed (nor any after it), so it is not a crash loop."""
+@pytest.mark.parametrize("ended", ["probe out", "probe answered legacy", "probe timed out"])
+def test_a_process_that_ends_before_its_handshake_once_probed_is_not_probed_again(
+    ended: str,
+) -> None:
+    """Some legacy servers exit on a request before initialize, at once or
+    after answering it, and a slow one reads the probe after it timed out:
+    the next process is not probed (nor any after it), so it is no crash loop."""
     proto, _ = started("auto")
+    if ended == "probe answered legacy":
+        proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "Method not found"))
+    elif ended == "probe timed out":
+        proto.probe_expired()
     proto.server_gone("exited during startup")
     fresh = proto.restarted()
     assert fresh.unprobed is not None and "server/discover" in fresh.unprobed
@@ -201,15 +209,19 @@ def test_a_url_server_unreachable_while_probed_is_probed_again() -> None:
     assert fresh.unprobed is None and fresh.start()["method"] == "server/discover"
 
 
-def test_a_probe_answered_or_timed_out_leaves_the_next_process_probed() -> None:
+def test_a_process_that_ends_after_its_handshake_is_probed_again() -> None:
+    """Opened legacy after the probe (answered, or timed out), then gone: the
+    probe did not end it, and the next process is probed as the first was."""
     for end in ("answered", "expired"):
         proto, _ = started("auto")
         if end == "answered":
             proto.server_message(jsonrpc.error_response(PROBE_ID, -32601, "Method not found"))
         else:
             proto.probe_expired()
-        proto.server_gone("exited during startup")
-        assert proto.restarted().start()["method"] == "server/discover"
+        proto.server_message(jsonrpc.result_response(HANDSHAKE_ID, INIT_RESULT))
+        proto.server_gone("exited")
+        fresh = proto.restarted()
+        assert fresh.unprobed is None and fresh.start()["method"] == "server/discover"
 
 
 def test_auto_after_a_late_probe_takes_the_refused_initialize_as_modern_evidence() -> None:

@@ -79,12 +79,9 @@ class EraProbe:
         # The server refused initialize as a modern-only server does, and is
         # probed at the version it named: a legacy verdict then ends it.
         self.refusal_probed = False
-
-    @property
-    def undecided(self) -> bool:
-        """A probe is out and its verdict not in (a server that goes away
-        now may have gone away because of it: UpstreamProtocol.restarted)."""
-        return self.probes > 0
+        # A probe was written on this connection (a server that ends before
+        # its handshake may have ended because of it: UpstreamProtocol.restarted).
+        self.sent = False
 
     def opening(self) -> Message:
         """The first message to write to a freshly started server, in the era
@@ -93,6 +90,7 @@ class EraProbe:
         if self.era == "legacy":
             return initialize_request(HANDSHAKE_ID)
         self.probes = 1
+        self.sent = True
         self.speaking = LATEST_MODERN_VERSION
         return discover_request(PROBE_ID, LATEST_MODERN_VERSION)
 
@@ -139,6 +137,7 @@ class EraProbe:
 
     def probe(self, version: str) -> list[Action]:
         self.probes += 1
+        self.sent = True
         return [*self._speak(version), SendUpstream(discover_request(PROBE_ID, version))]
 
     def initialize(self) -> list[Action]:
