@@ -135,11 +135,12 @@ def _modern(view: tuple[str, ...], transparent: bool, attached: bool) -> Any:
 
 
 def _state(session: Any) -> tuple[Any, ...]:
+    """What a session keeps of its requests; the clients' values as bytes (a
+    number orjson cannot hold is a Fragment, equal only to itself)."""
     return (
         session.inflight,
-        session.open_calls,
-        session.client_capabilities,
-        session.client_info,
+        {id: (m, s, orjson.dumps(c)) for id, (m, s, c) in session.open_calls.items()},
+        orjson.dumps(session.client_info),
         session.log_levels.level(),
     )
 

@@ -18,7 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
-from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, MetaCache
+from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, NOTHING, MetaCache
 from broker.eras.session import become_modern
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
@@ -92,7 +92,7 @@ def test_nothing_remembered_reads_nothing(line: bytes) -> None:
 )
 def test_a_meta_with_other_keys_or_long_numbers_is_not_remembered(meta: dict[str, Any]) -> None:
     cache = _remembering(meta)
-    assert cache.key == b""
+    assert cache.key == NOTHING
     assert cache.decode(_call(1, meta)) is None
 
 
@@ -100,7 +100,7 @@ def test_a_meta_written_otherwise_than_orjson_writes_it_is_not_remembered() -> N
     cache = MetaCache()
     line = _call().replace(b'"_meta":{', b'"_meta": {')
     cache.remember(line, jsonrpc.decode(line)["params"]["_meta"])
-    assert cache.key == b""
+    assert cache.key == NOTHING
 
 
 def test_a_session_tries_to_remember_so_many_times() -> None:
@@ -340,7 +340,9 @@ def test_a_session_remembers_once_and_reads_every_call_after() -> None:
     metas = [m["params"]["_meta"] for m in forwards["a"]]
     assert metas == [META] * 5
     assert all(meta is session.meta_cache.meta for meta in metas[1:])
-    assert session.client_capabilities == META[CLIENT_CAPABILITIES_KEY]
+    capabilities = META[CLIENT_CAPABILITIES_KEY]
+    assert [call[2] for call in session.open_calls.values()] == [capabilities] * 5
+    assert session.client_info == META[CLIENT_INFO_KEY]
 
 
 def test_the_sdk_clients_calls_are_read_with_the_remembered_bytes() -> None:

@@ -39,6 +39,7 @@ from broker.eras import bridge
 from broker.eras.metacache import MetaCache
 from broker.eras.modern import (
     INPUT_METHODS,
+    RequestMeta,
     complete_answer,
     complete_as_written,
     complete_result,
@@ -174,7 +175,6 @@ class ModernSessionProtocol(SessionProtocol):
         forward = super().forward_fast(message)
         if forward is None:
             return None
-        self.client_capabilities = capabilities
         self.client_info = meta.get(CLIENT_INFO_KEY)
         self.open_calls[message["id"]] = (method, forward[0], capabilities)
         return forward
@@ -218,9 +218,11 @@ class ModernSessionProtocol(SessionProtocol):
     def _forward_remembered(self, message: Message) -> tuple[str, Message] | None:
         """:meth:`forward_fast` of a message whose ``_meta`` is the remembered
         one (so known good, with no log level): its checks but the ``_meta``'s,
-        in line here (a call less per call)."""
+        in line here (a call less per call). The session is attached: a
+        ``_meta`` is remembered only after :meth:`forward_fast` took its
+        request, which it does only once attached."""
         method = message.get("method")
-        if not self.attached or method not in FAST_METHODS:
+        if method not in FAST_METHODS:
             return None
         params = message["params"]
         if "requestState" in params and method in INPUT_METHODS and is_ours(params["requestState"]):
@@ -229,7 +231,6 @@ class ModernSessionProtocol(SessionProtocol):
         if forward is None:
             return None
         cache = self.meta_cache
-        self.client_capabilities = cache.capabilities
         self.client_info = cache.client_info
         self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
         return forward
@@ -245,7 +246,7 @@ class ModernSessionProtocol(SessionProtocol):
                 data={"supported": list(MODERN_VERSIONS), "requested": _requested(request)},
             )
         meta = read_meta(request)
-        actions = self._attach(meta.capabilities)
+        actions = self._attach()
         self.client_info = meta.client_info
         if method == "server/discover":
             catalog = self.catalogs.current
@@ -263,15 +264,16 @@ class ModernSessionProtocol(SessionProtocol):
             params = request.get("params") or {}
             if method in INPUT_METHODS and is_ours(params.get("requestState")):
                 return [*actions, *self._retry(request, meta.capabilities)]
-            return [*actions, *self._forward_modern(request, meta.log_level, settled)]
+            return [*actions, *self._forward_modern(request, meta, settled)]
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
-    def _attach(self, capabilities: dict[str, Any]) -> list[Action]:
+    def _attach(self) -> list[Action]:
         """On the first request: hear from the view's servers and the catalog.
         Capabilities are declared per request, so the servers' questions are
         let through to the session (as everything the broker can carry), which
-        puts each to the client only if the call it came in declared it."""
-        self.client_capabilities = capabilities
+        puts each to the client only if the call it came in declared it (the
+        call's own, in ``open_calls``: the session keeps no capabilities of
+        its own, ``client_capabilities`` stays empty)."""
         if self.attached:
             return []
         self.attached = True
@@ -324,7 +326,7 @@ class ModernSessionProtocol(SessionProtocol):
                     action.message = {**action.message, "result": complete_result(method, result)}
         return actions
 
-    def _forward_modern(self, request: Message, level: str | None, settled: bool) -> list[Action]:
+    def _forward_modern(self, request: Message, meta: RequestMeta, settled: bool) -> list[Action]:
         """Forward a request, recording what its answer needs: its method (for
         resultType), its server and capabilities (a call a server may ask in),
         its log level."""
@@ -338,8 +340,8 @@ class ModernSessionProtocol(SessionProtocol):
             out.append(action)
             if isinstance(action, Forward):
                 id = request["id"]
-                self.open_calls[id] = (request["method"], action.server, self.client_capabilities)
-                changed = self.log_levels.open(id, level)
+                self.open_calls[id] = (request["method"], action.server, meta.capabilities)
+                changed = self.log_levels.open(id, meta.log_level)
                 if changed is not None:
                     out.append(SetLogLevel(changed))
         return out
@@ -348,7 +350,6 @@ class ModernSessionProtocol(SessionProtocol):
         """A retry carrying the broker's ``requestState``: the answers go to the
         server, and the call waiting there now answers this request."""
         self._admit(request["id"])
-        self.client_capabilities = capabilities
         out: list[Action] = []
         for action in self.questions.retry(SELF, request):
             if isinstance(action, bridge.SendServer):
