@@ -20,6 +20,7 @@ server with the broker taken out:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -54,10 +55,17 @@ class Settings:
     spawn_repeat: int = 10
     memory_clients: int = 20
     sdk: bool = True  # also compare memory with a server built on the official SDK
+    rounds: int = 3  # turns each path takes in the modern scenario (windows of half a run)
 
 
 QUICK = Settings(
-    duration=1.5, warmup=0.5, idle_clients=200, spawn_repeat=3, memory_clients=5, sdk=False
+    duration=1.5,
+    warmup=0.5,
+    idle_clients=200,
+    spawn_repeat=3,
+    memory_clients=5,
+    sdk=False,
+    rounds=2,
 )
 TINY = Settings(
     duration=0.0,
@@ -67,6 +75,7 @@ TINY = Settings(
     spawn_repeat=1,
     memory_clients=2,
     sdk=False,
+    rounds=2,
 )
 
 
@@ -156,23 +165,64 @@ MODERN_SIZED_ARGS = {**ECHO_ARGS, "pad": "x" * 182}
 def _eras(
     s: Settings, directory: str, *, clients: int, in_flight: int, upstreams: int = 1
 ) -> dict[str, Any]:
-    """The same load through a daemon's socket by legacy clients and by modern
+    """The same load through one daemon's socket by legacy clients and by modern
     ones (2026-07-28: no initialize, ``_meta`` on every request), at legacy
     echo servers and at modern ones (benchmarks/echo_server.py ``--modern``),
-    one daemon per kind of server."""
-    names = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
-    per = max(1, clients // len(names))
-    out: dict[str, Any] = {"clients": per * len(names), "in_flight": in_flight}
-    for server_era in ("legacy", "modern"):
-        argv = ECHO_SERVER if server_era == "legacy" else [*ECHO_SERVER, "--modern"]
-        with daemon(directory, dict.fromkeys(names, argv)) as dm:
-            watch = {"daemon": dm.pid} | {f"server:{n}": dm.server_pids[n] for n in names}
-            for path, era, at in ERA_PATHS:
-                if at == server_era:
-                    targets = [socket_target(dm.socket, name, per, era) for name in names]
-                    padded = MODERN_SIZED_ARGS if "bytes" in path else None
-                    out[path] = _load(s, targets, in_flight, watch, arguments=padded)
-    return out
+    both kinds behind the daemon. The paths take turns, ``s.rounds`` times
+    (the order reversed every other round), each window half a run's: what
+    the machine does meanwhile falls on every path alike, and the ratios are
+    read per round (:func:`merge_rounds`; their medians are the targets')."""
+    legacy = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
+    modern = [f"{name}-modern" for name in legacy]
+    per = max(1, clients // len(legacy))
+    servers = {name: ECHO_SERVER for name in legacy}
+    servers |= {name: [*ECHO_SERVER, "--modern"] for name in modern}
+    window = attrs.evolve(s, duration=s.duration / 2, warmup=s.warmup / 2)
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path, _, _ in ERA_PATHS}
+    with daemon(directory, servers) as dm:
+        watch = {"daemon": dm.pid} | {f"server:{n}": pid for n, pid in dm.server_pids.items()}
+        for round in range(s.rounds):
+            for path, era, at in ERA_PATHS if round % 2 == 0 else ERA_PATHS[::-1]:
+                names = legacy if at == "legacy" else modern
+                targets = [socket_target(dm.socket, name, per, era) for name in names]
+                padded = MODERN_SIZED_ARGS if "bytes" in path else None
+                runs[path].append(_load(window, targets, in_flight, watch, arguments=padded))
+    out: dict[str, Any] = {"clients": per * len(legacy), "in_flight": in_flight}
+    return out | {path: merge_rounds(outs) for path, outs in runs.items()}
+
+
+def merge_rounds(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's rounds as one load generator's answer: calls, errors and CPU
+    summed (so CPU per call and calls/s are over every window), each latency
+    percentile the median of the rounds'; the rounds themselves kept under
+    ``rounds`` (the report's per-round ratios)."""
+    results = [out["result"] for out in outs]
+    errors: dict[str, int] = {}
+    for result in results:
+        for kind, count in result["errors"].items():
+            errors[kind] = errors.get(kind, 0) + count
+    summed = {k: sum(r[k] for r in results) for k in ("calls", "ok", "tool_errors", "lost")}
+    elapsed = sum(r["elapsed_s"] for r in results)
+    latency = {
+        p: statistics.median(
+            [r["latency_us"][p] for r in results if r["latency_us"][p] is not None]
+        )
+        if any(r["latency_us"][p] is not None for r in results)
+        else None
+        for p in results[0]["latency_us"]
+    }
+    cpu: dict[str, float] = {}
+    for out in outs:
+        for name, seconds in out["cpu_s"].items():
+            if seconds is not None:
+                cpu[name] = cpu.get(name, 0.0) + seconds
+    result = summed | {
+        "errors": errors,
+        "elapsed_s": elapsed,
+        "throughput": summed["calls"] / elapsed if elapsed else 0.0,
+        "latency_us": latency,
+    }
+    return {"result": result, "cpu_s": cpu, "rounds": outs}
 
 
 def modern(s: Settings, directory: str) -> dict[str, Any]:

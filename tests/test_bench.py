@@ -104,9 +104,7 @@ async def test_bench_in_the_modern_era_through_the_daemon_and_direct(socket_path
             # --direct at a legacy server: told why, with the way that works.
             args = bench_args(socket_path, "--server", "demo", "--tool", "echo", "--era",
                               "modern", "--requests", "5", "--direct", "--demo")  # fmt: skip
-            with pytest.raises(
-                BenchError, match="--direct speaks 2026-07-28 to the server itself"
-            ):
+            with pytest.raises(BenchError, match="--direct speaks 2026-07-28 to the server itself"):
                 await trio.to_thread.run_sync(bench.run, args, {"text": "hi"})
     for report in (legacy_server, modern_server):
         assert report["era"] == "modern" and report["broker"]["ok"] == 30
@@ -285,7 +283,12 @@ async def test_harness_modern_scenario_counts_both_eras() -> None:
         for era in paths:
             result = load[era]["result"]
             assert (result["calls"], result["ok"], result["errors"], result["lost"]) == (
-                40, 40, {}, 0)  # fmt: skip
+                80,
+                80,
+                {},
+                0,
+            )  # fmt: skip (two rounds of 40)
+            assert [r["result"]["calls"] for r in load[era]["rounds"]] == [40, 40]
             assert load[era]["cpu_s"]["daemon"] >= 0
     out = done.stdout.decode()
     assert all(out.count(f"| {path} |") == 3 for path in paths), out
@@ -325,3 +328,36 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     slow_ones = ("_request", "_outgoing_modern", "forward_fast")
     for slow in (f"broker/eras/session.py:{name}" for name in slow_ones):
         assert calls.get(slow, 0.0) < 0.01, out
+
+
+def _window(calls: int, elapsed: float, daemon_s: float, p50: float) -> dict[str, Any]:
+    """A load generator's answer, as much of it as the modern scenario reads."""
+    latency = {"p50": p50, "p99": 2 * p50}
+    result = {"calls": calls, "ok": calls, "errors": {"timeout": 1}, "tool_errors": 0}
+    result |= {"lost": 0, "elapsed_s": elapsed, "throughput": calls / elapsed}
+    return {"result": result | {"latency_us": latency}, "cpu_s": {"daemon": daemon_s}}
+
+
+def test_the_modern_scenario_reads_its_ratios_round_by_round() -> None:
+    # The rounds of a path merge into one answer (calls and CPU summed,
+    # percentiles the median round's); the targets read each round's ratio.
+    from benchmarks.report import _modern_checks, round_ratios
+    from benchmarks.scenarios import merge_rounds
+
+    legacy = merge_rounds([_window(100, 1.0, 1e-3, 10), _window(300, 1.0, 2e-3, 30),
+                           _window(200, 1.0, 2e-3, 20)])  # fmt: skip
+    modern = merge_rounds([_window(90, 1.0, 1e-3, 11), _window(150, 1.0, 2e-3, 40),
+                           _window(200, 1.0, 2e-3, 25)])  # fmt: skip
+    assert legacy["result"] | {"latency_us": None} == {
+        "calls": 600, "ok": 600, "errors": {"timeout": 3}, "tool_errors": 0, "lost": 0,
+        "elapsed_s": 3.0, "throughput": 200.0, "latency_us": None}  # fmt: skip
+    assert legacy["result"]["latency_us"] == {"p50": 20, "p99": 40}
+    assert legacy["cpu_s"] == {"daemon": 5e-3} and len(legacy["rounds"]) == 3
+    ratios = round_ratios({"modern": modern, "legacy": legacy}, "modern", "legacy")
+    assert ratios is not None
+    (rate, rates), (cpu, cpus) = ratios
+    assert rates == pytest.approx([0.9, 0.5, 1.0]) and rate == pytest.approx(0.9)
+    # CPU per call: 1e-3/90 against 1e-3/100, 2e-3/150 against 2e-3/300, equal
+    assert cpus == pytest.approx([100 / 90, 2.0, 1.0]) and cpu == pytest.approx(100 / 90)
+    checks = _modern_checks({"throughput": {"modern": modern, "legacy": legacy}})
+    assert [(c.measured, c.met) for c in checks] == [("0.90x", True), ("1.11x", False)]
