@@ -11,6 +11,7 @@ import trio
 
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
+from broker.eras.metacache import as_written
 from broker.jsonrpc import Message
 from broker.wire import ndjson
 from broker.wire.frames import Frame
@@ -70,4 +71,8 @@ class StreamLink:
 
 
 def _line(message: Message) -> bytes:
-    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+    # (a modern client's remembered _meta as the bytes it wrote: broker/eras/metacache.py)
+    return orjson.dumps(message, default=as_written, option=_LINE_OPTIONS)
+
+
+_LINE_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_SUBCLASS
