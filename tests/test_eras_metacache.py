@@ -18,14 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
-from broker.eras.metacache import (
-    MARKER_BYTES,
-    MAX_REMEMBERED,
-    NOTHING,
-    MetaCache,
-    RememberedMeta,
-    as_written,
-)
+from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, NOTHING, MetaCache
 from broker.eras.session import become_modern
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
@@ -377,58 +370,3 @@ def test_the_sdk_clients_calls_are_read_with_the_remembered_bytes() -> None:
     assert line.endswith(cache.key + b"}}")
     message = cache.decode(line)
     assert message is not None and orjson.dumps(message) == orjson.dumps(jsonrpc.decode(line))
-
-
-@pytest.mark.parametrize("era", ["legacy", "modern"])
-def test_a_remembered_meta_goes_upstream_as_its_client_wrote_it(era: str) -> None:
-    """The stdio link writes a remembered _meta as the client's bytes, not
-    encoded again: the line a modern server gets is the one orjson would
-    write; a legacy server's has no _meta (the Upstream strips it)."""
-    from actors.links.stream import _line
-
-    session = _modern_session(True)
-    forwards: dict[str, list[Any]] = {}
-    assert session.take_forwards([_call(n) for n in range(3)], 0, forwards) == 3
-    assert [type(m["params"]["_meta"]) for m in forwards["a"]] == [dict, *[RememberedMeta] * 2]
-    out: list[Any] = []
-    _ready_upstream(era).take_requests("B", forwards["a"], 0, out, 0.0)
-    lines = [_line(message) for message in out]
-    assert lines == [orjson.dumps(message) + b"\n" for message in out]
-    assert all((b'"_meta":' in line) == (era == "modern") for line in lines)
-    # (the bytes are the fragment's: spelled otherwise, they are written so)
-    meta = RememberedMeta(META)
-    meta.fragment = orjson.Fragment(b'{"spelled": "otherwise"}')
-    line = _line({"jsonrpc": "2.0", "id": 1, "method": "m", "params": {"_meta": meta}})
-    assert (
-        line
-        == b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"spelled": "otherwise"}}}\n'
-    )
-
-
-class _Str(str):
-    pass
-
-
-class _Int(int):
-    pass
-
-
-class _Dict(dict[str, Any]):
-    pass
-
-
-class _List(list[Any]):
-    pass
-
-
-def test_other_subclasses_are_written_as_their_built_in_types() -> None:
-    from actors.links.stream import _line
-
-    message = {"a": _Str("s"), "b": _Int(7), "c": _Dict(x=_List([1, _Str("t")])), "d": True}
-    assert (
-        _line(message)
-        == orjson.dumps(message) + b"\n"
-        == b'{"a":"s","b":7,"c":{"x":[1,"t"]},"d":true}\n'
-    )
-    with pytest.raises(TypeError):
-        as_written(object())

@@ -11,7 +11,6 @@ import trio
 
 from actors.errors import TransportClosed, map_transport_errors
 from actors.fastio import FastIO
-from broker.eras.metacache import as_written
 from broker.jsonrpc import Message
 from broker.wire import ndjson
 from broker.wire.frames import Frame
@@ -71,8 +70,4 @@ class StreamLink:
 
 
 def _line(message: Message) -> bytes:
-    # (a modern client's remembered _meta as the bytes it wrote: broker/eras/metacache.py)
-    return orjson.dumps(message, default=as_written, option=_LINE_OPTIONS)
-
-
-_LINE_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_SUBCLASS
+    return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)

@@ -153,39 +153,6 @@ class MetaCache:
         again = orjson.loads(value)
         if again != meta:
             return
-        remembered = RememberedMeta(again)
-        remembered.fragment = orjson.Fragment(value)
-        self.key, self.tail, self.meta = key, key + b"}}", remembered
+        self.key, self.tail, self.meta = key, key + b"}}", again
         self.capabilities = again[CLIENT_CAPABILITIES_KEY]
         self.client_info = again.get(CLIENT_INFO_KEY)
-
-
-class RememberedMeta(dict[str, Any]):
-    """A remembered ``_meta`` value: a dict to every reader, that carries the
-    bytes its client wrote for it (``fragment``: what orjson writes for this
-    value, :meth:`MetaCache.remember` checked), so that a link that writes it
-    again writes those bytes instead of encoding the value anew
-    (:func:`as_written`; about a twentieth of a modern call's CPU went to
-    encoding it for a modern server)."""
-
-    __slots__ = ("fragment",)
-
-    fragment: orjson.Fragment
-
-
-def as_written(value: Any) -> Any:
-    """``default`` for ``orjson.dumps`` with ``OPT_PASSTHROUGH_SUBCLASS``
-    (which hands it every subclass of a type orjson writes itself): a
-    :class:`RememberedMeta` as its client's bytes, any other value as its
-    built-in type (what orjson writes for it without the option)."""
-    if type(value) is RememberedMeta:
-        return value.fragment
-    if isinstance(value, dict):
-        return dict(value)
-    if isinstance(value, list):
-        return list(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
-    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
