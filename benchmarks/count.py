@@ -21,7 +21,9 @@ its socket (``benchmarks.http_load``'s clients, one call in flight each):
 what the Streamable HTTP listener executes per call; with ``--era modern``
 the HTTP clients speak 2026-07-28 (a POST per call, no session).
 
-Both print one line per figure; ``--tree DIR`` counts another checkout or
+``--upstreams N`` puts N echo servers behind the daemon, the clients shared
+out among them (the harness's "8 upstreams" load). Both print one line per
+figure; ``--tree DIR`` counts another checkout or
 the compiled copy (``python -m benchmarks.compiled``); ``--era modern`` has
 the clients speak 2026-07-28 (no initialize, ``_meta`` on every request).
 """
@@ -71,7 +73,9 @@ def traced_daemon(argv: list[str]) -> int:
 def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
     broker = json.loads(args.broker) if args.broker else None
     modern = getattr(args, "upstream", "legacy") == "modern"
-    servers = {"echo": [*ECHO_SERVER, "--modern"] if modern else ECHO_SERVER}
+    upstreams = getattr(args, "upstreams", 1)
+    names = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
+    servers = {name: [*ECHO_SERVER, "--modern"] if modern else ECHO_SERVER for name in names}
     options = ("--http", "127.0.0.1:0") if args.http else ()
     with (
         workdir() as directory,
@@ -80,10 +84,11 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
         if args.http:
             _drive_http(dm.socket, args.clients, calls, args.http == "sse", args.era)
             return
-        target = socket_target(dm.socket, "echo", args.clients, args.era)
+        per = max(1, args.clients // len(names))
+        targets = [socket_target(dm.socket, name, per, args.era) for name in names]
         arguments = {"text": "x"} | ({"pad": "x" * args.pad} if args.pad else {})
         load = {"in_flight": args.in_flight, "tool": "echo", "arguments": arguments}
-        result = loadgen({"kind": "load", "targets": [target], "load": load | {"requests": calls}})
+        result = loadgen({"kind": "load", "targets": targets, "load": load | {"requests": calls}})
         errors = result["result"].get("errors")
         if errors:
             raise SystemExit(f"the load had errors: {errors}")
@@ -183,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         "--pad 182 makes a legacy call the bytes of a modern one, to tell the era's cost "
         "from its size",
     )
+    parser.add_argument(
+        "--upstreams",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N echo servers behind the daemon, the clients shared out among them",
+    )
     parser.add_argument("--tree", help="count the daemon of another tree (its benchmarks/)")
     parser.add_argument(
         "--broker",
@@ -194,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(args.tree)
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
     load = f"{args.clients} x {args.in_flight}, {args.calls:,} calls, {args.era}"
+    if args.upstreams != 1:
+        load = f"{args.upstreams} upstreams, {load}"
     if args.http:
         load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls, {args.era}"
     print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))

@@ -305,6 +305,8 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     command = [sys.executable, "-m", "benchmarks.count", "lines", "--era", "modern"]
     command += ["--upstream", upstream]
     command += ["--clients", "2", "--in-flight", "2", "--calls", "500", "--top", "100"]
+    if upstream == "modern":  # (and two of them, a client each: the same per call)
+        command += ["--upstreams", "2"]
     with trio.fail_after(60):
         done = await trio.run_process(
             command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
@@ -312,6 +314,7 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode()
     assert "500 calls, modern:" in out
+    assert ("2 upstreams, 2 x 2," in out) == (upstream == "modern"), out
     calls = {
         found[2]: float(found[1])
         for found in re.finditer(r"^ +[0-9.]+ lines +([0-9.]+) calls  (\S+)$", out, re.MULTILINE)
