@@ -86,7 +86,6 @@ MARKER_BYTES = b"7346128095"
 _KEY = b'"_meta":'
 _SWAP = _KEY + MARKER_BYTES
 _SWAP_TAIL = _SWAP + b"}}"
-NOTHING = b"\n"  # what is remembered before anything is (no frame holds it)
 # The _meta keys a remembered value may hold (anything else reaches the server).
 REMEMBERED_KEYS = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY})
 # How many times a session tries to remember a value (the first, and changes after it).
@@ -97,11 +96,8 @@ class MetaCache:
     """The last good ``_meta`` of a session's client, as bytes and as a value."""
 
     def __init__(self) -> None:
-        # '"_meta":' and the value's bytes; the key, params' last, at the end of
-        # the line: the key and '}}'. A frame holds no newline (it is a line),
-        # so nothing remembered is a key no frame holds.
-        self.key = NOTHING
-        self.tail = NOTHING
+        self.key = b""  # '"_meta":' and the value's bytes; empty: nothing remembered
+        self.tail = b""  # the key, params' last, at the end of the line: the key and '}}'
         self.meta: dict[str, Any] = {}  # the value (shared by the requests: never changed)
         self.capabilities: dict[str, Any] = {}  # its clientCapabilities
         self.client_info: Any = None  # its clientInfo
@@ -111,6 +107,9 @@ class MetaCache:
         """``line``'s message, its ``params._meta`` the remembered value, if
         the line carries that value's bytes there (the module's docstring
         says why the marker proves it); None: decode it in full."""
+        key = self.key
+        if not key:
+            return None  # (any bytes end a WebSocket message or a POST: no key is safe)
         # Where the SDK and the benchmark's client write it: the last key of
         # params, the message's last key ('..."_meta":{...}}}'); else after
         # the last '"_meta":'. (A find of the whole key, a long needle, costs
@@ -118,7 +117,6 @@ class MetaCache:
         if line.endswith(self.tail):
             swapped = line[: len(line) - len(self.tail)] + _SWAP_TAIL
         else:
-            key = self.key
             at = line.rfind(_KEY)
             if not line.startswith(key, at):
                 return None  # (at -1: the last byte, never the key)
