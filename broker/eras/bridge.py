@@ -205,8 +205,8 @@ def ends_round(answer: Answer) -> bool:
     name a missing back-channel (:func:`refuses_back_channel`, which the
     Upstream warns of)."""
     needle = _NO_BACK_CHANNEL if answer.is_error() else _INPUT_REQUIRED
-    # (find, not `in`: see broker/jsonrpc.py _LONG)
-    return bytes(answer.head).find(needle) < 0 and bytes(answer.tail).find(needle) < 0
+    # (the line searched in place, once; find, not `in`: see broker/jsonrpc.py _LONG)
+    return answer.written().find(needle) < 0
 
 
 _INPUT_REQUIRED = b'"input_required"'

@@ -220,8 +220,9 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     and ``cacheScope`` (a 2026-07-28 server's answer does: it then passes as
     written). One-sided: the keys anywhere count, as :func:`complete_answer`
     has it."""
-    # (the server's whole line, which head or tail views, searched in place;
-    # find, not `in`: see broker/jsonrpc.py _LONG)
+    # (the server's whole line, which head or tail views, searched in place:
+    # Answer.written, in line on a modern call's hot path; find, not `in`:
+    # see broker/jsonrpc.py _LONG)
     part = answer.tail if answer.head is PREFIX else answer.head
     line = part.obj if type(part) is memoryview else part
     if type(line) is not bytes:

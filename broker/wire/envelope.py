@@ -80,6 +80,17 @@ class Answer:
         """The answer's bytes (no framing: that is the wire format's)."""
         return b"".join(self.pieces())
 
+    def written(self) -> bytes:
+        """The server's line as it came, to search without copying it (head
+        or tail is a view of it, as :func:`split_answer` made them; its id is
+        the upstream's). An answer whose pieces were replaced: its bytes now."""
+        part = self.tail if self.head is PREFIX else self.head
+        if type(part) is memoryview:
+            line = part.obj
+            if type(line) is bytes:
+                return line
+        return self.encode()
+
     def read(self, max_depth: int = jsonrpc.MAX_DEPTH) -> Any:
         """The answer parsed, for the rare reader that must look inside (a
         batch, the broker's own requests); an error response for its id if the
