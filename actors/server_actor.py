@@ -42,6 +42,7 @@ class Attach:
     session: SessionHandle
     capabilities: dict[str, Any] = attrs.field(factory=dict)
     modern: bool = False  # a 2026-07-28 client: its requests carry their own _meta
+    client_info: Any = None  # a legacy client's clientInfo (a modern server is told it per request)
 
 
 @attrs.frozen

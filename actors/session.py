@@ -398,7 +398,8 @@ class Session:
         self._nursery.start_soon(self._attach_one, upstream, self._protocol.view)
 
     async def _attach_one(self, upstream: ServerActor, view: tuple[str, ...]) -> None:
-        await upstream.send(Attach(self._handle, self._capabilities, self._modern))
+        info = self._protocol.client_info
+        await upstream.send(Attach(self._handle, self._capabilities, self._modern, info))
         await self._registry.subscribe(self._handle, view)
 
     @property
@@ -471,8 +472,9 @@ class Session:
         )
         self._capabilities = action.capabilities
         self._attached = [self._upstreams[name] for name in action.view]
+        info = self._protocol.client_info
         for upstream in self._attached:
-            await upstream.send(Attach(self._handle, action.capabilities, self._modern))
+            await upstream.send(Attach(self._handle, action.capabilities, self._modern, info))
         await self._registry.subscribe(self._handle, action.view)
 
     async def _detach(self) -> None:

@@ -368,7 +368,7 @@ class Upstream:
         elif isinstance(item, ClientNotification):
             out = protocol.client_notification(item.session, item.message)
         elif isinstance(item, Attach):
-            protocol.attach(item.session, item.capabilities, item.modern)
+            protocol.attach(item.session, item.capabilities, item.modern, item.client_info)
             return []
         elif isinstance(item, ClientLogLevel):
             return self._split(protocol.client_log_level(item.session, item.level))

@@ -29,6 +29,8 @@ BROKER_CLIENT_CAPABILITIES = {
     "elicitation": {"form": {}, "url": {}},
 }
 BROKER_VERSION = "0.1.0"
+# What the broker calls itself as servers' client (never changed: shared).
+BROKER_CLIENT_INFO = {"name": BROKER_NAME, "version": BROKER_VERSION}
 
 
 @attrs.frozen
@@ -87,7 +89,7 @@ def initialize_request(id: RequestId) -> Message:
         "params": {
             "protocolVersion": LATEST_LEGACY_VERSION,
             "capabilities": BROKER_CLIENT_CAPABILITIES,
-            "clientInfo": {"name": BROKER_NAME, "version": BROKER_VERSION},
+            "clientInfo": BROKER_CLIENT_INFO,
         },
     }
 

@@ -154,6 +154,9 @@ class UpstreamProtocol:
         # Those of them that are modern clients (their requests carry their own
         # _meta; a modern server's input_required goes to them as it is).
         self.modern_sessions: set[Hashable] = set()
+        # The legacy ones' clientInfo (their initialize's), which a modern
+        # server is told on each of their requests.
+        self.client_infos: dict[Hashable, Any] = {}
 
     def restarted(self) -> UpstreamProtocol:
         """A fresh protocol for a new server process, keeping the attached sessions.
@@ -191,6 +194,7 @@ class UpstreamProtocol:
         fresh.turns = self.turns.renewed()
         fresh.sessions = self.sessions
         fresh.modern_sessions = self.modern_sessions
+        fresh.client_infos = self.client_infos
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
@@ -268,6 +272,7 @@ class UpstreamProtocol:
             self.numbering,
             sessions=self.sessions,
             modern_sessions=self.modern_sessions,
+            client_infos=self.client_infos,
             fanout=self.fanout,
             requests=self.requests,
         )
@@ -481,12 +486,21 @@ class UpstreamProtocol:
             self.modern_server.stamp(request, None)
         return request
 
-    def attach(self, session: Hashable, capabilities: dict[str, Any], modern: bool = False) -> None:
+    def attach(
+        self,
+        session: Hashable,
+        capabilities: dict[str, Any],
+        modern: bool = False,
+        client_info: Any = None,
+    ) -> None:
         """A session uses this server from now on (it declared these
-        capabilities; ``modern``: a 2026-07-28 client, whose requests say them)."""
+        capabilities, and named itself ``client_info``; ``modern``: a
+        2026-07-28 client, whose requests say both)."""
         self.sessions[session] = capabilities
         if modern:
             self.modern_sessions.add(session)
+        elif client_info is not None:
+            self.client_infos[session] = client_info
 
     def client_response(self, session: Hashable, response: Message) -> Message | None:
         """A client's answer to a request this server sent it, in the server's terms."""
@@ -592,6 +606,7 @@ class UpstreamProtocol:
         """A session went away: cancel what it still had in flight."""
         self.sessions.pop(session, None)
         self.modern_sessions.discard(session)
+        self.client_infos.pop(session, None)
         if self.modern_server is not None:
             self.modern_server.asking.session_gone(session)
         gone = self.requests.drop_session(session)

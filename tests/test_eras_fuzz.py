@@ -135,14 +135,25 @@ def _modern(view: tuple[str, ...], transparent: bool, attached: bool) -> Any:
 
 
 def _state(session: Any) -> tuple[Any, ...]:
-    """What a session keeps of its requests; the clients' values as bytes (a
-    number orjson cannot hold is a Fragment, equal only to itself)."""
+    """What a session keeps of its requests, the clients' values comparable."""
     return (
         session.inflight,
-        {id: (m, s, orjson.dumps(c)) for id, (m, s, c) in session.open_calls.items()},
-        orjson.dumps(session.client_info),
+        {id: (m, s, _comparable(c)) for id, (m, s, c) in session.open_calls.items()},
+        _comparable(session.client_info),
         session.log_levels.level(),
     )
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` with each Fragment (a number orjson cannot hold, as a decoded
+    line has it; equal only to itself) as its bytes."""
+    if isinstance(value, orjson.Fragment):
+        return ("fragment", orjson.dumps(value))
+    if isinstance(value, dict):
+        return {key: _comparable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_comparable(item) for item in value]
+    return value
 
 
 @settings(max_examples=500, deadline=None)

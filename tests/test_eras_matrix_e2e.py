@@ -34,6 +34,7 @@ from mcp import types
 from mcp.client.client import Client
 from mcp.shared.exceptions import MCPError
 
+from broker.lifecycle import BROKER_NAME
 from tests.conftest import REPO, running_daemon, shim_parameters, text_of
 from tests.ws_transport import websocket_transport
 
@@ -45,6 +46,8 @@ pytestmark = [
 ]
 
 MODERN = "2026-07-28"
+HOST = "matrix-host"  # the SDK clients' clientInfo name
+HOST_INFO = types.Implementation(name=HOST, version="1.0")
 # (the server's kind, its "era" in the config: None for the default)
 SERVERS = [("legacy", None), ("modern", None), ("dual", None), ("dual", "legacy")]
 
@@ -105,7 +108,12 @@ async def client(
                 sampling_callback=user.sample,
                 list_roots_callback=user.roots,
             )
-    async with Client(shim_parameters(socket_path, "s"), mode=mode, **callbacks) as session:  # type: ignore[arg-type]
+    async with Client(
+        shim_parameters(socket_path, "s"),
+        mode=mode,
+        client_info=HOST_INFO,
+        **callbacks,  # type: ignore[arg-type]
+    ) as session:
         yield session
 
 
@@ -114,6 +122,10 @@ async def asks_every_kind(session: Client, mode: str, user: User, server_era: st
     for elicitation, sampling and roots complete, each asking once."""
     assert (session.protocol_version == MODERN) is (mode == "auto")
     assert text_of(await session.call_tool("era", {})) == server_era
+    # A server opened modern hears of each call's host (a legacy one's, from
+    # its initialize, stamped on); one opened legacy knows the broker alone.
+    named = HOST if server_era == "modern" else BROKER_NAME
+    assert text_of(await session.call_tool("client_name", {})) == named
     result = await session.call_tool("ask_user", {"question": "Colour?"})
     assert (text_of(result), result.is_error) == ("accept: blue", False)
     result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
@@ -152,7 +164,7 @@ async def test_every_client_mode_gets_its_questions_over_websocket(
             for mode in ("legacy", "auto"):
                 user = User()
                 callbacks = dict(elicitation_callback=user.elicit, sampling_callback=user.sample,
-                                 list_roots_callback=user.roots)  # fmt: skip
+                                 list_roots_callback=user.roots, client_info=HOST_INFO)  # fmt: skip
                 transport = websocket_transport(daemon.websocket_url + "/s")
                 async with Client(transport, mode=mode, **callbacks) as session:  # type: ignore[arg-type]
                     await asks_every_kind(session, mode, user, kind)

@@ -7,8 +7,13 @@ from typing import Any
 import pytest
 
 from broker import jsonrpc
-from broker.eras.versions import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, PROTOCOL_VERSION_KEY
-from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, HandshakeError
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LOG_LEVEL_KEY,
+    PROTOCOL_VERSION_KEY,
+)
+from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, BROKER_VERSION, HandshakeError
 from broker.states import ServerState, ServerTrigger
 from broker.upstream import (
     HANDSHAKE_ID,
@@ -121,7 +126,8 @@ def test_a_server_naming_another_modern_version_is_probed_again_then_refused() -
 
 def test_requests_to_a_modern_server_are_stamped_with_their_clients_capabilities() -> None:
     proto = modern_protocol()
-    proto.attach("a", {"sampling": {}})
+    host = {"name": "host", "version": "1"}
+    proto.attach("a", {"sampling": {}}, client_info=host)
     (sent,) = proto.client_request(
         "a", {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t"}}
     )
@@ -129,11 +135,16 @@ def test_requests_to_a_modern_server_are_stamped_with_their_clients_capabilities
     meta = meta_of(sent.message)
     assert meta[PROTOCOL_VERSION_KEY] == MODERN
     assert meta[CLIENT_CAPABILITIES_KEY] == {"sampling": {}}
+    assert meta[CLIENT_INFO_KEY] == host  # (its initialize's: the SDK knows no client without)
     assert sent.message["params"]["name"] == "t"
-    # The broker's own (no attached session): its own capabilities.
+    # The broker's own (no attached session): its own capabilities and name.
     (sent,) = proto.client_request("internal", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert isinstance(sent, SendUpstream)
     assert meta_of(sent.message)[CLIENT_CAPABILITIES_KEY] == BROKER_CLIENT_CAPABILITIES
+    assert meta_of(sent.message)[CLIENT_INFO_KEY] == {
+        "name": "mcpbroker",
+        "version": BROKER_VERSION,
+    }
     # The answer comes back unchanged but for the client's id.
     upstream_id = sent.message["id"]
     answered = jsonrpc.result_response(upstream_id, {"resultType": "complete", "tools": []})
@@ -285,3 +296,14 @@ def test_a_probe_the_link_could_not_get_answered_means_legacy() -> None:
     forced, _ = started("modern")
     with pytest.raises(HandshakeError, match=r"not modern.*HTTP 404"):
         forced.probe_failed(PROBE_ID, "HTTP 404 Not Found")
+
+
+def test_a_legacy_clients_name_is_kept_across_restarts_and_forgotten_when_it_leaves() -> None:
+    proto = modern_protocol()
+    proto.attach("a", {}, client_info={"name": "host", "version": "1"})
+    proto.attach("m", {}, modern=True, client_info={"name": "modern", "version": "1"})
+    assert proto.client_infos == {"a": {"name": "host", "version": "1"}}  # (a modern one's says it)
+    fresh = proto.restarted()
+    assert fresh.client_infos == proto.client_infos
+    fresh.session_closed("a")
+    assert fresh.client_infos == {}

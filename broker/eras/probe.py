@@ -35,8 +35,7 @@ from broker.eras.versions import (
 from broker.jsonrpc import Message, RequestId
 from broker.lifecycle import (
     BROKER_CLIENT_CAPABILITIES,
-    BROKER_NAME,
-    BROKER_VERSION,
+    BROKER_CLIENT_INFO,
     LEGACY_VERSIONS,
     ServerIdentity,
     identity_of,
@@ -84,7 +83,7 @@ def discover_request(id: RequestId, version: str = LATEST_MODERN_VERSION) -> Mes
         "params": {
             "_meta": {
                 PROTOCOL_VERSION_KEY: version,
-                CLIENT_INFO_KEY: {"name": BROKER_NAME, "version": BROKER_VERSION},
+                CLIENT_INFO_KEY: BROKER_CLIENT_INFO,
                 CLIENT_CAPABILITIES_KEY: BROKER_CLIENT_CAPABILITIES,
             }
         },

@@ -57,6 +57,7 @@ from broker.fanout import Fanout
 from broker.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
 from broker.lifecycle import (
     BROKER_CLIENT_CAPABILITIES,
+    BROKER_CLIENT_INFO,
     HandshakeError,
     ServerIdentity,
     initialize_request,
@@ -169,6 +170,7 @@ class ModernServer:
         sessions: dict[Hashable, dict[str, Any]],
         modern_sessions: set[Hashable],
         fanout: Fanout,
+        client_infos: dict[Hashable, Any] | None = None,
         requests: RequestMap,
     ) -> None:
         self.identity = identity
@@ -176,9 +178,11 @@ class ModernServer:
         self.name = name
         # The protocol's tables it reads and updates (the same for the
         # connection's life): sessions -> their capabilities, the modern
-        # ones among them, their log levels and subscriptions, requests in flight.
+        # ones among them, the legacy ones' clientInfo, their log levels and
+        # subscriptions, requests in flight.
         self._sessions = sessions
         self._modern_sessions = modern_sessions
+        self._client_infos = {} if client_infos is None else client_infos
         self._fanout = fanout
         self._requests = requests
         # Its questions put to legacy clients (docs/eras.md).
@@ -194,15 +198,24 @@ class ModernServer:
 
     def stamp(self, request: Message, session: Hashable | None) -> None:
         """Give a request, in place, the ``_meta`` every modern request
-        carries: the version, and the capabilities of the client it is for
-        (the broker's own for its own requests, ``None``), with the log level
-        that client set, if it set one."""
+        carries: the version, and the capabilities and clientInfo of the
+        client it is for (the broker's own for its own requests, ``None``),
+        with the log level that client set, if it set one."""
         capabilities = None if session is None else self._sessions.get(session)
+        if capabilities is None:  # the broker's own request
+            request["params"] = modern_params(
+                request.get("params"),
+                self.identity.protocol_version,
+                BROKER_CLIENT_CAPABILITIES,
+                BROKER_CLIENT_INFO,
+            )
+            return
         request["params"] = modern_params(
             request.get("params"),
             self.identity.protocol_version,
-            BROKER_CLIENT_CAPABILITIES if capabilities is None else capabilities,
-            log_level=None if session is None else self._fanout.level_of(session),
+            capabilities,
+            self._client_infos.get(session),
+            self._fanout.level_of(session),
         )
 
     def logs_to(self, admitted: list[Hashable]) -> list[Hashable]:

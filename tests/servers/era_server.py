@@ -96,6 +96,15 @@ def echo(text: str) -> str:
 
 
 @server.tool()
+def client_name(ctx: Context) -> str:
+    """The name of the client this call came from, as the server knows it
+    (in the modern era, from the call's ``_meta``: the SDK knows none without
+    its clientInfo)."""
+    params = ctx.session.client_params
+    return params.client_info.name if params is not None else "(none)"
+
+
+@server.tool()
 async def grow(name: str, ctx: Context) -> str:
     """Add a tool called NAME and announce it."""
     server.add_tool(lambda: name, name=name, description="added at run time")
