@@ -284,7 +284,7 @@ def test_a_server_question_becomes_input_required_and_the_retry_takes_over_the_c
     ]
     # The call's answer now goes to the retry, the usual way.
     assert bridge.call_answered(5, result(5, {"content": []})) is False
-    assert len(bridge) == 0
+    assert bridge.parked == {}
     # A token is spent once.
     (again,) = bridge.retry("s1", retry_of(token, 3, {"elicitation-1": accepted}))
     assert again.message["error"]["code"] == -32602
@@ -323,7 +323,7 @@ def test_the_call_answered_while_the_client_is_away_waits_for_the_retry() -> Non
         SendServer(result(100, {"action": "cancel"})),
         AnswerClient("s1", {**final, "id": 2}),
     ]
-    assert len(bridge) == 0
+    assert bridge.parked == {}
 
 
 def test_a_question_the_client_did_not_declare_goes_back_to_the_server() -> None:
@@ -333,7 +333,7 @@ def test_a_question_the_client_did_not_declare_goes_back_to_the_server() -> None
     assert isinstance(refusal, SendServer)
     assert refusal.message["id"] == 100 and refusal.message["error"]["code"] == -32601
     assert "'elicitation'" in refusal.message["error"]["message"]
-    assert len(bridge) == 0
+    assert bridge.parked == {}
 
 
 @pytest.mark.parametrize("token", ["mcpbroker.forged", "", None, 12, "server-state"])
@@ -373,7 +373,7 @@ def test_a_client_that_never_comes_back_expires() -> None:
                                       "input within 120 s")),
         CancelCall(5),
     ]  # fmt: skip
-    assert bridge.expire(2000.0) == [] and len(bridge) == 0 and len(bridge.states) == 0
+    assert bridge.expire(2000.0) == [] and len(bridge.parked) == 0 and len(bridge.states) == 0
     assert bridge.next_deadline() is None
     # The retry that comes too late is told why; then (told once) as any unknown token.
     (late,) = bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "accept"}}))
@@ -409,7 +409,7 @@ def test_without_a_timeout_a_parked_call_waits() -> None:
     bridge = AnsweringServers("files", KEY)
     ask(bridge)
     assert bridge.arm(0.0) is None and bridge.next_deadline() is None
-    assert bridge.expire(1e12) == [] and len(bridge) == 1
+    assert bridge.expire(1e12) == [] and len(bridge.parked) == 1
 
 
 def test_a_session_that_leaves_ends_its_parked_calls_only() -> None:
@@ -420,7 +420,7 @@ def test_a_session_that_leaves_ends_its_parked_calls_only() -> None:
         SendServer(error(100, -32603, "mcpbroker: the client disconnected")),
         CancelCall(5),
     ]
-    assert len(bridge) == 1 and len(bridge.states) == 1
+    assert len(bridge.parked) == 1 and len(bridge.states) == 1
 
 
 def test_a_cancelled_call_answers_the_servers_questions() -> None:

@@ -441,9 +441,6 @@ class AnsweringServers:
         # requestStates given up (expire), to tell a late retry: -> (session, timeout).
         self._expired: dict[str, tuple[Hashable, float]] = {}
 
-    def __len__(self) -> int:
-        return len(self.parked)
-
     def server_asked(
         self,
         session: Hashable,

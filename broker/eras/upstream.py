@@ -170,7 +170,7 @@ class ModernServer:
         sessions: dict[Hashable, dict[str, Any]],
         modern_sessions: set[Hashable],
         fanout: Fanout,
-        client_infos: dict[Hashable, Any] | None = None,
+        client_infos: dict[Hashable, Any],
         requests: RequestMap,
     ) -> None:
         self.identity = identity
@@ -182,7 +182,7 @@ class ModernServer:
         # subscriptions, requests in flight.
         self._sessions = sessions
         self._modern_sessions = modern_sessions
-        self._client_infos = {} if client_infos is None else client_infos
+        self._client_infos = client_infos
         self._fanout = fanout
         self._requests = requests
         # Its questions put to legacy clients (docs/eras.md).
@@ -202,21 +202,14 @@ class ModernServer:
         client it is for (the broker's own for its own requests, ``None``),
         with the log level that client set, if it set one."""
         capabilities = None if session is None else self._sessions.get(session)
+        info: Any = BROKER_CLIENT_INFO
+        level = None
         if capabilities is None:  # the broker's own request
-            request["params"] = modern_params(
-                request.get("params"),
-                self.identity.protocol_version,
-                BROKER_CLIENT_CAPABILITIES,
-                BROKER_CLIENT_INFO,
-            )
-            return
-        request["params"] = modern_params(
-            request.get("params"),
-            self.identity.protocol_version,
-            capabilities,
-            self._client_infos.get(session),
-            self._fanout.level_of(session),
-        )
+            capabilities = BROKER_CLIENT_CAPABILITIES
+        else:
+            info, level = self._client_infos.get(session), self._fanout.level_of(session)
+        version = self.identity.protocol_version
+        request["params"] = modern_params(request.get("params"), version, capabilities, info, level)
 
     def logs_to(self, admitted: list[Hashable]) -> list[Hashable]:
         """Of the sessions a log message admits, those it is for: the server
