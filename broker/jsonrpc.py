@@ -101,8 +101,8 @@ def decode(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
     # and minus signs become "0" (a run of 20 may be a number orjson cannot
     # hold), and "{" becomes "[" (fewer than max_depth of them, and the line
     # cannot nest deeper; nor can a line of at most 2 * max_depth bytes).
-    shape = line.translate(_SHAPE)
-    if shape.find(_LONG) >= 0:  # (find, not `in`: see _LONG)
+    shape = line.translate(SHAPE)
+    if shape.find(LONG) >= 0:  # (find, not `in`: see LONG)
         message = _EXACT.decode(line.decode())
     if len(line) > 2 * max_depth and shape.count(b"[") > max_depth:
         _check_depth(message, max_depth)
@@ -114,7 +114,7 @@ def needs_exact(line: bytes) -> bool:
     characters that are digits or minus signs (any integer with fewer digits
     fits in 64 bits). A false alarm (such a run in a string, or ``2**64 - 1``)
     only costs the slower exact parse."""
-    return line.translate(_SHAPE).find(_LONG) >= 0
+    return line.translate(SHAPE).find(LONG) >= 0
 
 
 class TooDeep(JsonRpcError):
@@ -185,10 +185,10 @@ def _no_constant(text: str) -> Any:
 _EXACT = json.JSONDecoder(
     parse_int=_exact_int, parse_float=_exact_float, parse_constant=_no_constant
 )
-_SHAPE = bytes(
+SHAPE = bytes(
     ord("0") if b in b"-0123456789" else ord("[") if b == ord("{") else b for b in range(256)
 )
-_LONG = b"0" * 20
+LONG = b"0" * 20
 # Searched for with ``find``, not ``in``, here and on every per-message path:
 # CPython 3.11's ``bytes in bytes`` first tries its operand as an integer
 # (``5 in b"..."``) and formats, then clears, the TypeError that raises:

@@ -321,7 +321,7 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     }
     for function in (
         "broker/eras/metacache.py:decode",
-        "broker/eras/session.py:_forward_remembered",
+        "broker/session.py:forward_fast",  # (in line on the remembered path)
         "broker/eras/session.py:_answer_fast",
         "broker/upstream.py:answer_fast",
     ):

@@ -205,7 +205,7 @@ def ends_round(answer: Answer) -> bool:
     name a missing back-channel (:func:`refuses_back_channel`, which the
     Upstream warns of)."""
     needle = _NO_BACK_CHANNEL if answer.is_error() else _INPUT_REQUIRED
-    # (the line searched in place, once; find, not `in`: see broker/jsonrpc.py _LONG)
+    # (the line searched in place, once; find, not `in`: see broker/jsonrpc.py LONG)
     return answer.written().find(needle) < 0
 
 

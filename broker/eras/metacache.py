@@ -78,7 +78,7 @@ import orjson
 
 from broker import jsonrpc
 from broker.eras.versions import CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, PROTOCOL_VERSION_KEY
-from broker.jsonrpc import JsonRpcError, Message
+from broker.jsonrpc import Message
 
 # The number put where the remembered bytes were (ten digits, no run of 20).
 MARKER = 7346128095
@@ -121,16 +121,25 @@ class MetaCache:
             if not line.startswith(key, at):
                 return None  # (at -1: the last byte, never the key)
             swapped = line[:at] + _SWAP + line[at + len(key) :]
-        if line.find(MARKER_BYTES) >= 0:
+        # (partition, not find: a method whose argument CPython 3.11 takes
+        # without parsing a format, 500 instructions less a call)
+        if line.partition(MARKER_BYTES)[1]:
             return None
         try:
             # (a compiled build checks the message is a dict here: a TypeError)
-            message: Message = jsonrpc.decode(swapped)
+            message: Message = orjson.loads(swapped)
             params = message["params"]
             marker = params["_meta"]
-        except (JsonRpcError, KeyError, TypeError):
+        except (orjson.JSONDecodeError, KeyError, TypeError):
             return None  # (not JSON, or no params._meta: the full path says what the line is)
         if marker != MARKER or type(marker) is not int:
+            return None
+        # jsonrpc.decode's checks, in line (a call less): a number orjson
+        # cannot hold, or a line that may nest too deep, is the full path's.
+        shape = swapped.translate(jsonrpc.SHAPE)
+        if shape.find(jsonrpc.LONG) >= 0 or (
+            len(swapped) > 2 * jsonrpc.MAX_DEPTH and shape.count(b"[") > jsonrpc.MAX_DEPTH
+        ):
             return None
         params["_meta"] = self.meta
         return message

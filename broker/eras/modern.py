@@ -198,7 +198,7 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
         if not line.startswith(_RESULT_FIRST):
             return answer if line.startswith(b'{"error":') else None
         at = len(_RESULT_FIRST)
-    # (find, not `in`: see broker/jsonrpc.py _LONG; and the caching hints
+    # (find, not `in`: see broker/jsonrpc.py LONG; and the caching hints
     # only where they are put)
     if line.find(b'"resultType"') >= 0:
         return None
@@ -222,7 +222,7 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     has it."""
     # (the server's whole line, which head or tail views, searched in place:
     # Answer.written, in line on a modern call's hot path; find, not `in`:
-    # see broker/jsonrpc.py _LONG)
+    # see broker/jsonrpc.py LONG)
     part = answer.tail if answer.head is PREFIX else answer.head
     line = part.obj if type(part) is memoryview else part
     if type(line) is not bytes:

@@ -194,46 +194,39 @@ class ModernSessionProtocol(SessionProtocol):
                 frame = frames[i]
                 if type(frame) is not bytes:
                     return i
-                remembered = cache.decode(frame)
-                if remembered is not None:
-                    forward = self._forward_remembered(remembered)
+                # (Any, not Message: a compiled build would check that a line
+                # such as '1' decodes to a dict)
+                message: Any = cache.decode(frame)
+                if message is not None:
+                    # forward_fast's checks but the _meta's (known good, with
+                    # no log level), in line: a call less per call. The session
+                    # is attached: a _meta is remembered only once forward_fast
+                    # took its request, which it does only once attached.
+                    method = message.get("method")
+                    if method not in FAST_METHODS:
+                        return i
+                    state = message["params"].get("requestState")
+                    if state is not None and method in INPUT_METHODS and is_ours(state):
+                        return i  # a retry: the bridge's
+                    forward = SessionProtocol.forward_fast(self, message)
+                    if forward is None:
+                        return i
+                    self.client_info = cache.client_info
+                    self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
                 else:
                     try:
-                        # (Any, not the Message above: a compiled build would
-                        # check that a line such as '1' decodes to a dict)
-                        message: Any = jsonrpc.decode(frame)
+                        message = jsonrpc.decode(frame)
                     except JsonRpcError:
                         return i
                     forward = self.forward_fast(message)
-                    if forward is not None:
-                        cache.remember(frame, message["params"]["_meta"])
-                if forward is None:
-                    return i
+                    if forward is None:
+                        return i
+                    cache.remember(frame, message["params"]["_meta"])
                 forwards.setdefault(forward[0], []).append(forward[1])
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
         return len(frames)
-
-    def _forward_remembered(self, message: Message) -> tuple[str, Message] | None:
-        """:meth:`forward_fast` of a message whose ``_meta`` is the remembered
-        one (so known good, with no log level): its checks but the ``_meta``'s,
-        in line here (a call less per call). The session is attached: a
-        ``_meta`` is remembered only after :meth:`forward_fast` took its
-        request, which it does only once attached."""
-        method = message.get("method")
-        if method not in FAST_METHODS:
-            return None
-        params = message["params"]
-        if "requestState" in params and method in INPUT_METHODS and is_ours(params["requestState"]):
-            return None  # a retry: the bridge's
-        forward = SessionProtocol.forward_fast(self, message)
-        if forward is None:
-            return None
-        cache = self.meta_cache
-        self.client_info = cache.client_info
-        self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
-        return forward
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
@@ -461,14 +454,14 @@ class ModernSessionProtocol(SessionProtocol):
         if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return None
         id = answer.id
-        call = self.open_calls.get(id)
+        call = self.open_calls.pop(id, None)  # (what _forget does, in fewer steps)
         if call is not None:
             # (a modern server's answer as written, if it names what the era's
             # results carry; stamped otherwise, as a legacy server's)
             as_written = answer.modern and complete_as_written(answer, call[0])
             if not as_written and complete_answer(answer, call[0]) is None:
+                self.open_calls[id] = call  # (the general path reads it)
                 return None
-            del self.open_calls[id]  # (what _forget does, in fewer steps)
         self.inflight.discard(id)
         if self.log_levels.ranks:
             self.log_levels.close(id)

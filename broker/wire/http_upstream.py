@@ -122,4 +122,4 @@ def may_be_request(data: bytes) -> bool:
     (broker/wire/frames.py ``OnStream``); notifications among them cost nothing
     more, they are parsed anyway. Cheap and one-sided: an answer whose result
     holds the text ``"method"`` is taken for one too, and is parsed."""
-    return data.find(b'"method"') >= 0  # (not `in`: see broker/jsonrpc.py _LONG)
+    return data.find(b'"method"') >= 0  # (not `in`: see broker/jsonrpc.py LONG)

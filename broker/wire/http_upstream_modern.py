@@ -286,7 +286,7 @@ def _render(value: Any) -> str | None:
 def is_answer(data: bytes) -> bool:
     """Whether a message on a modern POST's stream is an answer (its last),
     not a notification: cheap for the usual ones, parsed when in doubt."""
-    if data.find(b'"method"') < 0:  # (not `in`: see broker/jsonrpc.py _LONG)
+    if data.find(b'"method"') < 0:  # (not `in`: see broker/jsonrpc.py LONG)
         return True
     try:
         message = orjson.loads(data)

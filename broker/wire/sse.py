@@ -24,7 +24,7 @@ TICK_SECONDS = KEEPALIVE_SECONDS / KEEPALIVE_TICKS
 def event(data: bytes, id: str | None = None) -> bytes:
     """One ``message`` event carrying ``data`` (one message's bytes)."""
     head = b"id: " + id.encode() + b"\n" if id is not None else b""
-    if data.find(b"\n") >= 0 or data.find(b"\r") >= 0:  # (see broker/jsonrpc.py _LONG)
+    if data.find(b"\n") >= 0 or data.find(b"\r") >= 0:  # (see broker/jsonrpc.py LONG)
         lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
         return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
     return head + b"data: " + data + b"\n\n"
