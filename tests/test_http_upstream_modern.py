@@ -8,7 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
+from broker import jsonrpc
+from broker.eras.session import become_modern
 from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from broker.session import SessionProtocol
 from broker.wire.http_modern import decode_header_value
 from broker.wire.http_upstream_modern import (
     ParamHeaders,
@@ -25,6 +28,7 @@ from broker.wire.http_upstream_modern import (
     only_modern_versions,
     relist_request,
 )
+from tests.test_fuzz import Catalogs
 
 MODERN = "2026-07-28"
 META = {PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {}}
@@ -54,6 +58,22 @@ def test_a_request_is_modern_by_the_version_in_its_meta() -> None:
     del notification["id"]
     assert modern_version(notification) is None
     assert modern_version({"jsonrpc": "2.0", "id": 1, "method": "ping"}) is None
+
+
+def test_a_remembered_meta_names_the_version_a_session_remembers() -> None:
+    # A modern session's calls after its first carry the _meta it remembered
+    # as the client's bytes (broker/eras/metacache.py): only 2026-07-28 ones.
+    session = become_modern(SessionProtocol(("a",), Catalogs(), transparent=True), b"k" * 16)
+    frames = [orjson.dumps(request("tools/call", name="t") | {"id": n}) for n in range(2)]
+    session.receive(jsonrpc.decode(orjson.dumps(request("server/discover"))), settled=True)
+    forwards: dict[str, list[Any]] = {}
+    assert session.take_forwards(frames, 0, forwards) == 2
+    second = forwards["a"][1]
+    assert type(second["params"]["_meta"]) is orjson.Fragment
+    assert modern_version(second) == MODERN
+    assert modern_headers(second, MODERN, ParamHeaders()) == modern_headers(
+        forwards["a"][0], MODERN, ParamHeaders()
+    )
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import attrs
+import orjson
 
 from broker import jsonrpc
 from broker.eras.modern import check_input_requests
@@ -147,6 +148,8 @@ def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
     Upstream's per-call form of :func:`to_legacy_request`, which copies only
     the params."""
     meta = params.get("_meta")
+    if type(meta) is orjson.Fragment:  # a remembered _meta: the modern keys alone (metacache.py)
+        return {key: value for key, value in params.items() if key != "_meta"}
     if not isinstance(meta, dict) or meta.keys().isdisjoint(_MODERN_META_SET):
         return None
     new_params = dict(params)

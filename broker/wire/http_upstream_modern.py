@@ -61,6 +61,7 @@ from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
     HEADER_MISMATCH,
+    LATEST_MODERN_VERSION,
     MODERN_ERROR_CODES,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
@@ -89,6 +90,8 @@ def modern_version(message: Message) -> str | None:
         return None
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
+    if type(meta) is orjson.Fragment:  # a _meta a modern session remembered (metacache.py)
+        return LATEST_MODERN_VERSION
     version = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
     return version if isinstance(version, str) and version in MODERN_VERSIONS else None
 
