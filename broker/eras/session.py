@@ -433,9 +433,8 @@ class ModernSessionProtocol(SessionProtocol):
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
                 if type(message) is Answer:
-                    stamped = self._answer_fast(message)
-                    if stamped is not None:
-                        out.append(stamped)
+                    if self._answer_fast(message):
+                        out.append(message)
                         continue
                     message = message.read()
                 if isinstance(message, dict):
@@ -444,30 +443,32 @@ class ModernSessionProtocol(SessionProtocol):
             self.move(SessionTrigger.FAILED)
             raise
 
-    def _answer_fast(self, answer: Answer) -> Answer | None:
+    def _answer_fast(self, answer: Answer) -> bool:
         """The common case of :meth:`_outgoing_modern`, without parsing: the
         answer to a request passed on, while no call waits for a retry (the
         bridge's) and none was taken over by one; stamped by
         :func:`~broker.eras.modern.complete_answer`, or as it is if a
         2026-07-28 server wrote it (``Answer.modern``) complete.
-        None: read it."""
+        False: read it."""
         if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
-            return None
+            return False
         id = answer.id
         call = self.open_calls.pop(id, None)  # (what _forget does, in fewer steps)
-        if call is not None:
-            # (a modern server's answer as written, if it names what the era's
-            # results carry; stamped otherwise, as a legacy server's)
-            as_written = answer.modern and complete_as_written(answer, call[0])
-            if not as_written and complete_answer(answer, call[0]) is None:
-                self.open_calls[id] = call  # (the general path reads it)
-                return None
+        # A modern server's answer as written if it names what the era's
+        # results carry; else stamped, as a legacy server's; else read.
+        if (
+            call is not None
+            and not (answer.modern and complete_as_written(answer, call[0]))
+            and complete_answer(answer, call[0]) is None
+        ):
+            self.open_calls[id] = call  # (the general path reads it)
+            return False
         self.inflight.discard(id)
         if self.log_levels.ranks:
             self.log_levels.close(id)
         if self.calls is not None:
             self.calls.answered(id, answer)
-        return answer
+        return True
 
     def take_upstream_answers(self) -> list[tuple[str, Message]]:
         answers, self.upstream_answers = self.upstream_answers, []

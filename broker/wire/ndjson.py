@@ -69,7 +69,12 @@ class LineFramer:
         self._skipped_tail = b""
 
     def feed(self, chunk: bytes | bytearray) -> list[Frame]:
-        chunk = bytes(chunk)
+        # BytesIO finds the newlines with memchr, where bytes.split(b"\n")
+        # tests byte by byte: a 300-byte line framed in 1,400 instructions
+        # less, a 1 MiB one in 5 million (benchmarks/README.md, 2026-11-26
+        # (evening)). Each line keeps its newline but the last, unfinished one.
+        lines = io.BytesIO(chunk).readlines()
+        rest = lines.pop() if lines and lines[-1][-1] != 10 else b""  # (10: the newline)
         if (
             not self._held
             and self._skipped is None
@@ -78,16 +83,13 @@ class LineFramer:
         ):
             # The usual chunk (under load, many lines): whole lines, none too
             # long, none to trim; just skip blank ones (what _emit would do,
-            # without a call per line). BytesIO finds the newlines with memchr:
-            # bytes.split(b"\n") tests byte by byte, which cost a 300-byte line
-            # 1,400 more instructions (benchmarks/README.md, 2026-11-26 (evening)).
-            lines = io.BytesIO(chunk).readlines()
-            if lines and lines[-1][-1] != 10:  # (10: the newline) unfinished
-                self._hold(lines.pop())
+            # without a call per line).
+            if rest:
+                self._hold(rest)
             return [line[:-1] for line in lines if line[0] not in _BLANK or line.strip()]
-        *lines, rest = chunk.split(b"\n")
         out: list[Frame] = []
         for line in lines:
+            line = line[:-1]
             if self._skipped is not None:
                 tail = (self._skipped_tail + line[-KEPT_ENDS:])[-KEPT_ENDS:]
                 out.append(Oversize(self._skipped + len(line), self._skipped_head, tail))
