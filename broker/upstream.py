@@ -470,6 +470,8 @@ class UpstreamProtocol:
 
     def client_log_level(self, session: Hashable, level: str) -> list[Action]:
         """A session set its log level; ask the server for the most verbose one wanted."""
+        if self.modern_server is not None:  # (a modern server is told it in each request's stamp)
+            self.modern_server.forget_stamp(session)
         return self._log_level_actions(self.fanout.set_level(session, level))
 
     def _log_level_actions(self, level: str | None) -> list[Action]:
@@ -501,6 +503,8 @@ class UpstreamProtocol:
             self.modern_sessions.add(session)
         elif client_info is not None:
             self.client_infos[session] = client_info
+        if self.modern_server is not None:
+            self.modern_server.forget_stamp(session)
 
     def client_response(self, session: Hashable, response: Message) -> Message | None:
         """A client's answer to a request this server sent it, in the server's terms."""
@@ -609,6 +613,7 @@ class UpstreamProtocol:
         self.client_infos.pop(session, None)
         if self.modern_server is not None:
             self.modern_server.asking.session_gone(session)
+            self.modern_server.forget_stamp(session)
         gone = self.requests.drop_session(session)
         for upstream_id in gone:
             self.deadlines.discard(upstream_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from broker import jsonrpc
@@ -60,7 +61,8 @@ def legacy_protocol() -> UpstreamProtocol:
 
 
 def meta_of(message: dict[str, Any]) -> dict[str, Any]:
-    meta: dict[str, Any] = message["params"]["_meta"]
+    """The ``_meta`` the server reads (a stamp kept as bytes, decoded)."""
+    meta: dict[str, Any] = orjson.loads(orjson.dumps(message["params"]["_meta"]))
     return meta
 
 
@@ -282,6 +284,45 @@ def test_a_clients_log_level_is_stamped_on_its_requests_to_a_modern_server() -> 
     assert isinstance(sent, SendUpstream) and meta_of(sent.message)[LOG_LEVEL_KEY] == "warning"
     (sent,) = proto.client_request("b", {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
     assert isinstance(sent, SendUpstream) and LOG_LEVEL_KEY not in meta_of(sent.message)
+
+
+def test_a_sessions_stamp_is_made_once_until_what_it_says_changes() -> None:
+    """Its bytes are kept (an orjson.Fragment) and written as they are, until
+    the session's log level, or what it attached with, changes."""
+    proto = modern_protocol()
+    host = {"name": "host", "version": "1"}
+    proto.attach("a", {"sampling": {}}, client_info=host)
+    n = iter(range(100))
+
+    def sent_meta(session: str = "a", **params: Any) -> Any:
+        request = {"jsonrpc": "2.0", "id": next(n), "method": "tools/call", "params": params}
+        (sent,) = proto.client_request(session, request)
+        assert isinstance(sent, SendUpstream)
+        return sent.message["params"]["_meta"]
+
+    first = sent_meta(name="t")
+    assert type(first) is dict and first[CLIENT_INFO_KEY] == host
+    again = sent_meta(name="t")
+    assert type(again) is orjson.Fragment and orjson.dumps(again) == orjson.dumps(first)
+    assert sent_meta(name="t") is again  # (one, shared)
+    # A _meta of the client's own: merged, as a value; the stamp kept.
+    own = sent_meta(name="t", _meta={"progressToken": "p"})
+    assert type(own) is dict and own[CLIENT_INFO_KEY] == host and "progressToken" in own
+    assert sent_meta(name="t") is again
+    # A log level set, an attachment renewed, a session gone: made again.
+    proto.client_log_level("a", "debug")
+    leveled = sent_meta(name="t")
+    assert type(leveled) is dict and leveled[LOG_LEVEL_KEY] == "debug"
+    assert meta_of({"params": {"_meta": sent_meta(name="t")}}) == leveled
+    other = {"name": "other", "version": "2"}
+    proto.attach("a", {}, client_info=other)
+    assert sent_meta(name="t")[CLIENT_INFO_KEY] == other
+    proto.session_closed("a")
+    assert proto.modern_server is not None and "a" not in proto.modern_server.stamps  # (no leak)
+    proto.attach("a", {"roots": {}}, client_info=host)
+    renewed = sent_meta(name="t")
+    assert type(renewed) is dict and renewed[CLIENT_CAPABILITIES_KEY] == {"roots": {}}
+    assert LOG_LEVEL_KEY not in renewed
 
 
 def test_a_probe_the_link_could_not_get_answered_means_legacy() -> None:

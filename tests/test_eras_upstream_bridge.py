@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from broker import jsonrpc
@@ -61,9 +62,10 @@ def call(id: Any, name: str = "ask", **meta: Any) -> dict[str, Any]:
 
 
 def sent(actions: list[Any]) -> dict[str, Any]:
+    """The one message sent, as the server reads it (a stamp kept as bytes decoded)."""
     (action,) = actions
     assert isinstance(action, SendUpstream)
-    message: dict[str, Any] = action.message
+    message: dict[str, Any] = orjson.loads(orjson.dumps(action.message))
     return message
 
 

@@ -149,7 +149,9 @@ def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
     the params."""
     meta = params.get("_meta")
     if type(meta) is orjson.Fragment:  # a remembered _meta: the modern keys alone (metacache.py)
-        return {key: value for key, value in params.items() if key != "_meta"}
+        stripped = dict(params)
+        del stripped["_meta"]
+        return stripped
     if not isinstance(meta, dict) or meta.keys().isdisjoint(_MODERN_META_SET):
         return None
     new_params = dict(params)

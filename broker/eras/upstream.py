@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+import orjson
+
 from broker import jsonrpc
 from broker.eras.bridge import (
     AnswerClient,
@@ -185,6 +187,10 @@ class ModernServer:
         self._client_infos = client_infos
         self._fanout = fanout
         self._requests = requests
+        # Each legacy session's stamp, as the bytes orjson writes for it
+        # (made on its first request, forgotten when what it says changes:
+        # :meth:`forget_stamp`).
+        self.stamps: dict[Hashable, orjson.Fragment] = {}
         # Its questions put to legacy clients (docs/eras.md).
         self.asking = AskingClients(name, numbering)
         # The broker's one subscriptions/listen at the server.
@@ -200,7 +206,20 @@ class ModernServer:
         """Give a request, in place, the ``_meta`` every modern request
         carries: the version, and the capabilities and clientInfo of the
         client it is for (the broker's own for its own requests, ``None``),
-        with the log level that client set, if it set one."""
+        with the log level that client set, if it set one.
+
+        A session's stamp is the same on every request until its log level
+        (or what it attached with) changes: the first request whose params
+        carry no ``_meta`` of the client's own makes it once, as the bytes
+        orjson writes for it (an ``orjson.Fragment``, written as it is:
+        encoding the value again cost 1,300 instructions a call), and later
+        ones take those. A request with a ``_meta`` of its own (a
+        ``progressToken``) has the stamp merged into it, as a value."""
+        params = request.get("params")
+        stamp = self.stamps.get(session)
+        if stamp is not None and type(params) is dict and "_meta" not in params:
+            request["params"] = {**params, "_meta": stamp}
+            return
         capabilities = None if session is None else self._sessions.get(session)
         info: Any = BROKER_CLIENT_INFO
         level = None
@@ -209,7 +228,17 @@ class ModernServer:
         else:
             info, level = self._client_infos.get(session), self._fanout.level_of(session)
         version = self.identity.protocol_version
-        request["params"] = modern_params(request.get("params"), version, capabilities, info, level)
+        stamped = modern_params(params, version, capabilities, info, level)
+        request["params"] = stamped
+        own = type(params) is dict and "_meta" in params  # (merged: not the session's stamp)
+        # (the HTTP link reads a Fragment's version as 2026-07-28: kept for no other)
+        if session is not None and not own and version == LATEST_MODERN_VERSION:
+            self.stamps[session] = orjson.Fragment(orjson.dumps(stamped["_meta"]))
+
+    def forget_stamp(self, session: Hashable) -> None:
+        """What a session's stamp says changed (its log level, or what it
+        attached with), or it went: the next request makes it again."""
+        self.stamps.pop(session, None)
 
     def logs_to(self, admitted: list[Hashable]) -> list[Hashable]:
         """Of the sessions a log message admits, those it is for: the server

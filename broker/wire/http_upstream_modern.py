@@ -90,7 +90,10 @@ def modern_version(message: Message) -> str | None:
         return None
     params = message.get("params")
     meta = params.get("_meta") if isinstance(params, dict) else None
-    if type(meta) is orjson.Fragment:  # a _meta a modern session remembered (metacache.py)
+    if type(meta) is orjson.Fragment:
+        # A _meta kept as bytes: a modern client's the session remembered
+        # (broker/eras/metacache.py) or the Upstream's stamp for a legacy
+        # one (broker/eras/upstream.py); both only ever of 2026-07-28.
         return LATEST_MODERN_VERSION
     version = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
     return version if isinstance(version, str) and version in MODERN_VERSIONS else None
