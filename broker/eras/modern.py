@@ -176,6 +176,13 @@ _STAMPS = {  # (cacheable, followed by keys): the bytes put in
 }
 _RESULT_AFTER_ID = b',"result":{'  # a result after the id (envelope.PREFIX's shape)
 _RESULT_FIRST = b'{"result":{'  # a result before the id (the TypeScript SDK's shape)
+# The start of a stamped result, by (its shape, cacheable, followed by keys):
+# what the line starts with, then the stamp (one copy of the rest a call).
+_STAMPED = {
+    (shape, cacheable, keys): start + stamp
+    for shape, start in ((True, _RESULT_AFTER_ID), (False, _RESULT_FIRST))
+    for (cacheable, keys), stamp in _STAMPS.items()
+}
 
 
 def complete_answer(answer: Answer, method: str) -> Answer | None:
@@ -205,8 +212,7 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     cacheable = method in CACHEABLE_METHODS
     if cacheable and (line.find(b'"ttlMs"') >= 0 or line.find(b'"cacheScope"') >= 0):
         return None
-    stamp = _STAMPS[cacheable, line[at : at + 1] != b"}"]  # "}": no keys
-    stamped = line[:at] + stamp + line[at:]
+    stamped = _STAMPED[after_id, cacheable, line[at : at + 1] != b"}"] + line[at:]  # "}": no keys
     if after_id:
         answer.tail = stamped
     else:
