@@ -364,3 +364,40 @@ def test_the_modern_scenario_reads_its_ratios_round_by_round() -> None:
     assert cpus == pytest.approx([100 / 90, 2.0, 1.0]) and cpu == pytest.approx(100 / 90)
     checks = _modern_checks({"throughput": {"modern": modern, "legacy": legacy}})
     assert [(c.measured, c.met) for c in checks] == [("0.90x", True), ("1.11x", False)]
+
+
+@pytest.mark.parametrize("path", ["legacy", "modern", "legacy-at-modern", "modern-at-legacy"])
+def test_the_hot_path_counter_carries_calls_as_each_path_does(path: str) -> None:
+    """``benchmarks.hotpath``'s calls take the fast paths the daemon's do, in
+    each era's terms: the server reads ``_meta`` only if it is modern (the
+    client's own, or the stamp for a legacy one), the client reads
+    ``resultType`` only if an end is modern (a modern server's result goes to
+    a legacy client as written: docs/eras.md), and every id comes back."""
+    from benchmarks import hotpath
+
+    to_server, to_client = hotpath.run(path, 32)
+    requests = [orjson.loads(line) for line in to_server.splitlines()]
+    answers = [orjson.loads(line) for line in to_client.splitlines()]
+    server_modern = path in ("modern", "legacy-at-modern")
+    client_modern = path in ("modern", "modern-at-legacy")
+    assert len(requests) == len(answers) == hotpath.BATCH
+    assert all(("_meta" in r["params"]) == server_modern for r in requests)
+    if server_modern:
+        names = {
+            r["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"] for r in requests
+        }
+        assert names == {"mcpbroker-bench"}  # (the client's: its own, or its initialize's)
+    stamped = client_modern or server_modern
+    assert all(("resultType" in a["result"]) == stamped for a in answers)
+    assert [a["id"] for a in answers] == list(range(16, 32))
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="counts with valgrind")
+def test_the_hot_path_counter_prints_a_count_per_path() -> None:
+    command = [sys.executable, "-m", "benchmarks.hotpath", "--path", "legacy"]
+    command += ["--path", "modern", "--calls", "160"]
+    done = __import__("subprocess").run(command, cwd=REPO, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    assert re.search(r"^legacy: [0-9,]+ instructions per call$", out, re.MULTILINE), out
+    assert re.search(r"^modern: [0-9,]+ instructions per call \([0-9.]+x legacy\)$", out, re.M)
