@@ -133,20 +133,12 @@ Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall
 # -- translation of single messages --------------------------------------------
 
 
-def to_legacy_request(request: Message) -> Message:
-    """A modern client's request for a legacy server: the modern ``_meta`` keys
-    (version, capabilities, client info, log level) removed, all else kept."""
-    params = request.get("params")
-    stripped = legacy_params(params) if isinstance(params, dict) else None
-    return request if stripped is None else {**request, "params": stripped}
-
-
 def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
-    """A request's ``params`` without the modern ``_meta`` keys, as a new dict
-    (``params`` itself is left as it is: the session's records may hold it);
-    None if its ``_meta`` holds no modern key (nothing to strip). The
-    Upstream's per-call form of :func:`to_legacy_request`, which copies only
-    the params."""
+    """A modern client's request's ``params`` for a legacy server: without the
+    modern ``_meta`` keys (version, capabilities, client info, log level), all
+    else kept, as a new dict (``params`` itself is left as it is: the
+    session's records may hold it); None if its ``_meta`` holds no modern
+    key (nothing to strip)."""
     meta = params.get("_meta")
     if type(meta) is orjson.Fragment:  # a remembered _meta: the modern keys alone (metacache.py)
         stripped = dict(params)
@@ -162,19 +154,6 @@ def legacy_params(params: dict[str, Any]) -> dict[str, Any] | None:
     return new_params
 
 
-def to_modern_request(
-    request: Message,
-    version: str,
-    capabilities: dict[str, Any],
-    client_info: Any = None,
-    log_level: str | None = None,
-) -> Message:
-    """A legacy client's request for a modern server: what its ``initialize``
-    said (version, capabilities, client info) and its log level, in ``_meta``."""
-    params = modern_params(request.get("params"), version, capabilities, client_info, log_level)
-    return {**request, "params": params}
-
-
 def modern_params(
     params: Any,
     version: str,
@@ -182,9 +161,10 @@ def modern_params(
     client_info: Any = None,
     log_level: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`to_modern_request`'s params alone, as a new dict (``params``
-    itself is left as it is): the Upstream's per-call form, which copies
-    only the params."""
+    """A legacy client's request's ``params`` for a modern server: what its
+    ``initialize`` said (version, capabilities, client info) and its log
+    level, in ``_meta`` (over the client's own keys), as a new dict
+    (``params`` itself is left as it is)."""
     stamped: dict[str, Any] = {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: capabilities}
     if client_info is not None:
         stamped[CLIENT_INFO_KEY] = client_info
