@@ -75,6 +75,8 @@ def run(path: str, calls: int) -> tuple[bytes, bytes]:
     else:
         found = {"protocolVersion": version, **opened}
         upstream.server_message(jsonrpc.result_response("mcpbroker-initialize", found))
+    # (tools/bench_http.py's CLIENT_INFO and MODERN_META, written out here:
+    # --tree counts trees that have neither)
     info = {"name": "mcpbroker-bench", "version": "1"}
     upstream.attach("S", {}, modern=client_modern, client_info=None if client_modern else info)
 

@@ -44,6 +44,7 @@ import orjson
 
 from tools.bench_http import (
     ACCEPT_BOTH,
+    CLIENT_INFO,
     MODERN_META,
     HttpClient,
     HttpFailure,
@@ -54,7 +55,6 @@ from tools.bench_http import (
 READ_SIZE = 1024 * 1024
 INIT_ID = "bench-init"
 PROTOCOL_VERSION = "2025-11-25"
-CLIENT_INFO = {"name": "mcpbroker-bench", "version": "1"}
 PROGRESS_EVERY = 0.25
 _now = time.perf_counter_ns
 

@@ -43,15 +43,22 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from broker.eras.versions import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LATEST_MODERN_VERSION,
+    PROTOCOL_VERSION_KEY,
+)
 from broker.wire.http_upstream_modern import encode_header_value
 
 ACCEPT_BOTH = "application/json, text/event-stream"  # what SDK clients send
-MODERN_VERSION = "2026-07-28"
+MODERN_VERSION = LATEST_MODERN_VERSION
+CLIENT_INFO = {"name": "mcpbroker-bench", "version": "1"}  # (either era's clients)
 # What every request of a modern client carries in params._meta.
 MODERN_META = {
-    "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
-    "io.modelcontextprotocol/clientCapabilities": {},
-    "io.modelcontextprotocol/clientInfo": {"name": "mcpbroker-bench", "version": "1"},
+    PROTOCOL_VERSION_KEY: MODERN_VERSION,
+    CLIENT_CAPABILITIES_KEY: {},
+    CLIENT_INFO_KEY: CLIENT_INFO,
 }
 READ_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 10.0
