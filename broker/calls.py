@@ -230,7 +230,7 @@ class CallTracker:
         durations.counts[bisect_left(DURATION_BUCKETS, duration)] += 1
         durations.sum += duration
         if type(answer) is Answer:
-            code = error_code(answer) if is_error(answer) else None
+            code = error_code(answer) if answer.is_error() else None
         else:
             code = error_code(answer)
         if code is None:
@@ -268,26 +268,11 @@ class CallTracker:
             self.cancelled(id)
 
 
-def is_error(answer: Answer) -> bool:
-    """Whether an unparsed answer is an error, by one byte. ``split_answer``
-    (broker/wire/envelope.py) takes only two shapes: ``{"jsonrpc":"2.0","id":N``
-    then ``,"result":`` or ``,"error":`` (the tail), or ``{"result":`` or
-    ``{"error":`` first (the head); the third byte of the key's side tells."""
-    head = answer.head[2]
-    if head == _J:  # {"jsonrpc":...: the key follows the id
-        return answer.tail[2] == _E
-    return head == _E
-
-
-_J: Final = ord("j")
-_E: Final = ord("e")
-
-
 def error_code(answer: Any) -> int | None:
     """The JSON-RPC error code of an answer (None: a result). An unparsed
     answer (broker/wire/envelope.py) is read only if it is an error."""
     if type(answer) is Answer:
-        if not is_error(answer):
+        if not answer.is_error():
             return None
         answer = answer.read()
     if type(answer) is not dict:

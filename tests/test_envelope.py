@@ -9,9 +9,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from broker.eras.modern import complete_answer
 from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
-from broker.wire.envelope import Answer, answer_id, split_answer
+from broker.wire.envelope import PREFIX, Answer, answer_id, split_answer
 from tests.test_fuzz import (
     Catalogs,
     _in_shape,
@@ -241,3 +242,26 @@ def test_a_small_answer_in_the_usual_shape_is_searched_in_its_rest() -> None:
     assert answer is not None and type(answer.tail) is bytes
     assert answer.written() is answer.tail == b',"result":{"content":[]}}'
     assert answer.encode() == line
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b'{"jsonrpc":"2.0","id":7,"result":{"content":[]}}', False),
+        (b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"m"}}', True),
+        (b'{"result":{"content":[]},"jsonrpc":"2.0","id":7}', False),
+        (b'{"error":{"code":-32601,"message":"m"},"jsonrpc":"2.0","id":7}', True),
+        (b'{"jsonrpc":"2.0","id":7,"result":{"content":["' + BIG + b'"]}}', False),
+        (b'{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"' + BIG + b'"}}', True),
+    ],
+)
+def test_an_answer_says_whether_it_is_an_error_as_its_parse_does(line: bytes, error: bool) -> None:
+    answer = split_answer(line)
+    assert answer is not None
+    assert answer.is_error() is error is ("error" in orjson.loads(line))
+    # (a stamped result keeps its key where it was: broker/eras/modern.py)
+    assert complete_answer(answer, "tools/call") is answer and answer.is_error() is error
+    # (the usual shape's head, equal to the prefix though not the same object)
+    if line.startswith(PREFIX):
+        copy = Answer(bytes(bytearray(PREFIX)), answer.id, answer.tail)
+        assert copy.is_error() is error
