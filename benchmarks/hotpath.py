@@ -134,7 +134,9 @@ def count(path: str, calls: int, tree: Path) -> float:
             command += [f"--cachegrind-out-file={out}", sys.executable]
             command += ["-m", "benchmarks.hotpath", "--run", path, "--calls", str(n)]
             env = {**os.environ, "PYTHONHASHSEED": "0"}
-            subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True)
+            done = subprocess.run(command, cwd=tree, env=env, capture_output=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{path} failed in {tree}:\n{done.stderr.decode()[-2000:]}")
             found = re.search(r"^summary:\s+(\d+)", Path(out).read_text(), re.MULTILINE)
             if found is None:
                 raise SystemExit("cachegrind wrote no summary")

@@ -503,6 +503,8 @@ class UpstreamProtocol:
             self.modern_sessions.add(session)
         elif client_info is not None:
             self.client_infos[session] = client_info
+        else:  # (attached again, naming none: not the last name it gave)
+            self.client_infos.pop(session, None)
         if self.modern_server is not None:
             self.modern_server.forget_stamp(session)
 

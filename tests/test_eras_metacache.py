@@ -120,8 +120,9 @@ def test_a_session_tries_to_remember_so_many_times() -> None:
         line = _call(n, meta)
         cache.remember(line, jsonrpc.decode(line)["params"]["_meta"])
         if n < MAX_REMEMBERED:
-            assert cache.meta == meta
-    assert cache.meta[CLIENT_INFO_KEY] == {"name": str(MAX_REMEMBERED - 1)}
+            assert orjson.loads(orjson.dumps(cache.fragment)) == meta
+    assert cache.client_info == {"name": str(MAX_REMEMBERED - 1)}
+    assert orjson.loads(orjson.dumps(cache.fragment))[CLIENT_INFO_KEY] == cache.client_info
 
 
 BAD = [

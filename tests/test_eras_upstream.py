@@ -317,6 +317,8 @@ def test_a_sessions_stamp_is_made_once_until_what_it_says_changes() -> None:
     other = {"name": "other", "version": "2"}
     proto.attach("a", {}, client_info=other)
     assert sent_meta(name="t")[CLIENT_INFO_KEY] == other
+    proto.attach("a", {})  # (naming none now: not the name it gave before)
+    assert CLIENT_INFO_KEY not in sent_meta(name="t")
     proto.session_closed("a")
     assert proto.modern_server is not None and "a" not in proto.modern_server.stamps  # (no leak)
     proto.attach("a", {"roots": {}}, client_info=host)

@@ -108,8 +108,7 @@ class MetaCache:
     def __init__(self) -> None:
         self.key = b""  # '"_meta":' and the value's bytes; empty: nothing remembered
         self.tail = b""  # the key, params' last, at the end of the line: the key and '}}'
-        self.meta: dict[str, Any] = {}  # the value
-        self.fragment = orjson.Fragment(b"{}")  # its bytes, what the requests carry
+        self.fragment = orjson.Fragment(b"{}")  # the value's bytes, what the requests carry
         self.capabilities: dict[str, Any] = {}  # its clientCapabilities
         self.client_info: Any = None  # its clientInfo
         self.remembered = 0
@@ -171,7 +170,7 @@ class MetaCache:
         again = orjson.loads(value)
         if again != meta:
             return
-        self.key, self.tail, self.meta = key, key + b"}}", again
+        self.key, self.tail = key, key + b"}}"
         self.fragment = orjson.Fragment(value)
         self.capabilities = again[CLIENT_CAPABILITIES_KEY]
         self.client_info = again.get(CLIENT_INFO_KEY)
