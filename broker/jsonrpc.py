@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from typing import Any, TypeGuard
+from typing import Any, Final, TypeGuard
 
 import orjson
 
@@ -37,7 +37,7 @@ LIMIT_REACHED = -32005  # a configured limit (in flight, queued bytes) would be 
 # The deepest nesting of arrays and objects taken, the message itself counting
 # as one level. Well below the 254 levels orjson writes, so whatever the broker
 # builds around a message (a batch, a list result) can still be written.
-MAX_DEPTH = 128
+MAX_DEPTH: Final = 128
 
 
 class JsonRpcError(Exception):
@@ -185,10 +185,10 @@ def _no_constant(text: str) -> Any:
 _EXACT = json.JSONDecoder(
     parse_int=_exact_int, parse_float=_exact_float, parse_constant=_no_constant
 )
-SHAPE = bytes(
+SHAPE: Final = bytes(
     ord("0") if b in b"-0123456789" else ord("[") if b == ord("{") else b for b in range(256)
 )
-LONG = b"0" * 20
+LONG: Final = b"0" * 20
 # Searched for with ``find``, not ``in``, here and on every per-message path:
 # CPython 3.11's ``bytes in bytes`` first tries its operand as an integer
 # (``5 in b"..."``) and formats, then clears, the TypeError that raises:

@@ -91,7 +91,7 @@ the full path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -102,16 +102,16 @@ from broker.jsonrpc import Message
 # The number put where the remembered bytes were: 20 digits, so the one
 # run jsonrpc.LONG may find (module docstring); under 2**64, so orjson reads
 # it as an int; odd and past 2**53, so no float equals it.
-MARKER = 17346128095734612809
-MARKER_BYTES = b"17346128095734612809"
-_KEY = b'"_meta":'
-_SWAP = _KEY + MARKER_BYTES
-_SWAP_TAIL = _SWAP + b"}}"
+MARKER: Final = 17346128095734612809
+MARKER_BYTES: Final = b"17346128095734612809"
+_KEY: Final = b'"_meta":'
+_SWAP: Final = _KEY + MARKER_BYTES
+_SWAP_TAIL: Final = _SWAP + b"}}"
 # The _meta keys a remembered value may hold (anything else reaches the server).
-_DEEP = 2 * jsonrpc.MAX_DEPTH - len(_SWAP_TAIL)  # (a head this long may nest too deep)
-REMEMBERED_KEYS = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY})
+_DEEP: Final = 2 * jsonrpc.MAX_DEPTH - len(_SWAP_TAIL)  # (a head this long may nest too deep)
+REMEMBERED_KEYS: Final = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY})
 # How many times a session tries to remember a value (the first, and changes after it).
-MAX_REMEMBERED = 16
+MAX_REMEMBERED: Final = 16
 
 
 class MetaCache:

@@ -32,7 +32,7 @@ routing, limits and in-flight table, and changes what the eras differ in:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
 from broker import jsonrpc
 from broker.eras import bridge
@@ -90,13 +90,15 @@ from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 
 # Methods of the legacy era that 2026-07-28 removed.
-GONE = frozenset(
+GONE: Final = frozenset(
     {"ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe", "tasks/list"}
     | TASK_METHODS
 )
-MODERN_ROUTED = ROUTED_METHODS - GONE
+MODERN_ROUTED: Final = ROUTED_METHODS - GONE
 # What forward_fast takes: the routed methods that are neither lists nor streams.
-FAST_METHODS = MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
+FAST_METHODS: Final = (
+    MODERN_ROUTED - set(LIST_METHODS) - {"server/discover", "subscriptions/listen"}
+)
 # The ids of the session's own requests (subscriptions for its streams).
 OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
@@ -194,9 +196,9 @@ class ModernSessionProtocol(SessionProtocol):
                 frame = frames[i]
                 if type(frame) is not bytes:
                     return i
-                # (Any, not Message: a compiled build would check that a line
-                # such as '1' decodes to a dict)
-                message: Any = cache.decode(frame)
+                # (typed: a compiled build reads a dict it knows is one;
+                # decode returns one whose params is one too)
+                message = cache.decode(frame)
                 if message is not None:
                     # forward_fast's checks but the _meta's (known good, with
                     # no log level), in line: a call less per call. The session
@@ -205,7 +207,8 @@ class ModernSessionProtocol(SessionProtocol):
                     method = message.get("method")
                     if method not in FAST_METHODS:
                         return i
-                    state = message["params"].get("requestState")
+                    params: Message = message["params"]
+                    state = params.get("requestState")
                     if state is not None and method in INPUT_METHODS and is_ours(state):
                         return i  # a retry: the bridge's
                     forward = SessionProtocol.forward_fast(self, message)
@@ -214,14 +217,16 @@ class ModernSessionProtocol(SessionProtocol):
                     self.client_info = cache.client_info
                     self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
                 else:
+                    # (Any, not Message: a compiled build would check that a
+                    # line such as '1' decodes to a dict)
                     try:
-                        message = jsonrpc.decode(frame)
+                        decoded: Any = jsonrpc.decode(frame)
                     except JsonRpcError:
                         return i
-                    forward = self.forward_fast(message)
+                    forward = self.forward_fast(decoded)
                     if forward is None:
                         return i
-                    cache.remember(frame, message["params"]["_meta"])
+                    cache.remember(frame, decoded["params"]["_meta"])
                 forwards.setdefault(forward[0], []).append(forward[1])
         except Exception:
             self.move(SessionTrigger.FAILED)
