@@ -112,6 +112,8 @@ _DEEP: Final = 2 * jsonrpc.MAX_DEPTH - len(_SWAP_TAIL)  # (a head this long may 
 REMEMBERED_KEYS: Final = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY})
 # How many times a session tries to remember a value (the first, and changes after it).
 MAX_REMEMBERED: Final = 16
+# (a static in a compiled build: orjson.loads is looked up by name on each call)
+_loads: Final = orjson.loads
 
 
 class MetaCache:
@@ -161,8 +163,8 @@ class MetaCache:
                 return None
         try:
             # (a compiled build checks the message is a dict here: a TypeError)
-            message: Message = orjson.loads(swapped)
-            params = message["params"]
+            message: Message = _loads(swapped)
+            params: Message = message["params"]
             if params["_meta"] != MARKER:
                 return None
         except (orjson.JSONDecodeError, KeyError, TypeError):

@@ -229,10 +229,13 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     # (the server's whole line, which head or tail views, searched in place:
     # Answer.written, in line on a modern call's hot path; not `in`: see
     # broker/jsonrpc.py LONG)
-    part = answer.tail if answer.head is PREFIX else answer.head
-    line = part.obj if type(part) is memoryview else part
+    # (bytes tested first: a compiled build looks memoryview up by name)
+    part: Any = answer.tail if answer.head is PREFIX else answer.head
+    line = part
     if type(line) is not bytes:
-        line = bytes(part)
+        line = part.obj  # (a view of the line)
+        if type(line) is not bytes:
+            line = bytes(part)
     if len(line) > 2 * _WINDOW:  # (a large answer: looked at near its ends first)
         return _names(line, _RESULT_TYPE) and (
             method not in CACHEABLE_METHODS or (_names(line, _TTL) and _names(line, _CACHE_SCOPE))

@@ -102,13 +102,15 @@ class Answer:
         :func:`split_answer` made them; a small answer's rest after its id, in
         the usual shape (split_answer copies so little rather than view it);
         an answer whose head was replaced, its bytes now."""
-        part = self.tail if self.head is PREFIX else self.head
-        if type(part) is memoryview:
-            line = part.obj
+        # (bytes tested first: a compiled build looks memoryview up by name)
+        part: Any = self.tail if self.head is PREFIX else self.head
+        if type(part) is bytes:
+            if self.head is PREFIX:
+                return part
+        else:
+            line = part.obj  # (a view of the line)
             if type(line) is bytes:
                 return line
-        elif self.head is PREFIX and type(part) is bytes:
-            return part
         return self.encode()
 
     def read(self, max_depth: int = jsonrpc.MAX_DEPTH) -> Any:
