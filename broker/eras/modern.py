@@ -226,11 +226,17 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     and ``cacheScope`` (a 2026-07-28 server's answer does: it then passes as
     written). One-sided: the keys anywhere count, as :func:`complete_answer`
     has it."""
-    # (the server's whole line, which head or tail views, searched in place:
-    # Answer.written, in line on a modern call's hot path; not `in`: see
-    # broker/jsonrpc.py LONG)
-    # (bytes tested first: a compiled build looks memoryview up by name)
-    part: Any = answer.tail if answer.head is PREFIX else answer.head
+    # The usual answer first: its rest after the id, copied by split_answer
+    # (at most 4 KiB), on a method with no caching hints. (partition, not
+    # find or `in`: no argument format to parse, see broker/jsonrpc.py LONG.)
+    part: Any = answer.tail
+    if type(part) is bytes and answer.head is PREFIX and method not in CACHEABLE_METHODS:
+        return part.partition(_RESULT_TYPE)[1] != b""
+    # (else the server's whole line, which head or tail views, searched in
+    # place: Answer.written, in line; bytes tested first: a compiled build
+    # looks memoryview up by name)
+    if answer.head is not PREFIX:
+        part = answer.head
     line = part
     if type(line) is not bytes:
         line = part.obj  # (a view of the line)

@@ -208,8 +208,11 @@ class ModernSessionProtocol(SessionProtocol):
                     if method not in FAST_METHODS:
                         return i
                     params: Message = message["params"]
-                    state = params.get("requestState")
-                    if state is not None and method in INPUT_METHODS and is_ours(state):
+                    if (
+                        "requestState" in params
+                        and method in INPUT_METHODS
+                        and is_ours(params["requestState"])
+                    ):
                         return i  # a retry: the bridge's
                     forward = SessionProtocol.forward_fast(self, message)
                     if forward is None:
