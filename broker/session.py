@@ -30,7 +30,7 @@ the one version whose schema has them; their responses are collected by
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 import attrs
 
@@ -64,7 +64,7 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
 LIST_METHODS = KIND_BY_METHOD
-ROUTED_METHODS = frozenset(
+ROUTED_METHODS: Final = frozenset(
     {
         "tools/call",
         "prompts/get",

@@ -15,12 +15,12 @@ belong to whichever sessions created them, so the broker:
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from broker.jsonrpc import INVALID_PARAMS, JsonRpcError, Message
 
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
 
 
 def outer_id(server: str, task_id: str) -> str:

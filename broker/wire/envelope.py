@@ -33,7 +33,7 @@ as before.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -45,21 +45,23 @@ from broker.jsonrpc import RequestId
 # rest is (split_answer: a view costs more than copying a few hundred bytes).
 Bytes = bytes | memoryview
 
-PREFIX = b'{"jsonrpc":"2.0","id":'
-SUFFIX = b',"jsonrpc":"2.0","id":'
+PREFIX: Final = b'{"jsonrpc":"2.0","id":'
+SUFFIX: Final = b',"jsonrpc":"2.0","id":'
 _FIRST_KEYS = (b'{"result":', b'{"error":')  # an answer in the TypeScript SDK's shape
 _MAX_ID_DIGITS = 19  # the broker's own upstream ids are positive and never this long
 # The other shape: the prefix, the id, then "result" or "error" (the id's group).
-_USUAL = re.compile(
+_USUAL: Final = re.compile(
     re.escape(PREFIX) + rb"(0|[1-9][0-9]{0,%d}),\"(?:result|error)\":" % (_MAX_ID_DIGITS - 1)
 )
-_CLOSE = ord("}")
-_J = ord("j")
-_E = ord("e")
+# (a static in a compiled build: orjson.dumps is looked up by name on each call)
+_dumps: Final = orjson.dumps
+_CLOSE: Final = ord("}")
+_J: Final = ord("j")
+_E: Final = ord("e")
 # Answers up to this long have their rest copied (a view costs more than
 # copying so little); longer ones are viewed: a 1 MiB result copied three
 # times cost a millisecond of page faults.
-_COPIED = 4096
+_COPIED: Final = 4096
 
 
 class Answer:
@@ -78,7 +80,7 @@ class Answer:
     def pieces(self) -> tuple[Bytes, bytes, Bytes]:
         """The answer's bytes in pieces to join (a large result is then copied
         once, into what the session writes)."""
-        return self.head, orjson.dumps(self.id), self.tail
+        return self.head, _dumps(self.id), self.tail
 
     def is_error(self) -> bool:
         """Whether it is an error response, by one byte: :func:`split_answer`
