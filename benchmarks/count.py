@@ -16,6 +16,14 @@ the same for fewer calls (which cancels start-up and shutdown).
     CPU instructions per call (valgrind's ``cachegrind``, which must be
     installed), the compiled rules included; about a minute per figure.
 
+``python -m benchmarks.count cpu [--clients C --in-flight K] [--calls N]``
+    The daemon's CPU time per call, user and system, read from
+    ``/proc/PID/stat`` once the load is done (100 ticks a second: the
+    default here is 200,000 calls, some 1.5 s of CPU). Time, so it moves
+    with the machine, but a load at a time and nothing else alternating
+    with it, so less than the harness's rounds; it includes the kernel's
+    share, which the instruction count does not.
+
 ``--http json|sse`` drives the daemon through ``serve --http`` instead of
 its socket (``benchmarks.http_load``'s clients, one call in flight each):
 what the Streamable HTTP listener executes per call; with ``--era modern``
@@ -38,10 +46,11 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
+from benchmarks.procs import ECHO_SERVER, Daemon, daemon, loadgen, socket_target, workdir
 
 TRACE_FILE = "MCPBROKER_COUNT_TRACE"  # where the traced daemon writes its counts
 
@@ -70,7 +79,15 @@ def traced_daemon(argv: list[str]) -> int:
         Path(os.environ[TRACE_FILE]).write_text(json.dumps(rows))
 
 
-def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: str) -> None:
+def _run(
+    calls: int,
+    args: argparse.Namespace,
+    prefix: tuple[str, ...],
+    module: str,
+    after: Callable[[Daemon], None] | None = None,
+) -> None:
+    """``calls`` calls through a daemon run under ``prefix``; ``after`` sees
+    the daemon once they are done, before it stops."""
     broker = json.loads(args.broker) if args.broker else None
     modern = getattr(args, "upstream", "legacy") == "modern"
     upstreams = getattr(args, "upstreams", 1)
@@ -83,15 +100,19 @@ def _run(calls: int, args: argparse.Namespace, prefix: tuple[str, ...], module: 
     ):
         if args.http:
             _drive_http(dm.socket, args.clients, calls, args.http == "sse", args.era)
-            return
-        per = max(1, args.clients // len(names))
-        targets = [socket_target(dm.socket, name, per, args.era) for name in names]
-        arguments = {"text": "x"} | ({"pad": "x" * args.pad} if args.pad else {})
-        load = {"in_flight": args.in_flight, "tool": "echo", "arguments": arguments}
-        result = loadgen({"kind": "load", "targets": targets, "load": load | {"requests": calls}})
-        errors = result["result"].get("errors")
-        if errors:
-            raise SystemExit(f"the load had errors: {errors}")
+        else:
+            per = max(1, args.clients // len(names))
+            targets = [socket_target(dm.socket, name, per, args.era) for name in names]
+            arguments = {"text": "x"} | ({"pad": "x" * args.pad} if args.pad else {})
+            load = {"in_flight": args.in_flight, "tool": "echo", "arguments": arguments}
+            result = loadgen(
+                {"kind": "load", "targets": targets, "load": load | {"requests": calls}}
+            )
+            errors = result["result"].get("errors")
+            if errors:
+                raise SystemExit(f"the load had errors: {errors}")
+        if after is not None:
+            after(dm)
 
 
 def _drive_http(socket_path: str, clients: int, calls: int, sse: bool, era: str) -> None:
@@ -159,15 +180,32 @@ def count_instructions(args: argparse.Namespace) -> str:
     return f"{per_call:,.0f} instructions per call"
 
 
+def count_cpu(args: argparse.Namespace) -> str:
+    seconds: list[tuple[float, float]] = []
+    for calls in (args.calls // 5, args.calls):
+        _run(calls, args, (), "cli.main", after=lambda dm: seconds.append(cpu_seconds(dm.pid)))
+    per_call = args.calls * 4 / 5
+    user = (seconds[1][0] - seconds[0][0]) / per_call * 1e6
+    system = (seconds[1][1] - seconds[0][1]) / per_call * 1e6
+    return f"{user + system:.2f} µs of CPU per call (user {user:.2f}, system {system:.2f})"
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """A process's user and system CPU time so far, in seconds (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick  # (utime, stime: fields 14, 15)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         return traced_daemon(argv)
     parser = argparse.ArgumentParser(prog="python -m benchmarks.count", description=__doc__)
-    parser.add_argument("what", choices=["lines", "instructions"])
+    parser.add_argument("what", choices=["lines", "instructions", "cpu"])
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--in-flight", type=int, default=16)
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=int, help="(default: 20,000; cpu: 200,000)")
     parser.add_argument("--http", choices=["json", "sse"], help="through serve --http")
     parser.add_argument("--top", type=int, default=20, help="functions shown (lines)")
     parser.add_argument(
@@ -202,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         help='the config\'s broker section, e.g. \'{"metrics": "0"}\' (what metrics cost)',
     )
     args = parser.parse_args(argv)
+    if args.calls is None:
+        args.calls = 200_000 if args.what == "cpu" else 20_000
     if args.tree:
         os.chdir(args.tree)
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.count", *_without_tree(argv)])
@@ -210,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         load = f"{args.upstreams} upstreams, {load}"
     if args.http:
         load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls, {args.era}"
-    print(f"{load}: " + (count_lines(args) if args.what == "lines" else count_instructions(args)))
+    count = {"lines": count_lines, "instructions": count_instructions, "cpu": count_cpu}
+    print(f"{load}: " + count[args.what](args))
     return 0
 
 

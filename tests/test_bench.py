@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from functools import partial
 from typing import Any
 
@@ -221,6 +222,33 @@ async def test_counting_per_call_cancels_start_up_and_sees_every_call() -> None:
     assert found is not None and float(found[1]) > float(found[2]) > 0, out
     for function in ("broker/session.py:forward_fast", "broker/upstream.py:answer_fast"):
         assert re.search(rf"1\.00 calls  {function}$", out, re.MULTILINE), out
+
+
+def test_cpu_seconds_reads_a_process_s_own_clock() -> None:
+    from benchmarks.count import cpu_seconds
+
+    user, system = cpu_seconds(os.getpid())
+    spin = time.process_time() + 0.05
+    while time.process_time() < spin:
+        pass
+    later = cpu_seconds(os.getpid())
+    assert later[0] + later[1] >= user + system + 0.03  # (10 ms ticks)
+
+
+async def test_counting_cpu_per_call_reads_the_daemon_once_its_load_is_done() -> None:
+    command = [sys.executable, "-m", "benchmarks.count", "cpu"]
+    command += ["--clients", "2", "--in-flight", "2", "--calls", "2000"]
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    found = re.search(r"2,000 calls, legacy: ([0-9.]+) µs of CPU per call \(user ([0-9.]+), "
+                      r"system ([0-9.]+)\)", out)  # fmt: skip
+    assert found is not None, out
+    total, user, system = (float(found[n]) for n in (1, 2, 3))
+    assert total > 0 and abs(total - user - system) < 0.02, out
 
 
 def engine_answers(target: Target, load: Load) -> tuple[dict[str, Any], list[Any]]:
