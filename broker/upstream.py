@@ -408,9 +408,17 @@ class UpstreamProtocol:
         if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
             # (_asks_legacy: its answer may be input_required, for the broker
             # to put to the client; the request as the client sent it is kept
-            # for the retry, before _open rewrites it)
+            # for the retry, before _open rewrites it. Its params are kept
+            # as they are, not copied: _open gives the request new ones, the
+            # stamped, and changes these only to rewrite a progressToken in
+            # their _meta, so only params with a _meta are copied.)
+            # (copy, not {**request}: CPython clones a small dict's table whole)
             params = request.get("params")
-            note = InputRound({**request, "params": dict(params) if type(params) is dict else {}})
+            if type(params) is not dict or "_meta" in params:
+                params = dict(params) if type(params) is dict else {}
+            sent = request.copy()
+            sent["params"] = params
+            note = InputRound(sent)
             self.requests.note(self._open(session, request, now), note)
             return True
         self._open(session, request, now)

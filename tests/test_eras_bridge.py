@@ -17,6 +17,7 @@ from broker.eras.bridge import (
     CancelCall,
     Rebind,
     SendServer,
+    ends_round,
     legacy_params,
     modern_params,
 )
@@ -28,6 +29,7 @@ from broker.eras.versions import (
     PROTOCOL_VERSION_KEY,
 )
 from broker.requestmap import InputRound, RequestMap
+from broker.wire.envelope import split_answer
 
 KEY = b"k" * 32
 ELICIT = {"method": "elicitation/create", "params": {"mode": "form", "message": "name?"}}
@@ -481,3 +483,27 @@ def test_a_retry_takes_over_a_call_in_the_id_map() -> None:
     assert not requests.rebind(other, "s1", 3)
     requests.open("s2", {"jsonrpc": "2.0", "id": 9, "method": "tools/call"})
     assert not requests.rebind(other, "s2", 9)
+
+
+@pytest.mark.parametrize("pad", [0, 5000])  # (an answer's rest copied, or viewed)
+@pytest.mark.parametrize("typescript_shape", [False, True])
+@given(
+    error=st.booleans(),
+    said=st.sampled_from(["complete", "input_required", "no back-channel", "x"]),
+)
+def test_a_round_ends_unless_the_answer_s_bytes_name_what_would_continue_it(
+    pad: int, typescript_shape: bool, error: bool, said: str
+) -> None:
+    """An error naming a missing back-channel, or a result naming
+    input_required, anywhere in its bytes, is left to the parser."""
+    body: dict[str, Any] = (
+        {"error": {"code": -32603, "message": said, "data": "x" * pad}}
+        if error
+        else {"result": {"resultType": said, "pad": "x" * pad}}
+    )
+    message = {**body, "jsonrpc": "2.0", "id": 3} if typescript_shape else {
+        "jsonrpc": "2.0", "id": 3, **body}  # fmt: skip
+    answer = split_answer(orjson.dumps(message))
+    assert answer is not None
+    needle = "no back-channel" if error else '"input_required"'
+    assert ends_round(answer) == (needle not in orjson.dumps(message).decode())

@@ -425,3 +425,24 @@ def test_only_an_error_is_searched_for_the_refusal(shape: str) -> None:
         answer = split_answer(line(upstream_id, key, value))
         assert answer is not None and answer.is_error() is (key == b"error")
         assert (proto.answer_fast(answer) == "a") is fast
+
+
+def test_a_fast_call_asked_keeps_the_clients_progress_token_for_its_retry() -> None:
+    """The request kept for the retry is the client's: its progressToken as
+    the client sent it, not the one rewritten for the first try upstream."""
+    proto, _ = modern_server()
+    proto.attach("a", ASKS)
+    request = call(7, progressToken="p")
+    assert proto.forward_fast("a", request)
+    assert request["params"]["_meta"]["progressToken"] == request["id"]  # rewritten upstream
+    (ask,) = proto.server_message(input_required(request["id"], colour=QUESTION))
+    assert isinstance(ask, Deliver)
+    answer = jsonrpc.result_response(ask.message["id"], {"action": "accept", "content": {}})
+    retry = sent(proto.client_answer("a", answer))
+    assert retry["params"]["name"] == "ask" and retry["params"]["arguments"] == {}
+    token = retry["params"]["_meta"]["progressToken"]
+    assert token == retry["id"] != request["id"]
+    progress = {"progressToken": token, "progress": 1}
+    (delivered,) = proto.server_message(jsonrpc.notification("notifications/progress", progress))
+    assert isinstance(delivered, Deliver) and delivered.session == "a"
+    assert delivered.message["params"]["progressToken"] == "p"

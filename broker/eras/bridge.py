@@ -190,11 +190,17 @@ def ends_round(answer: Answer) -> bool:
     name a missing back-channel (:func:`refuses_back_channel`, which the
     Upstream warns of)."""
     needle = _NO_BACK_CHANNEL if answer.is_error() else _INPUT_REQUIRED
-    # (the line searched in place, once; find, not `in`: see broker/jsonrpc.py LONG)
-    return answer.written().find(needle) < 0
+    # (the line searched in place, once; not `in`: see broker/jsonrpc.py LONG;
+    # partition, which parses no argument format, where its copies of the
+    # two sides are small)
+    line = answer.written()
+    if len(line) > _PARTITIONED:
+        return line.find(needle) < 0
+    return not line.partition(needle)[1]
 
 
 _INPUT_REQUIRED = b'"input_required"'
+_PARTITIONED = 4096  # (envelope's copied answers: a larger line is a view's whole line)
 _NO_BACK_CHANNEL = b"no back-channel"
 
 
