@@ -324,7 +324,7 @@ class UpstreamProtocol:
             note = TaskList()
         modern = self.modern_server
         if note is None and modern is not None and modern.asks_legacy(session, method):
-            note = InputRound({**request, "params": dict(params)})  # (before _open rewrites it)
+            note = InputRound(_as_sent(request))
         upstream_id = self._open(session, request, now)
         if note is not None:
             self.requests.note(upstream_id, note)
@@ -407,18 +407,8 @@ class UpstreamProtocol:
             return False
         if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
             # (_asks_legacy: its answer may be input_required, for the broker
-            # to put to the client; the request as the client sent it is kept
-            # for the retry, before _open rewrites it. Its params are kept
-            # as they are, not copied: _open gives the request new ones, the
-            # stamped, and changes these only to rewrite a progressToken in
-            # their _meta, so only params with a _meta are copied.)
-            # (copy, not {**request}: CPython clones a small dict's table whole)
-            params = request.get("params")
-            if type(params) is not dict or "_meta" in params:
-                params = dict(params) if type(params) is dict else {}
-            sent = request.copy()
-            sent["params"] = params
-            note = InputRound(sent)
+            # to put to the client)
+            note = InputRound(_as_sent(request))
             self.requests.note(self._open(session, request, now), note)
             return True
         self._open(session, request, now)
@@ -987,6 +977,21 @@ def _uri_of(request: Message) -> str:
     if not isinstance(uri, str):
         raise JsonRpcError(INVALID_PARAMS, f"{request['method']} needs params.uri (a string)")
     return uri
+
+
+def _as_sent(request: Message) -> Message:
+    """A legacy client's call to a modern server as the client sent it, kept
+    (an :class:`InputRound`'s) for a retry before :meth:`UpstreamProtocol._open`
+    rewrites the request. Its params are kept, not copied, unless they hold a
+    ``_meta``: ``_open`` gives the request new params (the stamp) and changes
+    the client's only to rewrite a ``progressToken`` there. (``copy``, not
+    ``{**request}``: CPython clones a small dict's table whole.)"""
+    params = request.get("params")
+    if type(params) is not dict or "_meta" in params:
+        params = dict(params) if type(params) is dict else {}
+    sent = request.copy()
+    sent["params"] = params
+    return sent
 
 
 def _cancelled(upstream_id: int, reason: Any) -> Message:

@@ -67,7 +67,7 @@ from broker.jsonrpc import (
 )
 from broker.requestmap import InputRound
 from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
-from broker.wire.envelope import Answer
+from broker.wire.envelope import COPIED, Answer
 
 MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
 MAX_EXPIRED = 256  # expired requestStates remembered per session, to tell a late retry why
@@ -194,13 +194,12 @@ def ends_round(answer: Answer) -> bool:
     # partition, which parses no argument format, where its copies of the
     # two sides are small)
     line = answer.written()
-    if len(line) > _PARTITIONED:
+    if len(line) > COPIED:  # (a view's whole line: not copied twice)
         return line.find(needle) < 0
     return not line.partition(needle)[1]
 
 
 _INPUT_REQUIRED = b'"input_required"'
-_PARTITIONED = 4096  # (envelope's copied answers: a larger line is a view's whole line)
 _NO_BACK_CHANNEL = b"no back-channel"
 
 

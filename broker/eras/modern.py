@@ -229,19 +229,10 @@ def complete_as_written(answer: Answer, method: str) -> bool:
     # The usual answer first: its rest after the id, copied by split_answer
     # (at most 4 KiB), on a method with no caching hints. (partition, not
     # find or `in`: no argument format to parse, see broker/jsonrpc.py LONG.)
-    part: Any = answer.tail
+    part = answer.tail
     if type(part) is bytes and answer.head is PREFIX and method not in CACHEABLE_METHODS:
         return part.partition(_RESULT_TYPE)[1] != b""
-    # (else the server's whole line, which head or tail views, searched in
-    # place: Answer.written, in line; bytes tested first: a compiled build
-    # looks memoryview up by name)
-    if answer.head is not PREFIX:
-        part = answer.head
-    line = part
-    if type(line) is not bytes:
-        line = part.obj  # (a view of the line)
-        if type(line) is not bytes:
-            line = bytes(part)
+    line = answer.written()  # (any other: the server's line, searched in place)
     if len(line) > 2 * _WINDOW:  # (a large answer: looked at near its ends first)
         return _names(line, _RESULT_TYPE) and (
             method not in CACHEABLE_METHODS or (_names(line, _TTL) and _names(line, _CACHE_SCOPE))

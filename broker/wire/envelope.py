@@ -61,7 +61,7 @@ _E: Final = ord("e")
 # Answers up to this long have their rest copied (a view costs more than
 # copying so little); longer ones are viewed: a 1 MiB result copied three
 # times cost a millisecond of page faults.
-_COPIED: Final = 4096
+COPIED: Final = 4096
 
 
 class Answer:
@@ -151,7 +151,7 @@ def split_answer(line: bytes) -> Answer | None:
             return None
         end = match.end(1)
         # (a small answer's rest copied, cheaper than a view; a large one's viewed)
-        tail = line[end:] if len(line) <= _COPIED else memoryview(line)[end:]
+        tail = line[end:] if len(line) <= COPIED else memoryview(line)[end:]
         return Answer(PREFIX, int(match.group(1)), tail)
     if line.startswith(_FIRST_KEYS):
         at = line.rfind(SUFFIX, max(0, len(line) - len(SUFFIX) - _MAX_ID_DIGITS - 1))
