@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -424,7 +425,7 @@ def test_the_hot_path_counter_carries_calls_as_each_path_does(path: str) -> None
 def test_the_hot_path_counter_prints_a_count_per_path() -> None:
     command = [sys.executable, "-m", "benchmarks.hotpath", "--path", "legacy"]
     command += ["--path", "modern", "--calls", "160"]
-    done = __import__("subprocess").run(command, cwd=REPO, capture_output=True, timeout=120)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode()
     assert re.search(r"^legacy: [0-9,]+ instructions per call$", out, re.MULTILINE), out
