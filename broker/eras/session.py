@@ -135,6 +135,7 @@ class ModernSessionProtocol(SessionProtocol):
             max_in_flight=max_in_flight,
         )
         self.state = SessionState.OPERATING  # no handshake (broker/states.py)
+        self.fast_methods = FAST_METHODS
         self.protocol_version = LATEST_MODERN_VERSION
         self.attached = False
         self.listeners: Listeners | None = None  # made on the first listen
@@ -160,8 +161,12 @@ class ModernSessionProtocol(SessionProtocol):
         tests/test_eras_fuzz.py holds the two to the same answers."""
         if not self.attached or type(message) is not dict:
             return None
-        method, params = message.get("method"), message.get("params")
-        if method not in FAST_METHODS or type(params) is not dict:
+        # (the method is tested once, by the inherited forward_fast: its
+        # fast_methods are this session's FAST_METHODS)
+        # (Any: a str once forward_fast took it, which it records)
+        method: Any = message.get("method")
+        params = message.get("params")
+        if type(params) is not dict:
             return None
         # read_meta's checks, for a good request: anything else receive() refuses.
         meta = params.get("_meta")
@@ -170,7 +175,12 @@ class ModernSessionProtocol(SessionProtocol):
         capabilities = meta.get(CLIENT_CAPABILITIES_KEY)
         if type(capabilities) is not dict or LOG_LEVEL_KEY in meta:
             return None  # (a log level may change the session's: receive() says so)
-        if "requestState" in params and method in INPUT_METHODS and is_ours(params["requestState"]):
+        if (
+            "requestState" in params
+            and type(method) is str  # (any JSON value: a list is unhashable)
+            and method in INPUT_METHODS
+            and is_ours(params["requestState"])
+        ):
             return None  # a retry: the bridge's
         # (with its _meta, as receive() forwards it: a modern server reads it,
         # the Upstream strips it for a legacy one)
@@ -204,12 +214,11 @@ class ModernSessionProtocol(SessionProtocol):
                     # no log level), in line: a call less per call. The session
                     # is attached: a _meta is remembered only once forward_fast
                     # took its request, which it does only once attached.
-                    method = message.get("method")
-                    if method not in FAST_METHODS:
-                        return i
+                    method: Any = message.get("method")  # (a str once taken)
                     params: Message = message["params"]
                     if (
                         "requestState" in params
+                        and type(method) is str  # (a list is unhashable)
                         and method in INPUT_METHODS
                         and is_ours(params["requestState"])
                     ):
