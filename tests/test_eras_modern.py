@@ -16,7 +16,6 @@ from broker.eras.modern import (
     check_input_requests,
     client_era,
     complete_answer,
-    complete_as_written,
     complete_result,
     discover_result,
     read_meta,
@@ -269,45 +268,3 @@ def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
             expected["result"] = complete_result(method, expected["result"])
         assert isinstance(stamped, Answer) and stamped.id == "c1"
         assert orjson.loads(stamped.encode()) == expected
-
-
-@given(bodies, st.sampled_from(["tools/call", "resources/read"]), st.booleans(), st.booleans())
-def test_an_answer_is_complete_as_written_as_its_bytes_say(
-    body: dict[str, Any], method: str, typescript_shape: bool, stamped_first: bool
-) -> None:
-    """Searched in the server's line in place (head or tail views it), or in
-    the bytes a stamp made: resultType, and on a read the caching hints."""
-    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
-        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
-    answer = split_answer(orjson.dumps(message))
-    assert answer is not None
-    if stamped_first:
-        complete_answer(answer, method)
-    line = answer.encode()
-    keys = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]
-    assert complete_as_written(answer, method) == all(key in line for key in keys)
-
-
-@given(
-    st.permutations(["resultType", "ttlMs", "cacheScope", "content", "pad"]),
-    st.sets(st.sampled_from(["resultType", "ttlMs", "cacheScope"])),
-    st.integers(0, 700),
-    st.sampled_from(["tools/call", "resources/read"]),
-    st.booleans(),
-)
-def test_a_large_answer_is_complete_as_written_wherever_its_keys_are(
-    order: list[str], absent: set[str], pad: int, method: str, typescript_shape: bool
-) -> None:
-    """Looked for near either end of a large answer first, then anywhere: the
-    same verdict as a search of the whole line, keys first, last or between."""
-    values = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private",
-              "content": [], "pad": "x" * pad}  # fmt: skip
-    result = {key: values[key] for key in order if key not in absent}
-    body = {"result": result}
-    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
-        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
-    answer = split_answer(orjson.dumps(message))
-    assert answer is not None
-    line = answer.encode()
-    keys = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]
-    assert complete_as_written(answer, method) == all(line.find(key) >= 0 for key in keys)

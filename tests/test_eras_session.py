@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from broker.catalog import Catalog
@@ -163,11 +164,9 @@ def test_a_call_goes_to_its_server_with_its_meta_and_its_answer_comes_back_moder
 
 def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> None:
     """A 2026-07-28 server's answer (the Upstream marks it, ``Answer.modern``)
-    is already in the era's terms: passed on unparsed and unstamped when its
-    bytes name what the era's results carry (``resultType``; on a read the
-    caching hints too). The same line from a legacy server is read (it names
-    a key the broker would put), and stamped; a modern server's answer that
-    lacks a required key is completed as a legacy server's is."""
+    is in the era's terms already: passed on unparsed and unstamped. The same
+    line from a legacy server is read (it names a key the broker would put),
+    its own keys kept."""
     hints = {"ttlMs": 60000, "cacheScope": "public"}
     for modern in (True, False):
         proto = opened(session())
@@ -185,19 +184,35 @@ def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> 
         else:  # (read, the server's own keys kept)
             assert out[0]["result"] == {"resultType": "complete", "contents": [], **hints}
         assert proto.inflight == set() and proto.open_calls == {}
-    # A modern server's answers that lack what the era's results carry.
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_a_modern_servers_answer_is_not_completed_by_the_broker(read: bool) -> None:
+    """The schema has a 2026-07-28 server include ``resultType`` (and on a read
+    the caching hints), and the broker checks no server's result against the
+    schema, in either era: a modern server's answer that lacks them passes
+    as it came, unparsed or, while a call waits for its client's retry, read
+    (docs/eras.md). A legacy server's answer is completed."""
     for method, params, result, completed in (
         ("tools/call", {"name": "files__read"}, b'{"content":[]}',
          {"resultType": "complete", "content": []}),
         ("resources/read", {"uri": "file:///x"}, b'{"resultType":"complete","contents":[]}',
          {"resultType": "complete", "contents": [], "ttlMs": 0, "cacheScope": "private"}),
     ):  # fmt: skip
-        proto = opened(session())
-        assert [type(a) for a in proto.receive(request("r2", method, **params))] == [Forward]
-        bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":%s}' % result)
-        assert bare is not None
-        bare.id, bare.modern = "r2", True
-        assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2", "result": completed}]
+        for modern in (True, False):
+            proto = opened(session())
+            if read:  # (a call at github parked: every answer is read)
+                proto.receive(request("q", "tools/call", _meta=meta({"elicitation": {}}),
+                                      name="github__search"))  # fmt: skip
+                assert len(written(proto, question("mcpbroker:github:1"))) == 1
+                assert proto.questions.parked
+            assert [type(a) for a in proto.receive(request("r2", method, **params))] == [Forward]
+            bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":%s}' % result)
+            assert bare is not None
+            bare.id, bare.modern = "r2", modern
+            want = orjson.loads(result) if modern else completed
+            assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2", "result": want}]
+            assert "r2" not in proto.inflight and "r2" not in proto.open_calls
 
 
 def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> None:

@@ -8,9 +8,12 @@ without a version or capabilities, is -32602; a version the broker does not
 serve in this era is -32022, naming the versions it does. The broker answers
 ``server/discover`` itself (:func:`discover_result`), from the same catalog
 and view that ``initialize`` reads for a legacy client, and every result it
-writes to a modern client carries ``resultType`` (and, on lists, reads and
-discover, the caching hints ``ttlMs`` and ``cacheScope``):
-:func:`complete_result`.
+writes to a modern client, its own or a legacy server's, carries
+``resultType`` (and, on lists, reads and discover, the caching hints
+``ttlMs`` and ``cacheScope``): :func:`complete_result`, or
+:func:`complete_answer` on an answer left unparsed. A 2026-07-28 server's
+answer passes as it came: the schema has the server include them
+(docs/eras.md).
 """
 
 from __future__ import annotations
@@ -218,49 +221,6 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     else:
         answer.head = stamped
     return answer
-
-
-def complete_as_written(answer: Answer, method: str) -> bool:
-    """Whether a server's unparsed answer already names what every result of
-    2026-07-28 carries: ``resultType``, and on a cacheable method ``ttlMs``
-    and ``cacheScope`` (a 2026-07-28 server's answer does: it then passes as
-    written). One-sided: the keys anywhere count, as :func:`complete_answer`
-    has it."""
-    # The usual answer first: its rest after the id, copied by split_answer
-    # (at most 4 KiB), on a method with no caching hints. (partition, not
-    # find or `in`: no argument format to parse, see broker/jsonrpc.py LONG.)
-    part = answer.tail
-    if type(part) is bytes and answer.head is PREFIX and method not in CACHEABLE_METHODS:
-        return part.partition(_RESULT_TYPE)[1] != b""
-    line = answer.written()  # (any other: the server's line, searched in place)
-    if len(line) > 2 * _WINDOW:  # (a large answer: looked at near its ends first)
-        return _names(line, _RESULT_TYPE) and (
-            method not in CACHEABLE_METHODS or (_names(line, _TTL) and _names(line, _CACHE_SCOPE))
-        )
-    # (partition, not find: no argument format to parse, 400 instructions
-    # less an answer; it copies the line's two sides, at most 512 bytes here)
-    if not line.partition(_RESULT_TYPE)[1]:
-        return False
-    return method not in CACHEABLE_METHODS or (
-        line.find(_TTL) >= 0 and line.find(_CACHE_SCOPE) >= 0
-    )
-
-
-_RESULT_TYPE: Final = b'"resultType"'
-_TTL: Final = b'"ttlMs"'
-_CACHE_SCOPE: Final = b'"cacheScope"'
-# How far from either end of a large answer its keys are looked for first.
-_WINDOW: Final = 256
-
-
-def _names(line: bytes, key: bytes) -> bool:
-    """Whether ``key`` is anywhere in a large ``line``, looked for first where servers
-    write it, near the start of a large answer's result (benchmarks/echo_server.py)
-    or near its end (the official SDK writes ``resultType`` last): a 1 MiB
-    answer searched whole cost 250 µs per key."""
-    if line.find(key, 0, _WINDOW) >= 0 or line.find(key, len(line) - _WINDOW) >= 0:
-        return True
-    return line.find(key) >= 0
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

@@ -41,7 +41,6 @@ from broker.eras.modern import (
     INPUT_METHODS,
     RequestMeta,
     complete_answer,
-    complete_as_written,
     complete_result,
     discover_result,
     read_meta,
@@ -449,13 +448,15 @@ class ModernSessionProtocol(SessionProtocol):
             for message in items:
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
+                modern = False
                 if type(message) is Answer:
                     if self._answer_fast(message):
                         out.append(message)
                         continue
+                    modern = message.modern
                     message = message.read()
                 if isinstance(message, dict):
-                    out.extend(self._outgoing_modern(message))
+                    out.extend(self._outgoing_modern(message, modern))
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
@@ -463,21 +464,16 @@ class ModernSessionProtocol(SessionProtocol):
     def _answer_fast(self, answer: Answer) -> bool:
         """The common case of :meth:`_outgoing_modern`, without parsing: the
         answer to a request passed on, while no call waits for a retry (the
-        bridge's) and none was taken over by one; stamped by
-        :func:`~broker.eras.modern.complete_answer`, or as it is if a
-        2026-07-28 server wrote it (``Answer.modern``) complete.
+        bridge's) and none was taken over by one; as it is if a 2026-07-28
+        server wrote it (``Answer.modern``: see :meth:`_outgoing_modern`),
+        else stamped by :func:`~broker.eras.modern.complete_answer`.
         False: read it."""
         if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return False
         id = answer.id
         call = self.open_calls.pop(id, None)  # (what _forget does, in fewer steps)
-        # A modern server's answer as written if it names what the era's
-        # results carry; else stamped, as a legacy server's; else read.
-        if (
-            call is not None
-            and not (answer.modern and complete_as_written(answer, call[0]))
-            and complete_answer(answer, call[0]) is None
-        ):
+        # (a legacy server's answer that complete_answer cannot stamp unread: read)
+        if call is not None and not answer.modern and complete_answer(answer, call[0]) is None:
             self.open_calls[id] = call  # (the general path reads it)
             return False
         self.inflight.discard(id)
@@ -491,7 +487,13 @@ class ModernSessionProtocol(SessionProtocol):
         answers, self.upstream_answers = self.upstream_answers, []
         return answers
 
-    def _outgoing_modern(self, message: Message) -> list[Message]:
+    def _outgoing_modern(self, message: Message, modern: bool = False) -> list[Message]:
+        """What the client reads of a message bound for it. An answer gets
+        ``resultType`` (and on a read the caching hints) where it lacks them
+        (:func:`~broker.eras.modern.complete_result`), unless a 2026-07-28
+        server wrote it (``modern``): the schema has such a server include
+        them, and the broker checks no server's result against the schema,
+        in either era, so its answer passes as it came (docs/eras.md)."""
         if "method" in message:
             if "id" in message:
                 return self._server_asks(message)
@@ -518,7 +520,7 @@ class ModernSessionProtocol(SessionProtocol):
             message = {**message, "id": current}
         if self.calls is not None:
             self.calls.answered(current, message)
-        return [self._answer_of(message, method) if method is not None else message]
+        return [self._answer_of(message, method) if method is not None and not modern else message]
 
     def _server_asks(self, request: Message) -> list[Message]:
         """A server's question: on the one call this session has at that server,
