@@ -61,5 +61,7 @@ class InternalClient:
                     await upstream.send(ClientCancelled(self.handle, {"requestId": id}))
         if "error" in response:
             error = response["error"]
+            if not isinstance(error, dict):  # a server's error is untrusted: this one says nothing
+                error = {}
             raise JsonRpcError(error.get("code", 0), error.get("message", "error"))
         return response.get("result")

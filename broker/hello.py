@@ -54,7 +54,8 @@ def read_hello(message: Any) -> Hello | None:
         raise HelloError('the "mcpbroker" hello must be an object')
     command = body.get("command")
     if command is not None:
-        if command not in COMMANDS:
+        # Only a str can be a command (a list or an object is unhashable).
+        if not isinstance(command, str) or command not in COMMANDS:
             raise HelloError(f"unknown command {command!r} (known: {', '.join(sorted(COMMANDS))})")
         return Hello(command=command)
     servers = body.get("servers")

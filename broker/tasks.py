@@ -65,7 +65,9 @@ class TaskTable:
             return
         if isinstance(result.get("taskId"), str):
             result["taskId"] = outer_id(self.server, result["taskId"])
-        related = (result.get("_meta") or {}).get(RELATED_TASK)
+        meta = result.get("_meta")
+        # A server's _meta is untrusted: a list or a string has no related task.
+        related = meta.get(RELATED_TASK) if isinstance(meta, dict) else None
         if isinstance(related, dict) and isinstance(related.get("taskId"), str):
             related["taskId"] = outer_id(self.server, related["taskId"])
 
@@ -76,7 +78,10 @@ class TaskTable:
         mine = [
             t
             for t in result["tasks"]
-            if isinstance(t, dict) and self._owners.get(t.get("taskId", "")) == session
+            # Only a str taskId can be the session's (a list one is unhashable).
+            if isinstance(t, dict)
+            and isinstance(t.get("taskId"), str)
+            and self._owners.get(t["taskId"]) == session
         ]
         for task in mine:
             self.rename(task)

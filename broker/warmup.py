@@ -67,7 +67,9 @@ class WarmUp:
     def check(self, server: str, request: Message, name: Any) -> None:
         """A call for a tool this (warmed-up) instance does not offer is refused."""
         tools = self.checked()
-        if tools is not None and name not in tools:
+        # A name from the client is untrusted: one that is no str (a list is
+        # unhashable) is no tool it offers either.
+        if tools is not None and (not isinstance(name, str) or name not in tools):
             raise JsonRpcError(
                 INVALID_PARAMS,
                 f"MCP server {server!r} does not offer a tool {name!r}",

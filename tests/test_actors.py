@@ -14,8 +14,10 @@ import trio.testing
 
 from actors.daemon import RULES
 from actors.downstream.stream import StreamConnection
+from actors.internal import InternalClient
 from actors.mailbox import OUTBOX_SIZE
 from actors.registry import Registry
+from actors.server_actor import ClientRequest
 from actors.session import Session
 from actors.upstream import Upstream
 from broker import jsonrpc
@@ -666,3 +668,18 @@ async def test_a_broker_bug_while_fetching_a_catalog_settles_it_and_the_rest_goe
         assert (await client.receive())["method"] == "notifications/tools/list_changed"
         tools = (await client.request("tools/list"))["result"]["tools"]
     assert "new_tool" in [t["name"] for t in tools]
+
+
+async def test_a_catalog_fetch_answered_with_an_error_that_is_no_object_raises_a_jsonrpc_error(
+    nursery: trio.Nursery,
+) -> None:
+    internal = InternalClient()
+    await nursery.start(internal.run)
+
+    class Server:  # answers every request with an error that is a list, not an object
+        async def send(self, request: ClientRequest) -> None:
+            (message,) = request.messages
+            internal.handle.deliver({"jsonrpc": "2.0", "id": message["id"], "error": ["x"]})
+
+    with trio.fail_after(5), pytest.raises(jsonrpc.JsonRpcError):
+        await internal.call(Server(), "tools/list", {})  # type: ignore[arg-type]

@@ -224,6 +224,23 @@ def test_an_unknown_input_request_is_invalid() -> None:
     assert caught.value.code == -32602
 
 
+@pytest.mark.parametrize(
+    ("capabilities", "asked"),
+    [
+        ({"elicitation": {}}, {"method": ["elicitation/create"]}),
+        ({"elicitation": {}}, {"method": {"m": 1}}),
+        ({}, {"method": "elicitation/create", "params": [1]}),
+        ({"elicitation": {}}, {"method": "elicitation/create", "params": "url"}),
+    ],
+)
+def test_an_input_request_of_the_wrong_shape_is_invalid(
+    capabilities: dict[str, Any], asked: dict[str, Any]
+) -> None:
+    with pytest.raises(JsonRpcError) as caught:
+        check_input_requests(capabilities, {"a": asked})
+    assert caught.value.code == -32602
+
+
 # -- stamping an answer without parsing it --------------------------------------
 
 STAMPED_KEYS = (b'"resultType"', b'"ttlMs"', b'"cacheScope"')

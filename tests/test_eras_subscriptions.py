@@ -74,6 +74,14 @@ def test_notifications_go_to_the_streams_that_asked_stamped_with_their_id() -> N
     assert listeners.route({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed"}) == []
 
 
+@pytest.mark.parametrize("uri", [["f:///a"], {"f:///a": 1}])
+def test_an_update_whose_uri_is_no_string_goes_to_no_stream(uri: Any) -> None:
+    listeners = Listeners(EVERYTHING)
+    listeners.listen(listen(1, resourceSubscriptions=["f:///a"]))
+    note = {**updated("f:///a"), "params": {"uri": uri}}
+    assert listeners.route(note) == []
+
+
 def test_cancelling_a_stream_releases_only_the_uris_no_other_stream_holds() -> None:
     listeners = Listeners(EVERYTHING)
     listeners.listen(listen(1, resourceSubscriptions=["f:///a", "f:///b"]))

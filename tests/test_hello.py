@@ -50,6 +50,8 @@ def test_hello_without_servers_means_all(body: dict[str, Any]) -> None:
         ("files", "must be an object"),
         ({"servers": "files"}, "list of server names"),
         ({"servers": ["files", 1]}, "list of server names"),
+        ({"command": ["status"]}, "unknown command"),
+        ({"command": {"status": 1}}, "unknown command"),
     ],
 )
 def test_bad_hello(body: Any, fragment: str) -> None:

@@ -204,10 +204,12 @@ def test_an_error_status_with_a_json_rpc_error_is_the_answer() -> None:
         (-32601, True),
         (-32600, False),
         (-32602, False),
+        ([-32601], False),  # a code that is no int is no refusal (nor a TypeError)
+        ({"c": -32601}, False),
     ],
 )
 def test_an_initialize_refused_with_a_modern_error_is_no_reason_to_fall_back(
-    code: int, modern: bool
+    code: Any, modern: bool
 ) -> None:
     body = orjson.dumps({"jsonrpc": "2.0", "id": "i", "error": {"code": code, "message": "no"}})
     assert (modern_refusal(body, "i") is not None) is modern

@@ -104,6 +104,23 @@ def test_a_task_list_shows_a_session_only_its_own_tasks() -> None:
     assert listed["tasks"] == [{"taskId": "srv:mine"}]
 
 
+def test_a_task_list_entry_with_a_non_string_id_is_dropped() -> None:
+    proto = ready("srv")
+    create_task(proto, A, "mine")
+    sent = call(proto, A, 4, "tasks/list")
+    listed = answer(proto, sent, {"tasks": [{"taskId": ["mine"]}, {"taskId": "mine"}]})
+    assert listed["tasks"] == [{"taskId": "srv:mine"}]
+
+
+@pytest.mark.parametrize("meta", [["x"], "x", 5])
+def test_a_task_result_whose_meta_is_no_object_passes_unrenamed(meta: Any) -> None:
+    proto = ready("srv")
+    create_task(proto, A, "t1")
+    sent = call(proto, A, 2, "tasks/get", taskId="t1")
+    result = answer(proto, sent, {"taskId": "t1", "status": "working", "_meta": meta})
+    assert result["taskId"] == "srv:t1" and result["_meta"] == meta
+
+
 def catalog(*servers: str, tasks: dict[str, Any] | None = None) -> Catalog:
     identity = ServerIdentity("2025-11-25", {"tools": {}, "tasks": tasks or TASKS}, {"name": "x"})
     return Catalog([ServerEntry(s, ServerState.READY, identity) for s in servers])

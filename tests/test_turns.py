@@ -337,6 +337,17 @@ def test_a_call_for_a_tool_the_instance_lacks_names_the_server_and_the_tool() ->
     assert "'s'" in raised.value.message and "'zz'" in raised.value.message
 
 
+@pytest.mark.parametrize("name", [["a"], {"a": 1}])
+def test_a_call_whose_tool_name_is_no_string_is_refused_like_an_unknown_tool(name: Any) -> None:
+    proto, listing = warming(frozenset({"a"}))
+    proto.server_message(jsonrpc.result_response(listing, tools("a")))
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name}}
+    with pytest.raises(JsonRpcError) as raised:
+        proto.client_request(A, request)
+    assert raised.value.code == -32602 and raised.value.id == 1
+    assert "'s'" in raised.value.message
+
+
 def test_warm_up_gives_up_waiting_for_missing_tools() -> None:
     proto, listing = warming(frozenset({"a", "never"}))
     proto.server_message(jsonrpc.result_response(listing, tools("a")))

@@ -232,11 +232,17 @@ def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> N
     for request in input_requests.values():
         method = request.get("method") if isinstance(request, dict) else None
         params = request.get("params") if isinstance(request, dict) else None
-        if method not in CAPABILITY_OF:
+        # The server's JSON is untrusted: a list method is unhashable, a list
+        # params has no mode; both are refused, never looked up.
+        if not isinstance(method, str) or method not in CAPABILITY_OF:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown input request method: {method!r}")
-        if not supports(capabilities, method, params if isinstance(params, dict) else {}):
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise JsonRpcError(INVALID_PARAMS, f"Input request params must be an object: {method}")
+        if not supports(capabilities, method, params):
             name = CAPABILITY_OF[method]
-            url = method == "elicitation/create" and (params or {}).get("mode") == "url"
+            url = method == "elicitation/create" and params.get("mode") == "url"
             missing[name] = {"url": {}} if url else {}
     if missing:
         raise missing_capability(missing, ", ".join(sorted(missing)))

@@ -74,7 +74,8 @@ class Filter:
         method = notification.get("method")
         if method == UPDATED:
             params = notification.get("params")
-            return isinstance(params, dict) and params.get("uri") in self.uris
+            uri = params.get("uri") if isinstance(params, dict) else None
+            return isinstance(uri, str) and uri in self.uris  # (a list uri is unhashable)
         flag = FLAG_OF.get(method) if isinstance(method, str) else None
         return flag is not None and flag in self.lists
 

@@ -229,8 +229,9 @@ def modern_refusal(body: bytes, request: Any) -> bytes | None:
     answer = error_answer(body, request)
     if answer is None:
         return None
-    error = orjson.loads(answer)["error"]
-    return answer if error.get("code") in REFUSAL_CODES else None
+    code = orjson.loads(answer)["error"].get("code")
+    # The server's code is untrusted: one that is no int (a list is unhashable) is no refusal.
+    return answer if isinstance(code, int) and code in REFUSAL_CODES else None
 
 
 def only_modern_versions(answer: bytes) -> list[str] | None:
