@@ -257,6 +257,12 @@ class SessionProtocol:
             type(method) is not str or method not in self.fast_methods
         ):
             return None
+        return self.route_fast(message, id)
+
+    def route_fast(self, message: Message, id: RequestId) -> tuple[str, Message] | None:
+        """:meth:`forward_fast` once the message is known to be a request it
+        takes (a modern session's own read knows more of it, and checks the
+        rest itself): routed and counted in flight, or None."""
         if id in self.inflight or len(self.inflight) >= self.max_in_flight:
             return None  # receive() refuses it
         try:

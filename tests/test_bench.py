@@ -350,7 +350,7 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     }
     for function in (
         "broker/eras/metacache.py:decode",
-        "broker/session.py:forward_fast",  # (in line on the remembered path)
+        "broker/session.py:route_fast",  # (the checks in line on the remembered path)
         "broker/eras/session.py:_answer_fast",
         "broker/upstream.py:answer_fast",
     ):
@@ -360,6 +360,7 @@ async def test_counting_a_modern_call_sees_the_fast_paths(upstream: str) -> None
     slow_ones = ("_request", "_outgoing_modern", "forward_fast")
     for slow in (f"broker/eras/session.py:{name}" for name in slow_ones):
         assert calls.get(slow, 0.0) < 0.01, out
+    assert calls.get("broker/session.py:forward_fast", 0.0) < 0.01, out  # (each first call)
 
 
 def _window(calls: int, elapsed: float, daemon_s: float, p50: float) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from broker.server_requests import server_of
 from broker.session import (
     DEFAULT_MAX_IN_FLIGHT,
     LIST_METHODS,
+    MAX_ID_LENGTH,
     ROUTED_METHODS,
     Action,
     Attach,
@@ -209,24 +210,34 @@ class ModernSessionProtocol(SessionProtocol):
                 # decode returns one whose params is one too)
                 message = cache.decode(frame)
                 if message is not None:
-                    # forward_fast's checks but the _meta's (known good, with
-                    # no log level), in line: a call less per call. The session
-                    # is attached: a _meta is remembered only once forward_fast
+                    # forward_fast's checks, in line, but those the read
+                    # settled (a dict, its params one, the _meta known good
+                    # with no log level) and the session's own (above). It is
+                    # attached: a _meta is remembered only once forward_fast
                     # took its request, which it does only once attached.
-                    method: Any = message.get("method")  # (a str once taken)
+                    method: Any = message.get("method")
+                    id: Any = message.get("id")
+                    if (
+                        message.get("jsonrpc") != "2.0"
+                        or type(method) is not str  # (a list is unhashable)
+                        or method not in FAST_METHODS
+                        or (
+                            type(id) is not int and (type(id) is not str or len(id) > MAX_ID_LENGTH)
+                        )
+                    ):
+                        return i
                     params: Message = message["params"]
                     if (
                         "requestState" in params
-                        and type(method) is str  # (a list is unhashable)
                         and method in INPUT_METHODS
                         and is_ours(params["requestState"])
                     ):
                         return i  # a retry: the bridge's
-                    forward = SessionProtocol.forward_fast(self, message)
+                    forward = self.route_fast(message, id)
                     if forward is None:
                         return i
                     self.client_info = cache.client_info
-                    self.open_calls[message["id"]] = (method, forward[0], cache.capabilities)
+                    self.open_calls[id] = (method, forward[0], cache.capabilities)
                 else:
                     # (Any, not Message: a compiled build would check that a
                     # line such as '1' decodes to a dict)
