@@ -573,10 +573,11 @@ class Session:
                 break
             self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
-        if isinstance(self._protocol, ModernSessionProtocol):
+        protocol = self._protocol
+        if isinstance(protocol, ModernSessionProtocol) and protocol.bridge_pending():
             self._arm_parked()  # (an answer input_required parks its call)
             # Answers to servers' questions the rules gave while reading this.
-            for server, answer in self._protocol.take_upstream_answers():
+            for server, answer in protocol.take_upstream_answers():
                 upstream = self._upstreams.get(server)
                 if upstream is not None:
                     await upstream.send(ClientResponse(self._handle, answer))

@@ -425,7 +425,7 @@ class AnsweringServers:
         self.states = RequestStates(key, limit)
         self.timeout = timeout
         self.parked: dict[Hashable, _Parked] = {}  # the calls waiting for a retry, by name
-        self._unarmed: list[_Parked] = []  # parked since the last arm()
+        self.unarmed: list[_Parked] = []  # parked since the last arm()
         # requestState -> (its deadline, the timeout it was given): the parked calls.
         self._deadlines: dict[str, tuple[float, float]] = {}
         # requestStates given up (expire), to tell a late retry: -> (session, timeout).
@@ -512,17 +512,17 @@ class AnsweringServers:
     def arm(self, now: float) -> float | None:
         """Start the clock of the calls parked since the last call (``now``:
         the actor's time); the earliest deadline among them (None: none)."""
-        if not self._unarmed:
+        if not self.unarmed:
             return None
         first: float | None = None
-        for parked in self._unarmed:
+        for parked in self.unarmed:
             token = parked.token
             if token is None or parked.client_id is not None or math.isinf(self.timeout):
                 continue  # (taken over or ended already, or no deadline now)
             deadline = now + self.timeout
             self._deadlines[token] = (deadline, self.timeout)
             first = deadline if first is None else min(first, deadline)
-        self._unarmed.clear()
+        self.unarmed.clear()
         return first
 
     def next_deadline(self) -> float | None:
@@ -595,7 +595,7 @@ class AnsweringServers:
             return self._abandon(parked, str(exc))
         parked.client_id = None
         if not math.isinf(self.timeout):
-            self._unarmed.append(parked)
+            self.unarmed.append(parked)
         requests = {
             key: {"method": q.method, "params": q.params} for key, q in parked.asking.items()
         }

@@ -385,6 +385,15 @@ class ModernSessionProtocol(SessionProtocol):
                 out.append(Reply(self._answer_of(action.message, request["method"])))
         return out
 
+    def bridge_pending(self) -> bool:
+        """Whether the bridge left the actor work after a read or write: calls
+        parked since the last look (their clocks to start, :meth:`arm_parked`),
+        or answers to servers' questions to send
+        (:meth:`take_upstream_answers`). Nearly always False: one test, where
+        reading the clock on every write cost a modern session's writer a
+        share of each call."""
+        return bool(self.questions.unarmed) or bool(self.upstream_answers)
+
     def arm_parked(self, now: float) -> float | None:
         """Start the clock of the calls parked since the last call (the actor
         calls it after each read and write, with its time): the earliest new
