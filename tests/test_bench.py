@@ -431,3 +431,15 @@ def test_the_hot_path_counter_prints_a_count_per_path() -> None:
     out = done.stdout.decode()
     assert re.search(r"^legacy: [0-9,]+ instructions per call$", out, re.MULTILINE), out
     assert re.search(r"^modern: [0-9,]+ instructions per call \([0-9.]+x legacy\)$", out, re.M)
+
+
+def test_loads_in_turn_give_each_its_figure_and_each_group_its_ratio() -> None:
+    """benchmarks.turns: a legacy and a modern load through one daemon, each
+    with its own daemon CPU per call; a group of four is read as modern over
+    legacy, and only a group with two of each."""
+    from benchmarks import turns
+
+    figures = turns.run(["L", "M"], seconds=0.5, clients=2, in_flight=2)
+    assert len(figures) == 2 and all(figure > 0 for figure in figures)
+    assert turns.groups(["L", "M", "M", "L"], [1.0, 3.0, 5.0, 3.0]) == [2.0]
+    assert turns.groups(["L", "L", "M", "L", "M"], [1.0] * 5) == []
