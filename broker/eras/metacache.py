@@ -143,7 +143,7 @@ class MetaCache:
             # The line but the bytes holds no run of 20 digits (nor is deep):
             # jsonrpc.decode's checks, in line (a call less), before the marker.
             shape = head.translate(jsonrpc.SHAPE)
-            if shape.find(jsonrpc.LONG) >= 0 or (
+            if shape.partition(jsonrpc.LONG)[1] or (
                 len(head) > _DEEP and shape.count(b"[") > jsonrpc.MAX_DEPTH
             ):
                 return None
