@@ -11,8 +11,10 @@ group falls on both paths alike.
 ``python -m benchmarks.turns [--order L,M,M,L,...] [--seconds S] [--tree DIR]``
 
 ``L`` is a legacy client at the legacy echo server, ``M`` a modern client
-at the modern one (benchmarks/echo_server.py ``--modern``), 64 clients x
-16 in flight; ``--tree build/compiled`` runs the compiled rules
+at the modern one (benchmarks/echo_server.py ``--modern``); the harness's
+other paths are ``P`` (legacy, padded to a modern call's bytes), ``B``
+(modern at legacy) and ``A`` (legacy at modern), so its order can be
+replayed. 64 clients x 16 in flight; ``--tree build/compiled`` runs the compiled rules
 (``python -m benchmarks.compiled``).
 """
 
@@ -20,27 +22,35 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
-from benchmarks.scenarios import ECHO_ARGS
+from benchmarks.scenarios import ECHO_ARGS, MODERN_SIZED_ARGS
 
 ABBA = "L,M,M,L,L,M,M,L"
-PATHS = {"L": ("legacy", "echo"), "M": ("modern", "echo-modern")}
+# A path: its name, the clients' era, the server, the tool's arguments.
+PATHS = {
+    "L": ("legacy", "legacy", "echo", ECHO_ARGS),
+    "M": ("modern", "modern", "echo-modern", ECHO_ARGS),
+    "P": ("legacy, modern's bytes", "legacy", "echo", MODERN_SIZED_ARGS),
+    "B": ("modern at legacy", "modern", "echo", ECHO_ARGS),
+    "A": ("legacy at modern", "legacy", "echo-modern", ECHO_ARGS),
+}
 
 
 def run(order: list[str], seconds: float, clients: int = 64, in_flight: int = 16) -> list[float]:
-    """Each load's daemon CPU µs per call, in ``order`` (``L`` or ``M``), in one daemon."""
+    """Each load's daemon CPU µs per call, in ``order`` (keys of ``PATHS``), in one daemon."""
     servers = {"echo": ECHO_SERVER, "echo-modern": [*ECHO_SERVER, "--modern"]}
     figures = []
     with workdir() as directory, daemon(directory, servers) as dm:
         for path in order:
-            era, server = PATHS[path]
+            _, era, server, arguments = PATHS[path]
             load: dict[str, Any] = {"in_flight": in_flight, "tool": "echo"}
-            load |= {"arguments": ECHO_ARGS, "duration": seconds, "warmup": seconds / 4}
+            load |= {"arguments": arguments, "duration": seconds, "warmup": seconds / 4}
             spec = {
                 "kind": "load",
                 "targets": [socket_target(dm.socket, server, clients, era)],
@@ -49,14 +59,15 @@ def run(order: list[str], seconds: float, clients: int = 64, in_flight: int = 16
             }
             out = loadgen(spec)
             calls = out["result"]["calls"]
-            if not calls:
-                raise SystemExit(f"a {era} load made no calls")
+            if not calls or out["result"]["ok"] != calls:
+                raise SystemExit(f"a {PATHS[path][0]} load failed: {out['result']}")
             figures.append(1e6 * out["cpu_s"]["daemon"] / calls)
     return figures
 
 
 def groups(order: list[str], figures: list[float]) -> list[float]:
-    """Modern over legacy, CPU per call, in each group of four of an L,M,M,L order."""
+    """Modern over legacy, CPU per call, in each group of four of an L,M,M,L order
+    (a group of four with other paths in it is passed over)."""
     ratios = []
     for start in range(0, len(order) - 3, 4):
         paths, cpu = order[start : start + 4], figures[start : start + 4]
@@ -68,15 +79,26 @@ def groups(order: list[str], figures: list[float]) -> list[float]:
     return ratios
 
 
+def means(order: list[str], figures: list[float]) -> dict[str, float]:
+    """Each path's mean figure (a path's loads fall at other places in the
+    order: the harness's, replayed, puts legacy first in a fresh daemon)."""
+    return {
+        path: statistics.mean(f for p, f in zip(order, figures, strict=True) if p == path)
+        for path in dict.fromkeys(order)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.turns", description=__doc__)
-    parser.add_argument("--order", default=ABBA, help=f"L and M, comma-separated ({ABBA})")
+    parser.add_argument(
+        "--order", default=ABBA, help=f"{', '.join(PATHS)}, comma-separated ({ABBA})"
+    )
     parser.add_argument("--seconds", type=float, default=4.0, help="measured per load")
     parser.add_argument("--tree", help="run another checkout (or the compiled copy)")
     args = parser.parse_args(argv)
     order = args.order.split(",")
     if not order or any(path not in PATHS for path in order):
-        parser.error("--order takes L and M only")
+        parser.error(f"--order takes {', '.join(PATHS)} only")
     if args.tree:  # (the daemon is started from the tree this runs in)
         command = [sys.executable, "-m", "benchmarks.turns", "--order", args.order]
         command += ["--seconds", str(args.seconds)]
@@ -88,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n} {PATHS[path][0]}: {figure:.2f} µs of daemon CPU per call", flush=True)
     for ratio in groups(order, figures):
         print(f"modern / legacy, a group of four: {ratio:.3f}x", flush=True)
+    averages = means(order, figures)
+    for path, mean in sorted(averages.items(), key=lambda item: item[1]):
+        print(f"{PATHS[path][0]}: {mean:.2f} µs per call (mean of {order.count(path)})")
+    if "L" in averages and "M" in averages:
+        print(f"modern / legacy, the means: {averages['M'] / averages['L']:.3f}x", flush=True)
     return 0
 
 

@@ -434,12 +434,15 @@ def test_the_hot_path_counter_prints_a_count_per_path() -> None:
 
 
 def test_loads_in_turn_give_each_its_figure_and_each_group_its_ratio() -> None:
-    """benchmarks.turns: a legacy and a modern load through one daemon, each
-    with its own daemon CPU per call; a group of four is read as modern over
-    legacy, and only a group with two of each."""
+    """benchmarks.turns: every path of the harness's modern scenario through
+    one daemon, each load answered in full and given its own daemon CPU per
+    call; a group of four is read as modern over legacy, and only a group
+    with two of each; a path's figures are averaged wherever they fall."""
     from benchmarks import turns
 
-    figures = turns.run(["L", "M"], seconds=0.5, clients=2, in_flight=2)
-    assert len(figures) == 2 and all(figure > 0 for figure in figures)
+    order = ["L", "P", "B", "M", "A"]
+    figures = turns.run(order, seconds=0.5, clients=2, in_flight=2)
+    assert len(figures) == len(order) and all(figure > 0 for figure in figures)
     assert turns.groups(["L", "M", "M", "L"], [1.0, 3.0, 5.0, 3.0]) == [2.0]
     assert turns.groups(["L", "L", "M", "L", "M"], [1.0] * 5) == []
+    assert turns.means(["L", "M", "B", "L"], [1.0, 2.0, 4.0, 3.0]) == {"L": 2.0, "M": 2.0, "B": 4.0}
