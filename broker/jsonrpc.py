@@ -102,7 +102,7 @@ def decode(line: bytes, max_depth: int = MAX_DEPTH) -> Any:
     # hold), and "{" becomes "[" (fewer than max_depth of them, and the line
     # cannot nest deeper; nor can a line of at most 2 * max_depth bytes).
     shape = line.translate(SHAPE)
-    if shape.partition(LONG)[1]:  # (partition, not find or `in`: see LONG)
+    if _partition(shape, LONG)[1]:  # (partition, not find or `in`: see LONG)
         message = _EXACT.decode(line.decode())
     if len(line) > 2 * max_depth and shape.count(b"[") > max_depth:
         _check_depth(message, max_depth)
@@ -194,9 +194,11 @@ LONG: Final = b"0" * 20
 # bytes`` first tries its operand as an integer (``5 in b"..."``) and
 # formats, then clears, the TypeError that raises: about 300 ns per test, a
 # few percent of a forwarded call; and ``find`` parses an argument format,
-# which ``partition`` (one argument) does not.
-# (a static in a compiled build: orjson.loads is looked up by name on each call)
+# which ``partition`` (one argument) does not. Called as statics, as is
+# orjson.loads: a compiled build looks a method or a module's attribute up
+# by name on every call (``python -m benchmarks.hotpath --tree build/compiled``).
 _loads: Final = orjson.loads
+_partition: Final = bytes.partition
 
 
 def encode(message: Any) -> bytes:

@@ -114,6 +114,8 @@ REMEMBERED_KEYS: Final = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KE
 MAX_REMEMBERED: Final = 16
 # (a static in a compiled build: orjson.loads is looked up by name on each call)
 _loads: Final = orjson.loads
+_removesuffix: Final = bytes.removesuffix
+_partition: Final = bytes.partition
 
 
 class MetaCache:
@@ -138,12 +140,12 @@ class MetaCache:
         # params, the message's last key ('..."_meta":{...}}}'); else after
         # the last '"_meta":'. (A find of the whole key, a long needle, costs
         # CPython ten times as much.)
-        head = line.removesuffix(self.tail)
+        head = _removesuffix(line, self.tail)
         if head is not line:
             # The line but the bytes holds no run of 20 digits (nor is deep):
             # jsonrpc.decode's checks, in line (a call less), before the marker.
             shape = head.translate(jsonrpc.SHAPE)
-            if shape.partition(jsonrpc.LONG)[1] or (
+            if _partition(shape, jsonrpc.LONG)[1] or (
                 len(head) > _DEEP and shape.count(b"[") > jsonrpc.MAX_DEPTH
             ):
                 return None
