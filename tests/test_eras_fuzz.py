@@ -9,6 +9,7 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz import MODERN_META, MODERN_SEEDS, check_modern
 from broker import jsonrpc
 from broker.eras.session import become_modern
 from broker.eras.subscriptions import ACKNOWLEDGED
@@ -20,7 +21,7 @@ from broker.eras.versions import (
 )
 from broker.session import Defer, Forward, Reply, SessionProtocol
 from broker.wire.envelope import Answer, split_answer
-from tests.test_fuzz import Catalogs, json_values, levels, messages
+from tests.test_fuzz import Catalogs, _dumpable, json_values, levels, messages
 
 MODERN_METHODS = [
     "server/discover",
@@ -229,3 +230,53 @@ def test_answers_written_unparsed_are_the_answers_written_parsed(
         slow.take_outgoing([{**message, "id": id}], out_slow)
         assert [m.read() if isinstance(m, Answer) else m for m in out_fast] == out_slow
         assert _state(fast) == _state(slow)
+
+
+# -- bytes in, as the actors read them, in the modern era (benchmarks/fuzz.py) --
+
+
+def _spliced(seed: bytes, start: int, length: int, junk: bytes) -> bytes:
+    """``seed`` with ``length`` bytes from ``start`` (both cut to fit) replaced by ``junk``."""
+    start %= len(seed)
+    return seed[:start] + junk + seed[start + length :]
+
+
+def _carrying_meta(request: dict[str, Any]) -> bytes:
+    """``request`` written with the _meta bytes the session remembered (as the
+    last key of params, the last of the message: where the SDK writes it)."""
+    if not _dumpable(request):
+        return b"{"
+    params = {key: value for key, value in request["params"].items() if key != "_meta"}
+    params["_meta"] = orjson.Fragment(MODERN_META)
+    return orjson.dumps({key: value for key, value in request.items() if key != "params"} | {
+        "params": params})  # fmt: skip
+
+
+# Lines a modern client or server sends, whole and with a few bytes changed
+# anywhere (in the remembered _meta, most of a call's bytes, a near miss is
+# read past the cache, the changed line decoded in full).
+modern_lines = st.lists(
+    st.one_of(
+        st.sampled_from(MODERN_SEEDS),
+        st.builds(
+            _spliced,
+            st.sampled_from(MODERN_SEEDS),
+            st.integers(0, 400),
+            st.integers(0, 4),
+            st.binary(max_size=4) | st.sampled_from([b"1", b'"', b"}", b"\\", b"0" * 20]),
+        ),
+        modern_requests.map(lambda m: orjson.dumps(m) if _dumpable(m) else b"{"),
+        modern_requests.map(_carrying_meta),
+    ),
+    max_size=6,
+).map(lambda lines: b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(modern_lines, st.binary(max_size=600)))
+def test_modern_bytes_from_a_peer_are_framed_decoded_and_answered_without_a_crash(
+    data: bytes,
+) -> None:
+    """benchmarks/fuzz.py's ``check_modern``: a modern session that remembered its
+    client's _meta, a 2026-07-28 server bridged to a legacy session."""
+    check_modern(data)  # (only JsonRpcError, where the actors catch it, may be raised inside)
