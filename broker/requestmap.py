@@ -52,16 +52,31 @@ class TaskList:
     """``tasks/list``: its answer keeps only the session's own tasks, renamed."""
 
 
-@attrs.frozen
 class InputRound:
     """A legacy client's ``tools/call``, ``prompts/get`` or ``resources/read`` at
     a modern server: the request as the client sent it, and how many rounds of
     questions (``input_required`` answers) it has had. Its answer may be
     another round (broker/eras/bridge.py, ``AskingClients``), which asks the
-    client and sends the request again with this note, one round more."""
+    client and sends the request again with this note, one round more.
 
-    request: Message
-    rounds: int = 0
+    (A plain class, as :class:`InFlight` is and for its reason: one is made
+    for every such call. Never changed once made.)"""
+
+    __slots__ = ("request", "rounds")
+
+    def __init__(self, request: Message, rounds: int = 0) -> None:
+        self.request = request
+        self.rounds = rounds
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, InputRound)
+            and self.request == other.request
+            and self.rounds == other.rounds
+        )
+
+    def __repr__(self) -> str:
+        return f"InputRound({self.request!r}, {self.rounds!r})"
 
 
 Note = Subscribing | CreatesTask | TaskQuery | TaskList | InputRound
