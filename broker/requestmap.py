@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from broker.jsonrpc import INVALID_REQUEST, LIMIT_REACHED, JsonRpcError, Message, RequestId
+from broker.records import Record
 
 # -- notes: what an in-flight request's answer needs done to it ---------------
 #
@@ -52,15 +53,13 @@ class TaskList:
     """``tasks/list``: its answer keeps only the session's own tasks, renamed."""
 
 
-class InputRound:
+class InputRound(Record):
     """A legacy client's ``tools/call``, ``prompts/get`` or ``resources/read`` at
     a modern server: the request as the client sent it, and how many rounds of
     questions (``input_required`` answers) it has had. Its answer may be
     another round (broker/eras/bridge.py, ``AskingClients``), which asks the
-    client and sends the request again with this note, one round more.
-
-    (A plain class, as :class:`InFlight` is and for its reason: one is made
-    for every such call. Never changed once made.)"""
+    client and sends the request again with this note, one round more. (A
+    record made per such call: broker/records.py. Never changed once made.)"""
 
     __slots__ = ("request", "rounds")
 
@@ -68,28 +67,17 @@ class InputRound:
         self.request = request
         self.rounds = rounds
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, InputRound)
-            and self.request == other.request
-            and self.rounds == other.rounds
-        )
-
-    def __repr__(self) -> str:
-        return f"InputRound({self.request!r}, {self.rounds!r})"
+    def fields(self) -> tuple[Any, ...]:
+        return (self.request, self.rounds)
 
 
 Note = Subscribing | CreatesTask | TaskQuery | TaskList | InputRound
 """Every kind of note."""
 
 
-class InFlight:
-    """A request forwarded upstream and not yet answered.
-
-    (A plain class, not attrs: one is made per request, and a compiled build
-    makes a plain class natively, where an attrs class's generated
-    ``__init__`` runs as Python, 1,500 instructions. Equal by value, as attrs
-    would make it.)"""
+class InFlight(Record):
+    """A request forwarded upstream and not yet answered (a record made per
+    request: broker/records.py)."""
 
     __slots__ = ("client_id", "client_token", "method", "note", "session")
 
@@ -107,15 +95,8 @@ class InFlight:
         self.client_token = client_token  # the client's progressToken, if it sent one
         self.note = note  # what its answer needs done (None: nothing, nearly always)
 
-    def _fields(self) -> tuple[Any, ...]:
+    def fields(self) -> tuple[Any, ...]:
         return (self.session, self.client_id, self.method, self.client_token, self.note)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, InFlight) and self._fields() == other._fields()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(repr(field) for field in self._fields())
-        return f"InFlight({fields})"
 
 
 class RequestMap:

@@ -50,6 +50,7 @@ from broker.jsonrpc import (
     id_key,
 )
 from broker.lifecycle import BATCH_VERSIONS, negotiate_version, read_client_initialize
+from broker.records import Record
 from broker.related import Related
 from broker.server_requests import server_of
 from broker.states import LifecycleError, SessionState, SessionTrigger, next_session_state
@@ -87,15 +88,29 @@ class CatalogSource(Protocol):
     def current(self) -> Catalog: ...
 
 
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class Reply:
-    message: Message | list[Message]
+class Reply(Record):
+    """Write ``message`` to the client (a record made per message: broker/records.py)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message | list[Message]) -> None:
+        self.message = message
+
+    def fields(self) -> tuple[Any, ...]:
+        return (self.message,)
 
 
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class Forward:
-    server: str
-    message: Message
+class Forward(Record):
+    """Send ``message`` to ``server`` (a record made per message: broker/records.py)."""
+
+    __slots__ = ("message", "server")
+
+    def __init__(self, server: str, message: Message) -> None:
+        self.server = server
+        self.message = message
+
+    def fields(self) -> tuple[Any, ...]:
+        return (self.server, self.message)
 
 
 @attrs.frozen

@@ -20,25 +20,43 @@ Upstream actor (actors/upstream.py) carries them out:
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import attrs
 
 from broker.jsonrpc import Message, RequestId
 from broker.lifecycle import ServerIdentity
+from broker.records import Record
 
 
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class SendUpstream:
-    message: Message
+class SendUpstream(Record):
+    """Write ``message`` to the server (a record made per message: broker/records.py)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    def fields(self) -> tuple[Any, ...]:
+        return (self.message,)
 
 
-@attrs.define  # not frozen: one per message on the hot path (benchmarks/README.md)
-class Deliver:
-    session: Hashable
-    message: Message
-    # The client's id of the request the message belongs to, when the server
-    # says (progress) or it can be told (broker/related.py); None: unknown.
-    related: RequestId | None = None
+class Deliver(Record):
+    """Hand ``message`` to ``session`` (a record made per message: broker/records.py)."""
+
+    __slots__ = ("message", "related", "session")
+
+    def __init__(
+        self, session: Hashable, message: Message, related: RequestId | None = None
+    ) -> None:
+        self.session = session
+        self.message = message
+        # The client's id of the request the message belongs to, when the server
+        # says (progress) or it can be told (broker/related.py); None: unknown.
+        self.related = related
+
+    def fields(self) -> tuple[Any, ...]:
+        return (self.session, self.message, self.related)
 
 
 @attrs.frozen
