@@ -16,7 +16,8 @@ from typing import Any
 
 class Record:
     """Equal to a record of the same type with equal fields (and so, as
-    Python makes a class that defines ``__eq__`` alone, unhashable)."""
+    Python makes a class that defines ``__eq__`` alone, unhashable, unless
+    the record defines ``__hash__``, as ``related.Related`` does)."""
 
     __slots__ = ()
 

@@ -15,25 +15,21 @@ writes a ``Related`` as its message, should one reach them).
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.jsonrpc import Message, RequestId
+from broker.records import Record
 
 
-class Related:
+class Related(Record):
     __slots__ = ("message", "request")
 
     def __init__(self, message: Message, request: RequestId) -> None:
         self.message = message
         self.request = request  # the client's id of the request it belongs to
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Related)
-            and other.message == self.message
-            and other.request == self.request
-        )
+    def fields(self) -> tuple[Any, ...]:
+        return (self.message, self.request)
 
     def __hash__(self) -> int:
         return hash(self.request)
-
-    def __repr__(self) -> str:
-        return f"Related({self.message!r}, request={self.request!r})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker.related import Related
 from broker.requestmap import InFlight, InputRound
 from broker.session import Forward, Reply
 from broker.upstream_actions import Deliver, SendUpstream
@@ -31,3 +32,10 @@ def test_a_record_shows_its_fields_and_cannot_be_hashed() -> None:
     assert repr(InputRound(MESSAGE)) == f"InputRound({MESSAGE!r}, 0)"
     with pytest.raises(TypeError):
         hash(Reply(MESSAGE))
+
+
+def test_a_related_message_is_a_record_hashed_by_its_request() -> None:
+    assert Related(MESSAGE, 1) == Related(dict(MESSAGE), 1)
+    assert Related(MESSAGE, 1) != Related(MESSAGE, "1")
+    assert hash(Related(MESSAGE, "a")) == hash(Related({}, "a"))
+    assert repr(Related(MESSAGE, 1)) == f"Related({MESSAGE!r}, 1)"
