@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return shim.main(argv[1:])
     if argv[:1] == ["bench"]:
-        from tools import bench
+        from cli import bench
 
         return bench.cli(argv[1:])
     if argv[:1] == ["service"]:

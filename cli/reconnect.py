@@ -27,28 +27,30 @@ import sys
 import time
 from collections.abc import Callable
 
-from cli.resume import HostState, scan
-from cli.shim import (
+from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
+from cli.host_pipes import (
+    BUFFER_LIMIT,
     CHUNK,
-    LONG_LINE,
-    RECONNECT_TIMEOUT,
-    RESUME_TIMEOUT,
-    RETRY_MAX,
-    RETRY_MIN,
     STDIN,
     STDOUT,
-    WAIT_BEFORE_START,
-    DaemonUnavailable,
-    _connect,
-    _start_daemon,
     drain_to_daemon,
     drain_to_host,
     flush_to_host,
     send_to_daemon,
     write_to_host,
 )
+from cli.resume import HostState, scan
 
-BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
+# Reconnecting after the daemon went away: wait this long for a daemon someone
+# else restarts (a service manager, an upgrade by hand) before starting one,
+# retry with backoff up to RETRY_MAX between attempts, give up after
+# RECONNECT_TIMEOUT; a new daemon has RESUME_TIMEOUT to answer the replayed
+# initialize (it waits for the session's servers to come up).
+WAIT_BEFORE_START = 0.3
+RETRY_MIN, RETRY_MAX = 0.05, 1.0
+RECONNECT_TIMEOUT = 60.0
+RESUME_TIMEOUT = 30.0
+LONG_LINE = 16 * 1024 * 1024  # past this a line is sent on in pieces, untracked
 STABLE = 10.0  # a session restored this long ago counts as restored for good
 MAX_QUICK_GAPS = 5
 
@@ -281,10 +283,10 @@ class ResumingRelay:
         delay, started = RETRY_MIN, time.monotonic()
         reported: str | None = None
         while True:
-            sock = _connect(self.socket_path)
+            sock = connect(self.socket_path)
             if sock is None and time.monotonic() - started >= WAIT_BEFORE_START:
                 try:
-                    sock = _start_daemon(self.socket_path, self.config)
+                    sock = start_daemon(self.socket_path, self.config)
                 except DaemonUnavailable as exc:
                     if str(exc) != reported:
                         _say(f"{exc}; waiting for a daemon")

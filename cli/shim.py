@@ -19,17 +19,19 @@ import os
 import select
 import stat
 import sys
-import time
 
-from actors.paths import (
-    STARTED_BY_ENV,
-    UnsafePath,
-    default_config_path,
-    default_socket_path,
-    log_path_for,
-    open_private,
-    peer_uid,
-    prepare_socket_dir,
+from actors.paths import default_socket_path
+from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
+from cli.host_pipes import (
+    BUFFER_LIMIT,
+    CHUNK,
+    STDIN,
+    STDOUT,
+    drain_to_daemon,
+    drain_to_host,
+    flush_to_host,
+    send_to_daemon,
+    write_to_host,
 )
 
 USAGE = """usage: mcpbroker connect [--socket PATH] [--config FILE] [NAME ...] [--server NAME ...]
@@ -48,22 +50,6 @@ Relay MCP between stdin/stdout and the mcpbroker daemon, starting the daemon
                   the host's session (docs/hosts.md, "When the daemon restarts")
   -h, --help      show this help
 """
-CHUNK = 256 * 1024
-BUFFER_LIMIT = 1024 * 1024  # per direction; past it, the source is not read
-STDIN, STDOUT = 0, 1
-DAEMON_START_TIMEOUT = 15.0
-POLL_INTERVAL = 0.01
-LOST_RACE_GRACE = 2.0
-# Reconnecting after the daemon went away: wait this long for a daemon someone
-# else restarts (a service manager, an upgrade by hand) before starting one,
-# retry with backoff up to RETRY_MAX between attempts, give up after
-# RECONNECT_TIMEOUT; a new daemon has RESUME_TIMEOUT to answer the replayed
-# initialize (it waits for the session's servers to come up).
-WAIT_BEFORE_START = 0.3
-RETRY_MIN, RETRY_MAX = 0.05, 1.0
-RECONNECT_TIMEOUT = 60.0
-RESUME_TIMEOUT = 30.0
-LONG_LINE = 16 * 1024 * 1024  # past this a line is sent on in pieces, untracked
 
 
 class UsageError(Exception):
@@ -113,7 +99,7 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr, end="")
         return 2
     try:
-        sock = _connect(socket_path) or _start_daemon(socket_path, config)
+        sock = connect(socket_path) or start_daemon(socket_path, config)
     except DaemonUnavailable as exc:
         print(f"mcpbroker connect: {exc}", file=sys.stderr)
         return 1
@@ -137,94 +123,6 @@ def hello_line(servers: list[str]) -> bytes:
     else:
         names = ",".join('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in servers)
     return ('{"mcpbroker":{"servers":[' + names + "]}}\n").encode()
-
-
-class DaemonUnavailable(Exception):
-    pass
-
-
-def _connect(socket_path: str) -> _socket.socket | None:
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.connect(socket_path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
-    except OSError as exc:
-        sock.close()
-        raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror}") from None
-    other = peer_uid(sock)
-    if other is not None and other != os.getuid():
-        sock.close()
-        raise DaemonUnavailable(
-            f"the process listening on {socket_path} runs as uid {other}, not as this user "
-            f"({os.getuid()}); refusing to talk to it"
-        )
-    return sock
-
-
-def _start_daemon(socket_path: str, config: str | None) -> _socket.socket:
-    import subprocess  # only on this path: most shims find the daemon running
-
-    config = config or default_config_path()
-    if not os.path.exists(config):
-        raise DaemonUnavailable(
-            f"no daemon is listening on {socket_path} and there is no config file at "
-            f"{config} to start one with (pass --config FILE, or run 'mcpbroker serve')"
-        )
-    log_path = log_path_for(socket_path)
-    try:
-        prepare_socket_dir(socket_path)
-        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND)
-    except (UnsafePath, OSError) as exc:
-        raise DaemonUnavailable(str(exc)) from None
-    start = os.fstat(log_fd).st_size  # (the failure message shows only what follows)
-    with os.fdopen(log_fd, "ab") as log:
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "serve",
-                "--config",
-                config,
-                "--socket",
-                socket_path,
-                "--log-file",
-                log_path,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,
-            env={**os.environ, STARTED_BY_ENV: "shim"},  # (for `mcpbroker status`)
-        )
-    deadline = time.monotonic() + DAEMON_START_TIMEOUT
-    exited_at: float | None = None
-    while time.monotonic() < deadline:
-        sock = _connect(socket_path)
-        if sock is not None:
-            return sock
-        if exited_at is None and child.poll() is not None:
-            exited_at = time.monotonic()
-        # A daemon that exited may only have lost a race with another shim's
-        # daemon: give that one a moment before reporting what this one logged.
-        if exited_at is not None and time.monotonic() - exited_at > LOST_RACE_GRACE:
-            raise DaemonUnavailable(f"the daemon failed to start:\n{_tail(log_path, start)}")
-        time.sleep(POLL_INTERVAL)
-    raise DaemonUnavailable(
-        f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"
-    )
-
-
-def _tail(path: str, start: int = 0, lines: int = 10) -> str:
-    """The last lines of the log from byte ``start`` on (what this daemon wrote)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
-    except OSError:
-        return f"(no log at {path})"
 
 
 def relay(sock: _socket.socket) -> int:
@@ -359,79 +257,6 @@ class _SpliceRelay:
                 raise _SpliceUnsupported from None
             print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
         return _exit_code(self.stdin_open)
-
-
-def write_to_host(pending: bytearray, data: bytes | bytearray) -> bool:
-    """Write ``data`` to stdout after what is ``pending``, without blocking:
-    now if nothing is pending (the usual case), keeping what stdout did not
-    take in ``pending``. False if the host closed its end."""
-    if pending:
-        pending += data
-        return drain_to_host(pending)
-    try:
-        written = os.write(STDOUT, data) if data else 0
-    except (BlockingIOError, InterruptedError):
-        written = 0
-    except BrokenPipeError:
-        return False
-    if written < len(data):
-        pending += memoryview(data)[written:]
-    return True
-
-
-def drain_to_host(pending: bytearray) -> bool:
-    """Write what of ``pending`` stdout takes now; False if the host closed its end."""
-    try:
-        del pending[: os.write(STDOUT, pending)]
-    except (BlockingIOError, InterruptedError):
-        pass
-    except BrokenPipeError:
-        return False
-    return True
-
-
-def flush_to_host(pending: bytearray) -> None:
-    """Write all of ``pending``, waiting for the host (at the end of a relay)."""
-    os.set_blocking(STDOUT, True)
-    with contextlib.suppress(BrokenPipeError):
-        while pending:
-            del pending[: os.write(STDOUT, pending)]
-    os.set_blocking(STDOUT, False)
-
-
-def send_to_daemon(sock: _socket.socket, pending: bytearray, data: bytes | bytearray) -> None:
-    """Send ``data`` after what is ``pending``, without blocking, keeping the rest.
-
-    A socket error means the daemon is gone: what it wrote before may still
-    be there to read, and reading says when it ends, so the data is dropped
-    here (it was in flight; whoever reads the end answers for it)."""
-    if pending:
-        pending += data
-        return
-    try:
-        sent = sock.send(data) if data else 0
-    except (BlockingIOError, InterruptedError):
-        sent = 0
-    except OSError:
-        return
-    if sent < len(data):
-        pending += memoryview(data)[sent:]
-
-
-def drain_to_daemon(sock: _socket.socket, pending: bytearray, stdin_open: bool) -> None:
-    """Send what of ``pending`` the daemon takes now; once stdin has ended
-    and nothing is pending, shut the socket's writing side (the daemon's
-    end of input)."""
-    if pending:
-        try:
-            del pending[: sock.send(pending)]
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            pending.clear()  # the daemon is gone; reading says so
-    if not stdin_open and not pending:
-        with contextlib.suppress(OSError):
-            sock.shutdown(_socket.SHUT_WR)
 
 
 class _Relay:

@@ -22,8 +22,8 @@ import orjson
 import pytest
 import trio
 
+from cli import bench
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
-from tools import bench
 from tools.bench_engine import BenchError, Engine, Load, Target
 
 ECHO_SERVER = [sys.executable, str(REPO / "benchmarks" / "echo_server.py")]

@@ -1,0 +1,118 @@
+"""Reaching the daemon from a shim: its socket, and starting it if none listens.
+
+Both relays of ``mcpbroker connect`` (cli/shim.py, cli/reconnect.py) come
+here for a connection: :func:`connect` to a daemon already listening (and
+run by this user: its peer uid is checked), else :func:`start_daemon`, which
+starts one in the background with the shim's config, logging to the file
+beside its socket, and waits for it to listen. Standard library only, as
+everything on the shim's path.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import sys
+import time
+
+from actors.paths import (
+    STARTED_BY_ENV,
+    UnsafePath,
+    default_config_path,
+    log_path_for,
+    open_private,
+    peer_uid,
+    prepare_socket_dir,
+)
+
+DAEMON_START_TIMEOUT = 15.0
+POLL_INTERVAL = 0.01
+LOST_RACE_GRACE = 2.0
+
+
+class DaemonUnavailable(Exception):
+    pass
+
+
+def connect(socket_path: str) -> _socket.socket | None:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(socket_path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    except OSError as exc:
+        sock.close()
+        raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror}") from None
+    other = peer_uid(sock)
+    if other is not None and other != os.getuid():
+        sock.close()
+        raise DaemonUnavailable(
+            f"the process listening on {socket_path} runs as uid {other}, not as this user "
+            f"({os.getuid()}); refusing to talk to it"
+        )
+    return sock
+
+
+def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
+    import subprocess  # only on this path: most shims find the daemon running
+
+    config = config or default_config_path()
+    if not os.path.exists(config):
+        raise DaemonUnavailable(
+            f"no daemon is listening on {socket_path} and there is no config file at "
+            f"{config} to start one with (pass --config FILE, or run 'mcpbroker serve')"
+        )
+    log_path = log_path_for(socket_path)
+    try:
+        prepare_socket_dir(socket_path)
+        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND)
+    except (UnsafePath, OSError) as exc:
+        raise DaemonUnavailable(str(exc)) from None
+    start = os.fstat(log_fd).st_size  # (the failure message shows only what follows)
+    with os.fdopen(log_fd, "ab") as log:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "serve",
+                "--config",
+                config,
+                "--socket",
+                socket_path,
+                "--log-file",
+                log_path,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, STARTED_BY_ENV: "shim"},  # (for `mcpbroker status`)
+        )
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT
+    exited_at: float | None = None
+    while time.monotonic() < deadline:
+        sock = connect(socket_path)
+        if sock is not None:
+            return sock
+        if exited_at is None and child.poll() is not None:
+            exited_at = time.monotonic()
+        # A daemon that exited may only have lost a race with another shim's
+        # daemon: give that one a moment before reporting what this one logged.
+        if exited_at is not None and time.monotonic() - exited_at > LOST_RACE_GRACE:
+            raise DaemonUnavailable(f"the daemon failed to start:\n{_tail(log_path, start)}")
+        time.sleep(POLL_INTERVAL)
+    raise DaemonUnavailable(
+        f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"
+    )
+
+
+def _tail(path: str, start: int = 0, lines: int = 10) -> str:
+    """The last lines of the log from byte ``start`` on (what this daemon wrote)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
