@@ -25,7 +25,6 @@ import os
 import pwd
 import stat
 import struct
-from typing import Any
 
 SOCKET_ENV = "MCPBROKER_SOCKET"
 CONFIG_ENV = "MCPBROKER_CONFIG"
@@ -138,13 +137,19 @@ def open_private(path: str, flags: int = os.O_RDWR) -> int:
     return fd
 
 
-def peer_uid(sock: Any) -> int | None:
-    """The uid of the process at the other end of a unix socket (None where the
-    platform cannot tell: only Linux's SO_PEERCRED is read)."""
+def peer_uid(fd: int) -> int | None:
+    """The uid of the process at the other end of the unix socket ``fd`` (None
+    where the platform cannot tell: only Linux's SO_PEERCRED is read). A
+    descriptor, not a socket object: the shim's and Trio's are not one type,
+    and naming both would cost the shim the ``typing`` import (3 ms)."""
     option = getattr(_socket, "SO_PEERCRED", None)
     if option is None:
         return None
-    credentials = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    sock = _socket.socket(fileno=fd)
+    try:
+        credentials = sock.getsockopt(_socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    finally:
+        sock.detach()  # (the descriptor stays its owner's)
     return int(struct.unpack("3i", credentials)[1])
 
 

@@ -44,7 +44,7 @@ def connect(socket_path: str) -> _socket.socket | None:
     except OSError as exc:
         sock.close()
         raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror}") from None
-    other = peer_uid(sock)
+    other = peer_uid(sock.fileno())
     if other is not None and other != os.getuid():
         sock.close()
         raise DaemonUnavailable(

@@ -227,7 +227,7 @@ def test_the_peer_uid_is_read(scratch: Path) -> None:
 
     ours, theirs = socket.socketpair(socket.AF_UNIX)
     with ours, theirs:
-        assert peer_uid(ours) in (os.getuid(), None)
+        assert peer_uid(ours.fileno()) in (os.getuid(), None)
 
 
 async def test_running_out_of_descriptors_neither_floods_the_log_nor_kills_the_daemon(

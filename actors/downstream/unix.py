@@ -213,7 +213,7 @@ async def _accept_loop(
                 failures, reported = 0, trio.current_time()
             await trio.sleep(ACCEPT_RETRY)
             continue
-        other = peer_uid(stream.socket)
+        other = peer_uid(stream.socket.fileno())
         if other is not None and other != uid:
             log.warning("listener.foreign_peer_refused", peer_uid=other)
             await stream.aclose()
