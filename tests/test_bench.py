@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -446,3 +447,37 @@ def test_loads_in_turn_give_each_its_figure_and_each_group_its_ratio() -> None:
     assert turns.groups(["L", "M", "M", "L"], [1.0, 3.0, 5.0, 3.0]) == [2.0]
     assert turns.groups(["L", "L", "M", "L", "M"], [1.0] * 5) == []
     assert turns.means(["L", "M", "B", "L"], [1.0, 2.0, 4.0, 3.0]) == {"L": 2.0, "M": 2.0, "B": 4.0}
+
+
+def test_functions_are_read_off_perf_and_given_per_call_by_path(tmp_path: Path) -> None:
+    """benchmarks.symbols: perf's report read into each function's share
+    (the kernel's too; a symbol seen twice adds up), turned into
+    µs per call with the load's daemon CPU and averaged over a path's loads;
+    then, where perf can record here, a real run of two paths."""
+    from benchmarks import symbols
+
+    report = (
+        "    12.50%  libc.so.6   [.] __memmove_avx512_unaligned_erms\n"
+        "     2.50%  mcpbroker_rules.so  [.] CPyDef_eras___session___take_forwards\n"
+        "     1.25%  libc.so.6   [.] __memmove_avx512_unaligned_erms\n"
+        "#\n"
+        "     0.50%  [kernel.kallsyms]  [k] finish_task_switch.isra.0\n"
+    )
+    parsed = symbols.parse(report)
+    assert parsed == {
+        ("libc.so.6", "__memmove_avx512_unaligned_erms"): 0.1375,
+        ("mcpbroker_rules.so", "CPyDef_eras___session___take_forwards"): 0.025,
+        ("[kernel.kallsyms]", "finish_task_switch.isra.0"): 0.005,
+    }
+    memmove = ("libc.so.6", "__memmove_avx512_unaligned_erms")
+    loads = [("M", 10.0, tmp_path / "0"), ("L", 8.0, tmp_path / "1"), ("M", 12.0, tmp_path / "2")]
+    table = symbols.per_call(loads, read=lambda data: {memmove: 0.5 if data.name == "0" else 0.25})
+    assert table == {"M": {memmove: (5.0 + 3.0) / 2}, "L": {memmove: 2.0}}
+    if shutil.which("perf") is None:
+        return
+    recorded = symbols.run(["M", "L"], seconds=1.5, out=tmp_path, clients=2, in_flight=2)
+    assert [path for path, _, _ in recorded] == ["M", "L"]
+    for _, cpu, data in recorded:
+        assert cpu > 0 and data.exists()
+        functions = symbols.shares(data)
+        assert functions and 0.9 < sum(functions.values()) <= 1.0001
