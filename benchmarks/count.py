@@ -16,6 +16,13 @@ the same for fewer calls (which cancels start-up and shutdown).
     CPU instructions per call (valgrind's ``cachegrind``, which must be
     installed), the compiled rules included; about a minute per figure.
 
+``python -m benchmarks.count misses [--clients C --in-flight K]``
+    The same, with cachegrind's simulation of the caches (the first level's
+    and the last's): instructions, and the misses per call. A model, not the
+    processor, and the daemon runs 50x slower under it (so each read brings
+    more messages): compare paths and trees with it, where the clock moves
+    too much to (``benchmarks.symbols`` says where misses fall in time).
+
 ``python -m benchmarks.count cpu [--clients C --in-flight K] [--calls N]``
     The daemon's CPU time per call, user and system, read from
     ``/proc/PID/stat`` once the load is done (100 ticks a second: the
@@ -161,23 +168,42 @@ def count_lines(args: argparse.Namespace) -> str:
 
 
 def count_instructions(args: argparse.Namespace) -> str:
+    per_call = _cachegrind(args, cache_sim=False)
+    return f"{per_call['Ir']:,.0f} instructions per call"
+
+
+def count_misses(args: argparse.Namespace) -> str:
+    per_call = _cachegrind(args, cache_sim=True)
+    return (
+        f"{per_call['Ir']:,.0f} instructions, {per_call['I1mr']:.1f} instruction-cache misses, "
+        f"{per_call['D1mr']:.1f} data read misses, {per_call['D1mw']:.1f} data write misses, "
+        f"{per_call['ILmr'] + per_call['DLmr'] + per_call['DLmw']:.1f} last-level misses per call"
+    )
+
+
+def _cachegrind(args: argparse.Namespace, cache_sim: bool) -> dict[str, float]:
+    """cachegrind's events per call (Ir; with ``cache_sim``, the simulated
+    caches' misses too), the daemon's whole run for a fifth of the calls
+    subtracted from its run for all of them."""
     totals = []
     for calls in (args.calls // 5, args.calls):
         with tempfile.TemporaryDirectory() as directory:
             out = os.path.join(directory, "cachegrind.out")
-            valgrind = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
+            simulate = f"--cache-sim={'yes' if cache_sim else 'no'}"
+            valgrind = ("valgrind", "--tool=cachegrind", simulate)
             _run(calls, args, (*valgrind, f"--cachegrind-out-file={out}"), "cli.main")
             for _ in range(100):  # valgrind writes it as the daemon exits
                 if os.path.exists(out) and os.path.getsize(out):
                     break
                 time.sleep(0.2)
             time.sleep(0.5)
-            found = re.search(r"^summary:\s+(\d+)", Path(out).read_text(), re.MULTILINE)
-            if found is None:
+            text = Path(out).read_text()
+            events = re.search(r"^events:\s+(.+)$", text, re.MULTILINE)
+            found = re.search(r"^summary:\s+(.+)$", text, re.MULTILINE)
+            if events is None or found is None:
                 raise SystemExit("cachegrind wrote no summary")
-            totals.append(int(found.group(1)))
-    per_call = (totals[1] - totals[0]) / (args.calls * 4 / 5)
-    return f"{per_call:,.0f} instructions per call"
+            totals.append(dict(zip(events[1].split(), map(int, found[1].split()), strict=True)))
+    return {key: (totals[1][key] - totals[0][key]) / (args.calls * 4 / 5) for key in totals[1]}
 
 
 def count_cpu(args: argparse.Namespace) -> str:
@@ -202,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:
         return traced_daemon(argv)
     parser = argparse.ArgumentParser(prog="python -m benchmarks.count", description=__doc__)
-    parser.add_argument("what", choices=["lines", "instructions", "cpu"])
+    parser.add_argument("what", choices=["lines", "instructions", "misses", "cpu"])
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--in-flight", type=int, default=16)
     parser.add_argument("--calls", type=int, help="(default: 20,000; cpu: 200,000)")
@@ -250,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         load = f"{args.upstreams} upstreams, {load}"
     if args.http:
         load = f"HTTP ({args.http}) {args.clients} x 1, {args.calls:,} calls, {args.era}"
-    count = {"lines": count_lines, "instructions": count_instructions, "cpu": count_cpu}
+    count = {
+        "lines": count_lines,
+        "instructions": count_instructions,
+        "misses": count_misses,
+        "cpu": count_cpu,
+    }
     print(f"{load}: " + count[args.what](args))
     return 0
 
