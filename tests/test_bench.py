@@ -480,4 +480,4 @@ def test_functions_are_read_off_perf_and_given_per_call_by_path(tmp_path: Path) 
     for _, cpu, data in recorded:
         assert cpu > 0 and data.exists()
         functions = symbols.shares(data)
-        assert functions and 0.9 < sum(functions.values()) <= 1.0001
+        assert functions and 0.9 < sum(functions.values()) < 1.05  # (perf rounds each share)
