@@ -360,6 +360,11 @@ def render(report: dict[str, Any]) -> str:
     lines += [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
+    for path in paths:
+        first = report[path].get("first_error")
+        if first:
+            where = "through the daemon" if path == "broker" else path
+            lines += ["", f"first error ({where}): {first}"]
     if "direct" in report:
         how = (
             f"one Streamable HTTP session to {report['direct_url']}, every request on a "

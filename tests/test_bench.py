@@ -69,6 +69,11 @@ async def test_engine_counts_calls_tool_errors_and_error_codes() -> None:
     assert (failing["calls"], failing["ok"], failing["tool_errors"]) == (10, 0, 10)
     assert (unknown["calls"], unknown["errors"]) == (7, {"-32602": 7})
     assert (flaky["calls"], flaky["ok"], flaky["errors"]) == (30, 20, {"-32603": 10})
+    # What the first error said, kept (and nothing where there was none)
+    assert ok["first_error"] is None
+    assert failing["first_error"] == "tool error: failure requested"
+    assert unknown["first_error"] == "error -32602: Unknown tool: nope"
+    assert flaky["first_error"] == "error -32603: flaky: call 3 fails"
 
 
 async def test_bench_through_the_daemon_counts_requests(socket_path: str) -> None:
@@ -134,6 +139,9 @@ async def test_bench_reports_errors_by_code_and_tool_errors(socket_path: str) ->
     assert (failing["broker"]["tool_errors"], failing["broker"]["ok"]) == (12, 0)
     assert unknown["broker"]["errors"] == {"-32602": 5}
     assert "-32602 invalid params: 5" in bench.render(unknown)
+    shown = bench.render(failing)
+    assert "first error (through the daemon): tool error: " in shown
+    assert failing["broker"]["first_error"] in shown
 
 
 async def test_bench_direct_and_json_from_the_command_line(socket_path: str) -> None:

@@ -105,6 +105,9 @@ class Result:
     ok: int = 0
     errors: Counter[int | str] = attrs.field(factory=Counter)  # JSON-RPC errors by code
     tool_errors: int = 0  # results with isError: true
+    # What the first error or tool error said (its message, or the tool's text):
+    # a load of nothing but errors is a mistake to see at once (a missing argument).
+    first_error: str | None = None
     lost: int = 0
     elapsed: float = 0.0
     latencies_ns: list[int] = attrs.field(factory=list, repr=False)
@@ -119,6 +122,7 @@ class Result:
             "ok": self.ok,
             "errors": {str(code): n for code, n in sorted(self.errors.items(), key=str)},
             "tool_errors": self.tool_errors,
+            "first_error": self.first_error,
             "lost": self.lost,
             "elapsed_s": self.elapsed,
             "throughput": self.throughput,
@@ -529,10 +533,15 @@ class Engine:
         if error is not None:
             code = error.get("code") if isinstance(error, dict) else None
             result.errors[code if isinstance(code, int) else "invalid"] += 1
+            if result.first_error is None:
+                said = error.get("message") if isinstance(error, dict) else None
+                result.first_error = f"error {code}: {said}" if said else f"error: {error!r}"
             return
         body = message.get("result")
         if isinstance(body, dict) and body.get("isError"):
             result.tool_errors += 1
+            if result.first_error is None:
+                result.first_error = f"tool error: {_text_of(body)}"
         else:
             result.ok += 1
 
@@ -593,3 +602,15 @@ class Engine:
             self._selector.register(client.wfd, selectors.EVENT_WRITE, client)
         else:
             self._selector.unregister(client.wfd)
+
+
+def _text_of(result: dict[str, Any], limit: int = 200) -> str:
+    """A tool result's text content, cut to ``limit`` characters (or its JSON)."""
+    content = result.get("content")
+    texts = [
+        item["text"]
+        for item in (content if isinstance(content, list) else [])
+        if isinstance(item, dict) and isinstance(item.get("text"), str)
+    ]
+    text = " ".join(texts) if texts else orjson.dumps(result).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
