@@ -247,14 +247,15 @@ def test_cpu_seconds_reads_a_process_s_own_clock() -> None:
 
 async def test_counting_cpu_per_call_reads_the_daemon_once_its_load_is_done() -> None:
     command = [sys.executable, "-m", "benchmarks.count", "cpu"]
-    command += ["--clients", "2", "--in-flight", "2", "--calls", "2000"]
+    # (enough calls for several of the clock's 10 ms ticks, even on a fast machine)
+    command += ["--clients", "2", "--in-flight", "2", "--calls", "10000"]
     with trio.fail_after(60):
         done = await trio.run_process(
             command, cwd=str(REPO), capture_stdout=True, capture_stderr=True, check=False
         )
     assert done.returncode == 0, done.stderr.decode()
     out = done.stdout.decode()
-    found = re.search(r"2,000 calls, legacy: ([0-9.]+) µs of CPU per call \(user ([0-9.]+), "
+    found = re.search(r"10,000 calls, legacy: ([0-9.]+) µs of CPU per call \(user ([0-9.]+), "
                       r"system ([0-9.]+)\)", out)  # fmt: skip
     assert found is not None, out
     total, user, system = (float(found[n]) for n in (1, 2, 3))
