@@ -76,7 +76,10 @@ class Registry:
         """Serve the catalog of ``upstreams``, and hear from them (sets their ``events``)."""
         self._upstreams = upstreams
         entries = [ServerEntry(name, up.status) for name, up in upstreams.items()]
-        self._catalog = Catalog(entries, settings.separator, settings.page_size)
+        # The latest catalog, which every session reads on every call: an
+        # attribute, not a property, so that the compiled rules read it
+        # without running a line of Python (a frame a call, before).
+        self.current = Catalog(entries, settings.separator, settings.page_size)
         self._changed = trio.Event()
         self.events, self._events = trio.open_memory_channel[RegistryEvent](EVENTS_SIZE)
         self._client = InternalClient()
@@ -87,10 +90,6 @@ class Registry:
         self._log = get_logger()
         for upstream in upstreams.values():
             upstream.events = self.events
-
-    @property
-    def current(self) -> Catalog:
-        return self._catalog
 
     async def subscribe(self, session: SessionHandle, view: tuple[str, ...]) -> None:
         await self.events.send(Subscribe(session, frozenset(view)))
@@ -104,13 +103,10 @@ class Registry:
         A lazy server that has not started yet is started now.
         """
         for name in view:
-            if (
-                name in self._catalog.servers
-                and self._catalog.entry(name).state is ServerState.IDLE
-            ):
+            if name in self.current.servers and self.current.entry(name).state is ServerState.IDLE:
                 self._upstreams[name].request_start()
         # (a reload may remove a server of the view meanwhile)
-        while not self._catalog.settled([n for n in view if n in self._catalog.servers]):
+        while not self.current.settled([n for n in view if n in self.current.servers]):
             await self._changed.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -131,13 +127,13 @@ class Registry:
             self._subscribers[event.session] = event.view
         elif isinstance(event, Unsubscribe):
             self._subscribers.pop(event.session, None)
-        elif event.server not in self._catalog.servers:
+        elif event.server not in self.current.servers:
             return  # a server a reload removed
         elif event.status is not None:
             self._status_changed(event.server, event.status)
         elif event.list_changed is not None:
             kinds = KINDS_BY_NOTIFICATION.get(event.list_changed, ())
-            if kinds and self._catalog.entry(event.server).serving:
+            if kinds and self.current.entry(event.server).serving:
                 self._want_refresh(event.server, kinds)
 
     def _status_changed(self, server: str, status: ServerState) -> None:
@@ -147,7 +143,7 @@ class Registry:
         what the catalog had), a server that is restarting keeps its lists, one
         that failed or stopped leaves the catalog."""
         self._generation[server] += 1
-        entry = self._catalog.entry(server)
+        entry = self.current.entry(server)
         if status is ServerState.READY:
             self._publish(attrs.evolve(entry, state=status, loading=True, error=None))
             self._want_refresh(server, KINDS)
@@ -187,7 +183,7 @@ class Registry:
                     await self._refresh(server, tuple(k for k in KINDS if k in wanted))
                 except Exception:  # a bug of the broker's: keep what is known, settle
                     self._log.exception("catalog.refresh_failed", server=server)
-                    entry = self._catalog.servers.get(server)
+                    entry = self.current.servers.get(server)
                     if entry is not None and entry.loading:
                         identity = self._upstreams[server].identity
                         self._publish(attrs.evolve(entry, loading=False, identity=identity))
@@ -211,7 +207,7 @@ class Registry:
                 fetched[kind.name] = await self._fetch(upstream, kind)
         if self._generation[server] != generation:
             return  # it restarted or went down meanwhile; a newer refresh follows
-        old = self._catalog.entry(server)
+        old = self.current.entry(server)
         new = attrs.evolve(old, loading=False, identity=identity, lists={**old.lists, **fetched})
         self._publish(new)
         self._notify(server, changed_kinds(old, new, kinds))
@@ -247,10 +243,10 @@ class Registry:
         """New live settings (a reload): a new separator renames the tools and
         prompts of every server, and every session is told its lists changed;
         a new page size holds for the next list request."""
-        old = self._catalog
-        self._catalog = Catalog(old.servers.values(), settings.separator, settings.page_size)
+        old = self.current
+        self.current = Catalog(old.servers.values(), settings.separator, settings.page_size)
         if settings.separator != old.separator:
-            for server in self._catalog.servers:
+            for server in self.current.servers:
                 self._notify(server, [kind for kind in KINDS if kind in (TOOLS, PROMPTS)])
 
     # -- a reload ---------------------------------------------------------------
@@ -271,7 +267,7 @@ class Registry:
     def remove_server(self, name: str) -> None:
         """``name`` has left the upstreams: its lists leave the catalog, and every
         session that saw something of it is told (once per kind that changed)."""
-        entry = self._catalog.servers.get(name)
+        entry = self.current.servers.get(name)
         if entry is None:
             return
         self._generation[name] += 1  # (a refresh under way is dropped)
@@ -289,29 +285,29 @@ class Registry:
         upstream = self._upstreams[name]
         upstream.events = self.events
         self._generation[name] += 1
-        old = self._catalog.entry(name)
+        old = self.current.entry(name)
         self._rebuild({name: attrs.evolve(old, state=upstream.status, loading=False, error=None)})
 
     def _rebuild(self, new: dict[str, ServerEntry]) -> None:
         """A catalog of the upstreams as they are now (their order), with ``new``
         entries, the others as they were (servers the daemon is adding in the
         same reload, not yet given to the catalog, are left for their turn)."""
-        known = self._catalog.servers
+        known = self.current.servers
         entries = [
             entry
             for name in self._upstreams
             if (entry := new.get(name) or known.get(name)) is not None
         ]
-        old = self._catalog
-        self._catalog = Catalog(entries, old.separator, old.page_size)
-        for clash in new_clashes(old, self._catalog):
+        old = self.current
+        self.current = Catalog(entries, old.separator, old.page_size)
+        for clash in new_clashes(old, self.current):
             self._log.warning("catalog.clash", detail=clash)
         self._changed.set()
         self._changed = trio.Event()
 
     def _publish(self, entry: ServerEntry) -> None:
-        before, self._catalog = self._catalog, self._catalog.replace(entry)
-        for clash in new_clashes(before, self._catalog):
+        before, self.current = self.current, self.current.replace(entry)
+        for clash in new_clashes(before, self.current):
             self._log.warning("catalog.clash", detail=clash)
         self._changed.set()
         self._changed = trio.Event()
