@@ -31,10 +31,12 @@ LOST_RACE_GRACE = 2.0
 
 
 class DaemonUnavailable(Exception):
-    pass
+    """No daemon to relay to, and why (the shim prints it and exits 1)."""
 
 
 def connect(socket_path: str) -> _socket.socket | None:
+    """A connection to the daemon listening on ``socket_path``; None if none
+    listens there (no socket, or a stale one)."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(socket_path)
