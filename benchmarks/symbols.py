@@ -34,7 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import ECHO_SERVER, REPO, daemon, loadgen, socket_target, workdir
+from benchmarks import turns
+from benchmarks.procs import REPO, daemon, loadgen, workdir
 from benchmarks.turns import PATHS
 
 # A line of `perf report --sort dso,sym --stdio -q`: share, object, kind, symbol.
@@ -48,20 +49,11 @@ def run(
 ) -> list[tuple[str, float, Path]]:
     """Each load of ``order`` in one daemon, perf recording the daemon through
     the load's window: the path, its daemon CPU µs per call, its perf data."""
-    servers = {"echo": ECHO_SERVER, "echo-modern": [*ECHO_SERVER, "--modern"]}
     loads = []
     warmup = 1.0
-    with workdir() as directory, daemon(directory, servers) as dm:
+    with workdir() as directory, daemon(directory, turns.SERVERS) as dm:
         for n, path in enumerate(order):
-            _, era, server, arguments = PATHS[path]
-            load: dict[str, Any] = {"in_flight": in_flight, "tool": "echo", "arguments": arguments}
-            load |= {"duration": seconds, "warmup": warmup}
-            spec = {
-                "kind": "load",
-                "targets": [socket_target(dm.socket, server, clients, era)],
-                "load": load,
-                "watch": {"daemon": dm.pid},
-            }
+            spec = turns.load_spec(dm, path, seconds, warmup, clients, in_flight)
             answer: dict[str, Any] = {}
             driver = threading.Thread(target=lambda: answer.update(loadgen(spec)))  # noqa: B023 (joined below)
             driver.start()
@@ -71,10 +63,7 @@ def run(
             record += ["-p", str(dm.pid), "-o", str(data), "--", "sleep", str(seconds - 1)]
             subprocess.run(record, check=True, stderr=subprocess.DEVNULL)
             driver.join()
-            calls = answer["result"]["calls"]
-            if not calls or answer["result"]["ok"] != calls:
-                raise SystemExit(f"a {PATHS[path][0]} load failed: {answer['result']}")
-            cpu = 1e6 * answer["cpu_s"]["daemon"] / calls
+            cpu = turns.cpu_per_call(path, answer)
             print(f"{n + 1} {PATHS[path][0]}: {cpu:.2f} µs of daemon CPU per call", flush=True)
             loads.append((path, cpu, data))
     return loads
@@ -127,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(order)) != 2 or any(path not in PATHS for path in order):
         parser.error(f"--order takes two of {', '.join(PATHS)}")
     if args.tree:  # (the daemon is started from the tree this runs in)
-        command = [sys.executable, "-m", "benchmarks.symbols", *(argv or sys.argv[1:])]
-        at = command.index("--tree")
-        del command[at : at + 2]
+        command = [sys.executable, "-m", "benchmarks.symbols", "--order", args.order]
+        command += ["--seconds", str(args.seconds), "--top", str(args.top)]
+        command += ["--out", str(Path(args.out).resolve())]
         tree = Path(args.tree).resolve()
         env = {**os.environ, "PYTHONPATH": str(tree)}
         return subprocess.run(command, cwd=tree, env=env, check=False).returncode

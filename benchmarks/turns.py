@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import ECHO_SERVER, daemon, loadgen, socket_target, workdir
+from benchmarks.procs import ECHO_SERVER, Daemon, daemon, loadgen, socket_target, workdir
 from benchmarks.scenarios import ECHO_ARGS, MODERN_SIZED_ARGS
 
 ABBA = "L,M,M,L,L,M,M,L"
@@ -42,27 +42,41 @@ PATHS = {
 }
 
 
+# The servers every path's load goes to, behind one daemon.
+SERVERS = {"echo": ECHO_SERVER, "echo-modern": [*ECHO_SERVER, "--modern"]}
+
+
 def run(order: list[str], seconds: float, clients: int = 64, in_flight: int = 16) -> list[float]:
     """Each load's daemon CPU µs per call, in ``order`` (keys of ``PATHS``), in one daemon."""
-    servers = {"echo": ECHO_SERVER, "echo-modern": [*ECHO_SERVER, "--modern"]}
     figures = []
-    with workdir() as directory, daemon(directory, servers) as dm:
+    with workdir() as directory, daemon(directory, SERVERS) as dm:
         for path in order:
-            _, era, server, arguments = PATHS[path]
-            load: dict[str, Any] = {"in_flight": in_flight, "tool": "echo"}
-            load |= {"arguments": arguments, "duration": seconds, "warmup": seconds / 4}
-            spec = {
-                "kind": "load",
-                "targets": [socket_target(dm.socket, server, clients, era)],
-                "load": load,
-                "watch": {"daemon": dm.pid},
-            }
-            out = loadgen(spec)
-            calls = out["result"]["calls"]
-            if not calls or out["result"]["ok"] != calls:
-                raise SystemExit(f"a {PATHS[path][0]} load failed: {out['result']}")
-            figures.append(1e6 * out["cpu_s"]["daemon"] / calls)
+            out = loadgen(load_spec(dm, path, seconds, seconds / 4, clients, in_flight))
+            figures.append(cpu_per_call(path, out))
     return figures
+
+
+def load_spec(
+    dm: Daemon, path: str, seconds: float, warmup: float, clients: int, in_flight: int
+) -> dict[str, Any]:
+    """The load generator's spec for ``path``'s load through ``dm``."""
+    _, era, server, arguments = PATHS[path]
+    load: dict[str, Any] = {"in_flight": in_flight, "tool": "echo", "arguments": arguments}
+    load |= {"duration": seconds, "warmup": warmup}
+    return {
+        "kind": "load",
+        "targets": [socket_target(dm.socket, server, clients, era)],
+        "load": load,
+        "watch": {"daemon": dm.pid},
+    }
+
+
+def cpu_per_call(path: str, out: dict[str, Any]) -> float:
+    """The daemon's CPU µs per call of a load of ``path``, answered in full."""
+    calls = out["result"]["calls"]
+    if not calls or out["result"]["ok"] != calls:
+        raise SystemExit(f"a {PATHS[path][0]} load failed: {out['result']}")
+    return 1e6 * out["cpu_s"]["daemon"] / calls
 
 
 def groups(order: list[str], figures: list[float]) -> list[float]:

@@ -64,6 +64,9 @@ async def test_engine_counts_calls_tool_errors_and_error_codes() -> None:
         flaky = await trio.to_thread.run_sync(
             engine_run, target, Load(1, "flaky", {"every": 3}, requests=30)
         )
+        wordy = await trio.to_thread.run_sync(
+            engine_run, target, Load(1, "fail", {"message": "x" * 500}, requests=2)
+        )
     assert (ok["calls"], ok["ok"], ok["errors"], ok["lost"]) == (101, 101, {}, 0)
     assert len([v for v in ok["latency_us"].values() if v]) == 6
     assert (failing["calls"], failing["ok"], failing["tool_errors"]) == (10, 0, 10)
@@ -74,6 +77,7 @@ async def test_engine_counts_calls_tool_errors_and_error_codes() -> None:
     assert failing["first_error"] == "tool error: failure requested"
     assert unknown["first_error"] == "error -32602: Unknown tool: nope"
     assert flaky["first_error"] == "error -32603: flaky: call 3 fails"
+    assert wordy["first_error"] == "tool error: " + "x" * 185 + "..."  # (200 characters)
 
 
 async def test_bench_through_the_daemon_counts_requests(socket_path: str) -> None:

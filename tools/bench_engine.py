@@ -535,13 +535,13 @@ class Engine:
             result.errors[code if isinstance(code, int) else "invalid"] += 1
             if result.first_error is None:
                 said = error.get("message") if isinstance(error, dict) else None
-                result.first_error = f"error {code}: {said}" if said else f"error: {error!r}"
+                result.first_error = _cut(f"error {code}: {said}" if said else f"error: {error!r}")
             return
         body = message.get("result")
         if isinstance(body, dict) and body.get("isError"):
             result.tool_errors += 1
             if result.first_error is None:
-                result.first_error = f"tool error: {_text_of(body)}"
+                result.first_error = _cut(f"tool error: {_text_of(body)}")
         else:
             result.ok += 1
 
@@ -604,13 +604,17 @@ class Engine:
             self._selector.unregister(client.wfd)
 
 
-def _text_of(result: dict[str, Any], limit: int = 200) -> str:
-    """A tool result's text content, cut to ``limit`` characters (or its JSON)."""
+def _text_of(result: dict[str, Any]) -> str:
+    """A tool result's text content (or its JSON)."""
     content = result.get("content")
     texts = [
         item["text"]
         for item in (content if isinstance(content, list) else [])
         if isinstance(item, dict) and isinstance(item.get("text"), str)
     ]
-    text = " ".join(texts) if texts else orjson.dumps(result).decode()
+    return " ".join(texts) if texts else orjson.dumps(result).decode()
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """``text``, cut to ``limit`` characters (what a server said may be a page)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
