@@ -29,7 +29,7 @@ import orjson
 
 from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
-from broker.lifecycle import ServerIdentity
+from broker.lifecycle import LEGACY_VERSIONS, ServerIdentity
 from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
 from broker.states import DOWN, ServerState
 from broker.templates import match
@@ -123,6 +123,14 @@ class Catalog:
         self.separator = separator
         self.page_size = page_size
         self.clashes: list[str] = []
+        # The servers that speak the 2026-07-28 era (their identity's version
+        # is not a legacy one): they ask a client nothing mid-call, so a
+        # modern session keeps no record of a call to one (broker/eras/session.py).
+        self.modern = frozenset(
+            name
+            for name, entry in self.servers.items()
+            if entry.identity is not None and entry.identity.protocol_version not in LEGACY_VERSIONS
+        )
         self._names: dict[str, dict[tuple[str, str], str]] = {}
         self._routes: dict[str, dict[str, tuple[str, str]]] = {}
         self._renamed: dict[str, dict[str, tuple[dict[str, Any], ...]]] = {}

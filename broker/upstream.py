@@ -702,6 +702,7 @@ class UpstreamProtocol:
             self._settle()
         answer.id = entry.client_id
         answer.modern = self.modern
+        answer.method = entry.method
         return entry.session
 
     def take_answers(

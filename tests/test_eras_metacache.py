@@ -12,12 +12,14 @@ import json
 import re
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
+from broker.catalog import Catalog, ServerEntry
 from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, MetaCache
 from broker.eras.session import become_modern
 from broker.eras.versions import (
@@ -28,8 +30,10 @@ from broker.eras.versions import (
 )
 from broker.jsonrpc import JsonRpcError
 from broker.session import Forward, Reply, SessionProtocol
+from broker.states import ServerState
+from broker.wire.envelope import Answer, split_answer
 from tests.test_eras_fuzz import _state, modern_requests
-from tests.test_fuzz import Catalogs, _ready_upstream, json_values
+from tests.test_fuzz import IDENTITY, Catalogs, _ready_upstream, json_values
 
 
 def _json(value: Any) -> bytes:
@@ -378,6 +382,62 @@ def test_a_session_remembers_once_and_reads_every_call_after() -> None:
     capabilities = META[CLIENT_CAPABILITIES_KEY]
     assert [call[2] for call in session.open_calls.values()] == [capabilities] * 5
     assert session.client_info == META[CLIENT_INFO_KEY]
+
+
+class ModernCatalogs:
+    """test_fuzz's server "a", speaking 2026-07-28."""
+
+    current = Catalog(
+        [
+            ServerEntry(
+                "a",
+                ServerState.READY,
+                attrs.evolve(IDENTITY, protocol_version="2026-07-28"),
+                {"tools": ({"name": "t"},)},
+            )
+        ]
+    )
+
+
+def _answer(line: bytes, method: str, modern: bool) -> Answer:
+    """``line``, a server's answer, as the Upstream hands it to a session."""
+    answer = split_answer(line)
+    assert answer is not None
+    answer.method, answer.modern = method, modern
+    return answer
+
+
+def test_a_call_to_a_modern_server_leaves_no_record() -> None:
+    """A modern server asks nothing mid-call and its answers pass as they
+    came: the session keeps no record of a call to it (a record made and
+    popped per call was a tenth of a modern call's extra work). Were the
+    server legacy by the time it answers (restarted so), the answer is still
+    completed, by the method the Upstream kept."""
+    assert ModernCatalogs.current.modern == {"a"} and Catalogs.current.modern == frozenset()
+    session = become_modern(SessionProtocol(("a",), ModernCatalogs(), transparent=True), b"k" * 16)
+    discover = {"jsonrpc": "2.0", "id": "d", "method": "server/discover"}
+    session.receive({**discover, "params": {"_meta": META}}, settled=True)
+    forwards: dict[str, list[Any]] = {}
+    frames = [_call(0), _call(1), _call(2, method="resources/read", uri="r")]
+    assert session.take_forwards(frames, 0, forwards) == 3
+    assert len(forwards["a"]) == 3
+    assert session.open_calls == {} and session.inflight == {0, 1, 2}
+
+    written = b'{"jsonrpc":"2.0","id":0,"result":{"resultType":"complete","content":[]}}'
+    legacy_call = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
+    legacy_read = b'{"jsonrpc":"2.0","id":2,"result":{"contents":[]}}'
+    answers = [
+        _answer(written, "tools/call", modern=True),
+        _answer(legacy_call, "tools/call", modern=False),
+        _answer(legacy_read, "resources/read", modern=False),
+    ]
+    out: list[Any] = []
+    session.take_outgoing(list(answers), out)
+    assert out == answers and session.inflight == set()
+    results = [orjson.loads(answer.encode())["result"] for answer in answers]
+    assert orjson.dumps(results[0]) == b'{"resultType":"complete","content":[]}'
+    assert results[1] == {"resultType": "complete", "content": []}
+    assert results[2]["resultType"] == "complete" and "ttlMs" in results[2]
 
 
 def test_the_sdk_clients_calls_are_read_with_the_remembered_bytes() -> None:

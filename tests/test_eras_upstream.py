@@ -156,7 +156,8 @@ def test_requests_to_a_modern_server_are_stamped_with_their_clients_capabilities
 
 
 def test_an_unparsed_answer_says_whether_a_modern_server_wrote_it() -> None:
-    """``Answer.modern``: what a modern client's session passes on unstamped."""
+    """``Answer.modern``: what a modern client's session passes on unstamped;
+    ``Answer.method``: what it completes one by, had it kept no record."""
     for proto in (modern_protocol(), legacy_protocol()):
         proto.attach("a", {}, modern=True)
         request = {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "t"}}
@@ -165,7 +166,7 @@ def test_an_unparsed_answer_says_whether_a_modern_server_wrote_it() -> None:
         answer = split_answer(line)
         assert answer is not None
         assert proto.answer_fast(answer) == "a"
-        assert (answer.id, answer.modern) == ("c", proto.modern)
+        assert (answer.id, answer.modern, answer.method) == ("c", proto.modern, "tools/call")
 
 
 def test_a_modern_server_is_pinged_with_discover_and_never_asked_legacy_only_things() -> None:

@@ -111,7 +111,10 @@ SELF = "session"
 # A request forwarded and not yet answered, as the session must know it: its
 # method (which its answer's resultType and caching hints depend on), its
 # server and the capabilities it declared (a server may ask in a call). One
-# record per call: written once, read and popped once.
+# record per call: written once, read and popped once. A call the fast paths
+# send to a modern server (``Catalog.modern``) gets none: such a server asks
+# nothing mid-call, and its answer passes as it came (or, had it come back
+# legacy since, is stamped by the method the Upstream kept: ``Answer.method``).
 Call = tuple[str, str, dict[str, Any]]
 
 
@@ -192,7 +195,8 @@ class ModernSessionProtocol(SessionProtocol):
         if forward is None:
             return None
         self.client_info = meta.get(CLIENT_INFO_KEY)
-        self.open_calls[message["id"]] = (method, forward[0], capabilities)
+        if forward[0] not in self.catalogs.current.modern:
+            self.open_calls[message["id"]] = (method, forward[0], capabilities)
         return forward
 
     def take_forwards(
@@ -205,6 +209,8 @@ class ModernSessionProtocol(SessionProtocol):
         if self.state is not SessionState.OPERATING or self.refusal is not None:
             return start
         cache = self.meta_cache
+        # (one snapshot a run: nothing changes it while the run is read)
+        modern_servers = self.catalogs.current.modern
         try:
             for i in range(start, len(frames)):
                 frame = frames[i]
@@ -241,7 +247,8 @@ class ModernSessionProtocol(SessionProtocol):
                     if forward is None:
                         return i
                     self.client_info = cache.client_info
-                    self.open_calls[id] = (method, forward[0], cache.capabilities)
+                    if forward[0] not in modern_servers:  # (a record: see Call)
+                        self.open_calls[id] = (method, forward[0], cache.capabilities)
                 else:
                     # (Any, not Message: a compiled build would check that a
                     # line such as '1' decodes to a dict)
@@ -473,14 +480,16 @@ class ModernSessionProtocol(SessionProtocol):
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
                 modern = False
+                method: str | None = None
                 if type(message) is Answer:
                     if self._answer_fast(message):
                         out.append(message)
                         continue
                     modern = message.modern
+                    method = message.method
                     message = message.read()
                 if isinstance(message, dict):
-                    out.extend(self._outgoing_modern(message, modern))
+                    out.extend(self._outgoing_modern(message, modern, method))
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
@@ -501,6 +510,12 @@ class ModernSessionProtocol(SessionProtocol):
             if not answer.modern and complete_answer(answer, call[0]) is None:
                 return False
             del self.open_calls[id]  # (what _forget does, in fewer steps)
+        elif not answer.modern:
+            # No record: a call routed to a server that was modern then, and is
+            # legacy now (it came back so); the Upstream kept its method.
+            method = answer.method
+            if method is None or complete_answer(answer, method) is None:
+                return False
         self.inflight.discard(id)
         if self.log_levels.ranks:
             self.log_levels.close(id)
@@ -512,7 +527,9 @@ class ModernSessionProtocol(SessionProtocol):
         answers, self.upstream_answers = self.upstream_answers, []
         return answers
 
-    def _outgoing_modern(self, message: Message, modern: bool = False) -> list[Message]:
+    def _outgoing_modern(
+        self, message: Message, modern: bool = False, method: str | None = None
+    ) -> list[Message]:
         """What the client reads of a message bound for it. An answer gets
         ``resultType`` (and on a read the caching hints) where it lacks them
         (:func:`~broker.eras.modern.complete_result`), unless a 2026-07-28
@@ -538,7 +555,8 @@ class ModernSessionProtocol(SessionProtocol):
         current = self.aliases.pop(id, id)
         self.inflight.discard(id)
         self.inflight.discard(current)
-        method = None if call is None else call[0]
+        if call is not None:
+            method = call[0]  # (else the Upstream's, given: a call with no record)
         self._forget(id)
         self.log_levels.close(current)
         if current != id:

@@ -67,7 +67,7 @@ COPIED: Final = 4096
 class Answer:
     """A server's answer on its way to a client, its bytes untouched but the id."""
 
-    __slots__ = ("head", "id", "modern", "tail")
+    __slots__ = ("head", "id", "method", "modern", "tail")
 
     def __init__(self, head: Bytes, id: RequestId, tail: Bytes) -> None:
         self.head = head  # the line up to the id's value
@@ -76,6 +76,8 @@ class Answer:
         # Written by a 2026-07-28 server (the Upstream says so): a modern
         # client gets it as it is, its result already in that era's terms.
         self.modern = False
+        # The method of the request it answers, once the Upstream matched it.
+        self.method: str | None = None
 
     def pieces(self) -> tuple[Bytes, bytes, Bytes]:
         """The answer's bytes in pieces to join (a large result is then copied
