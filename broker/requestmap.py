@@ -161,8 +161,8 @@ class RequestMap:
         self._next_id += 1
         entry = InFlight(session, client_id, request["method"])
         params = request.get("params")
-        if type(params) is dict and "_meta" in params:
-            meta = params["_meta"]
+        if type(params) is dict:
+            meta = params.get("_meta")  # (one lookup: a modern client's calls all have one)
             if isinstance(meta, dict) and "progressToken" in meta:
                 entry.client_token = meta["progressToken"]
                 params["_meta"] = {**meta, "progressToken": upstream_id}

@@ -405,11 +405,16 @@ class UpstreamProtocol:
                 return False
         elif method in NOTED_METHODS:
             return False
-        if self.modern and method in INPUT_METHODS and session not in self.modern_sessions:
-            # (_asks_legacy: its answer may be input_required, for the broker
-            # to put to the client)
-            note = InputRound(_as_sent(request))
-            self.requests.note(self._open(session, request, now), note)
+        if self.modern:
+            # (a modern client's request is tested once: its session is in the set)
+            legacy_client = session not in self.modern_sessions
+            if legacy_client and method in INPUT_METHODS:
+                # (_asks_legacy: its answer may be input_required, for the broker
+                # to put to the client)
+                note = InputRound(_as_sent(request))
+                self.requests.note(self._open(session, request, now, True), note)
+                return True
+            self._open(session, request, now, legacy_client)
             return True
         self._open(session, request, now)
         return True
@@ -432,12 +437,18 @@ class UpstreamProtocol:
             out.append(request)
         return len(requests)
 
-    def _open(self, session: Hashable, request: Message, now: float) -> int:
-        """Record a request to forward (rewriting it in place); its upstream id."""
+    def _open(
+        self, session: Hashable, request: Message, now: float, legacy_client: bool | None = None
+    ) -> int:
+        """Record a request to forward (rewriting it in place); its upstream id.
+        ``legacy_client``: whether ``session`` is a legacy client's, if the
+        caller knows (a modern server's request is stamped for one)."""
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         if self.modern_server is not None:
-            if session not in self.modern_sessions:  # (a modern client's carries its own)
+            if legacy_client is None:
+                legacy_client = session not in self.modern_sessions
+            if legacy_client:  # (a modern client's carries its own)
                 self.modern_server.stamp(request, session)
         else:  # a legacy server gets no modern keys, whichever client sent them
             params = request.get("params")

@@ -504,7 +504,8 @@ class ModernSessionProtocol(SessionProtocol):
         if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return False
         id = answer.id
-        call = self.open_calls.get(id)
+        # (none at all while every call goes to a modern server: no lookup)
+        call = self.open_calls.get(id) if self.open_calls else None
         if call is not None:
             # (a legacy server's answer that complete_answer cannot stamp unread: read)
             if not answer.modern and complete_answer(answer, call[0]) is None:
