@@ -128,6 +128,9 @@ class MetaCache:
         self.capabilities: dict[str, Any] = {}  # its clientCapabilities
         self.client_info: Any = None  # its clientInfo
         self.remembered = 0
+        # The params of the message :meth:`decode` returned last (its caller
+        # reads them too: a dict lookup less a call).
+        self.params: Message = {}
 
     def decode(self, line: bytes) -> Message | None:
         """``line``'s message, its ``params._meta`` the remembered value, if
@@ -172,6 +175,7 @@ class MetaCache:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return None  # (not JSON, or no params._meta: the full path says what the line is)
         params["_meta"] = self.fragment
+        self.params = params
         return message
 
     def remember(self, line: bytes, meta: dict[str, Any]) -> None:

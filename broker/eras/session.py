@@ -236,7 +236,7 @@ class ModernSessionProtocol(SessionProtocol):
                         )
                     ):
                         return i
-                    params: Message = message["params"]
+                    params = cache.params  # (message["params"], as decode read it)
                     if (
                         "requestState" in params
                         and method in INPUT_METHODS
