@@ -55,7 +55,7 @@ class Settings:
     spawn_repeat: int = 10
     memory_clients: int = 20
     sdk: bool = True  # also compare memory with a server built on the official SDK
-    rounds: int = 3  # turns each path takes in the modern scenario (windows of half a run)
+    rounds: int = 5  # turns each path takes in the modern scenario (windows of a third of a run)
 
 
 QUICK = Settings(
@@ -158,6 +158,12 @@ ERA_PATHS = (
     ("modern", "modern", "modern"),
     ("legacy at modern", "legacy", "modern"),
 )
+# The order the paths take their turns in (reversed every other round):
+# modern between the two paths it is read against, so that each of its
+# per-round ratios compares neighbouring windows. The machine's speed
+# drifts by a third within a round; until 2026-11-27 the order was
+# ERA_PATHS', which put three windows between legacy and modern.
+TURNS = ("modern at legacy", "legacy, modern's bytes", "modern", "legacy", "legacy at modern")
 # What pads a legacy call to a modern one's bytes ("pad": the echo server ignores it).
 MODERN_SIZED_ARGS = {**ECHO_ARGS, "pad": "x" * 182}
 
@@ -168,21 +174,24 @@ def _eras(
     """The same load through one daemon's socket by legacy clients and by modern
     ones (2026-07-28: no initialize, ``_meta`` on every request), at legacy
     echo servers and at modern ones (benchmarks/echo_server.py ``--modern``),
-    both kinds behind the daemon. The paths take turns, ``s.rounds`` times
-    (the order reversed every other round), each window half a run's: what
-    the machine does meanwhile falls on every path alike, and the ratios are
-    read per round (:func:`merge_rounds`; their medians are the targets')."""
+    both kinds behind the daemon. The paths take turns (:data:`TURNS`),
+    ``s.rounds`` times (the order reversed every other round), each window a
+    third of a run's: what the machine does meanwhile falls on every path
+    alike, and the ratios are read per round (:func:`merge_rounds`; their
+    medians are the targets')."""
     legacy = ["echo"] if upstreams == 1 else [f"echo{i}" for i in range(upstreams)]
     modern = [f"{name}-modern" for name in legacy]
     per = max(1, clients // len(legacy))
     servers = {name: ECHO_SERVER for name in legacy}
     servers |= {name: [*ECHO_SERVER, "--modern"] for name in modern}
-    window = attrs.evolve(s, duration=s.duration / 2, warmup=s.warmup / 2)
+    window = attrs.evolve(s, duration=s.duration / 3, warmup=s.warmup / 2)
+    paths = {path: (era, at) for path, era, at in ERA_PATHS}
+    turns = [(path, *paths[path]) for path in TURNS]
     runs: dict[str, list[dict[str, Any]]] = {path: [] for path, _, _ in ERA_PATHS}
     with daemon(directory, servers) as dm:
         watch = {"daemon": dm.pid} | {f"server:{n}": pid for n, pid in dm.server_pids.items()}
         for round in range(s.rounds):
-            for path, era, at in ERA_PATHS if round % 2 == 0 else ERA_PATHS[::-1]:
+            for path, era, at in turns if round % 2 == 0 else turns[::-1]:
                 names = legacy if at == "legacy" else modern
                 targets = [socket_target(dm.socket, name, per, era) for name in names]
                 padded = MODERN_SIZED_ARGS if "bytes" in path else None

@@ -1,6 +1,6 @@
 """Loads in a given order through one daemon: ``python -m benchmarks.turns``.
 
-The harness's modern scenario reads the median of three rounds, and the
+The harness's modern scenario reads the median of five rounds, and the
 machine's speed drifts by a third within a minute, so a ratio of 1.1 is
 not told from noise by it. This runs the loads one after another in one
 daemon, in the order given, and prints each load's daemon CPU per call;

@@ -410,6 +410,16 @@ def test_the_modern_scenario_reads_its_ratios_round_by_round() -> None:
     assert [(c.measured, c.met) for c in checks] == [("0.90x", True), ("1.11x", False)]
 
 
+def test_modern_takes_its_turn_between_the_paths_it_is_read_against() -> None:
+    """Each per-round ratio compares neighbouring windows, in either direction
+    of a round (the machine's speed drifts within one)."""
+    from benchmarks.scenarios import ERA_PATHS, TURNS
+
+    assert sorted(TURNS) == sorted(path for path, _, _ in ERA_PATHS)
+    at = TURNS.index("modern")
+    assert {TURNS[at - 1], TURNS[at + 1]} == {"legacy", "legacy, modern's bytes"}
+
+
 @pytest.mark.parametrize("path", ["legacy", "modern", "legacy-at-modern", "modern-at-legacy"])
 def test_the_hot_path_counter_carries_calls_as_each_path_does(path: str) -> None:
     """``benchmarks.hotpath``'s calls take the fast paths the daemon's do, in
