@@ -12,14 +12,12 @@ import json
 import re
 from typing import Any
 
-import attrs
 import orjson
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker import jsonrpc
-from broker.catalog import Catalog, ServerEntry
 from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, MetaCache
 from broker.eras.session import become_modern
 from broker.eras.versions import (
@@ -30,10 +28,9 @@ from broker.eras.versions import (
 )
 from broker.jsonrpc import JsonRpcError
 from broker.session import Forward, Reply, SessionProtocol
-from broker.states import ServerState
 from broker.wire.envelope import Answer, split_answer
 from tests.test_eras_fuzz import _state, modern_requests
-from tests.test_fuzz import IDENTITY, Catalogs, _ready_upstream, json_values
+from tests.test_fuzz import Catalogs, ModernCatalogs, _ready_upstream, json_values
 
 
 def _json(value: Any) -> bytes:
@@ -314,24 +311,24 @@ def _receive(session: Any, line: bytes) -> list[Any]:
     return list(session.receive(message, settled=True))
 
 
-def _modern_session(transparent: bool) -> Any:
+def _modern_session(transparent: bool, catalogs: Any = Catalogs) -> Any:
     view = ("a",) if transparent else ("a", "b")
-    session = become_modern(SessionProtocol(view, Catalogs(), transparent=transparent), b"k" * 16)
+    session = become_modern(SessionProtocol(view, catalogs(), transparent=transparent), b"k" * 16)
     discover = {"jsonrpc": "2.0", "id": "d", "method": "server/discover"}
     session.receive({**discover, "params": {"_meta": META}}, settled=True)
     return session
 
 
 @settings(max_examples=500, deadline=None)
-@given(session_lines, st.booleans())
+@given(session_lines, st.booleans(), st.sampled_from([Catalogs, ModernCatalogs]))
 def test_a_session_reading_with_the_remembered_bytes_does_what_receive_does(
-    frames: list[bytes], transparent: bool
+    frames: list[bytes], transparent: bool, catalogs: Any
 ) -> None:
     """Every line answered, forwarded or refused as the general path does it
     (-32602, -32022 for a bad _meta included), the session left in the same
     state, and the forwarded requests the same bytes at a legacy and at a
     modern server, ids apart."""
-    fast, slow = _modern_session(transparent), _modern_session(transparent)
+    fast, slow = _modern_session(transparent, catalogs), _modern_session(transparent, catalogs)
     got = _read_fast(fast, frames)
     want = [action for frame in frames for action in _receive(slow, frame)]
     assert _written(got) == _written(want)
@@ -382,21 +379,6 @@ def test_a_session_remembers_once_and_reads_every_call_after() -> None:
     capabilities = META[CLIENT_CAPABILITIES_KEY]
     assert [call[2] for call in session.open_calls.values()] == [capabilities] * 5
     assert session.client_info == META[CLIENT_INFO_KEY]
-
-
-class ModernCatalogs:
-    """test_fuzz's server "a", speaking 2026-07-28."""
-
-    current = Catalog(
-        [
-            ServerEntry(
-                "a",
-                ServerState.READY,
-                attrs.evolve(IDENTITY, protocol_version="2026-07-28"),
-                {"tools": ({"name": "t"},)},
-            )
-        ]
-    )
 
 
 def _answer(line: bytes, method: str, modern: bool) -> Answer:

@@ -10,6 +10,7 @@ import contextlib
 import copy
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 from hypothesis import example, given, settings
@@ -110,6 +111,23 @@ class Catalogs:
     current = Catalog(
         [
             ServerEntry("a", ServerState.READY, IDENTITY, {"tools": ({"name": "t"},)}),
+            ServerEntry("b", ServerState.RESTARTING, error="exited"),
+        ]
+    )
+
+
+class ModernCatalogs:
+    """Catalogs' server "a", speaking 2026-07-28 (a modern session keeps no
+    record of a call the fast paths send it: broker/eras/session.py)."""
+
+    current = Catalog(
+        [
+            ServerEntry(
+                "a",
+                ServerState.READY,
+                attrs.evolve(IDENTITY, protocol_version="2026-07-28"),
+                {"tools": ({"name": "t"},)},
+            ),
             ServerEntry("b", ServerState.RESTARTING, error="exited"),
         ]
     )
