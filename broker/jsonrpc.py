@@ -198,12 +198,13 @@ LONG: Final = b"0" * 20
 # orjson.loads: a compiled build looks a method or a module's attribute up
 # by name on every call (``python -m benchmarks.hotpath --tree build/compiled``).
 _loads: Final = orjson.loads
+_dumps: Final = orjson.dumps
 _partition: Final = bytes.partition
 
 
 def encode(message: Any) -> bytes:
     """One message's bytes (framing is the wire format's: broker/wire/)."""
-    return orjson.dumps(message)
+    return _dumps(message)
 
 
 def is_valid_id(value: Any) -> TypeGuard[RequestId]:

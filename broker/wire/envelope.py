@@ -47,12 +47,13 @@ Bytes = bytes | memoryview
 
 PREFIX: Final = b'{"jsonrpc":"2.0","id":'
 SUFFIX: Final = b',"jsonrpc":"2.0","id":'
-_FIRST_KEYS = (b'{"result":', b'{"error":')  # an answer in the TypeScript SDK's shape
-_MAX_ID_DIGITS = 19  # the broker's own upstream ids are positive and never this long
-# The other shape: the prefix, the id, then "result" or "error" (the id's group).
+_FIRST_KEYS: Final = (b'{"result":', b'{"error":')  # an answer in the TypeScript SDK's shape
+_MAX_ID_DIGITS: Final = 19  # the broker's own upstream ids are positive and never this long
+# The other shape: the prefix, then the id, followed by "result" or "error".
 _USUAL: Final = re.compile(
-    re.escape(PREFIX) + rb"(0|[1-9][0-9]{0,%d}),\"(?:result|error)\":" % (_MAX_ID_DIGITS - 1)
+    re.escape(PREFIX) + rb"(?:0|[1-9][0-9]{0,%d})(?=,\"(?:result|error)\":)" % (_MAX_ID_DIGITS - 1)
 )
+_usual: Final = _USUAL.match
 # (a static in a compiled build: orjson.dumps is looked up by name on each call)
 _dumps: Final = orjson.dumps
 _CLOSE: Final = ord("}")
@@ -143,18 +144,19 @@ def split_answer(line: bytes) -> Answer | None:
     """The answer in ``line`` cut around its upstream id, or None (parse the line)."""
     head: Bytes
     tail: Bytes
-    # The usual shape in one match: the prefix, the id (digits, no leading
-    # zero, at most 19), then the key. One call where four bytes methods
-    # cost CPython 3.11 a format-string parse of their arguments each
-    # (benchmarks/README.md, 2026-11-26 (evening)).
-    match = _USUAL.match(line)
+    # The usual shape in one match: the prefix, then the id (digits, no
+    # leading zero, at most 19) if the key follows it. One call where four
+    # bytes methods cost CPython 3.11 a format-string parse of their
+    # arguments each (benchmarks/README.md, 2026-11-26 (evening)); the
+    # match's method a static and its end the id's (2026-11-27 (evening)).
+    match = _usual(line)
     if match is not None:
         if line[-1] != _CLOSE:
             return None
-        end = match.end(1)
+        end = match.end()
         # (a small answer's rest copied, cheaper than a view; a large one's viewed)
         tail = line[end:] if len(line) <= COPIED else memoryview(line)[end:]
-        return Answer(PREFIX, int(match.group(1)), tail)
+        return Answer(PREFIX, int(line[len(PREFIX) : end]), tail)
     if line.startswith(_FIRST_KEYS):
         at = line.rfind(SUFFIX, max(0, len(line) - len(SUFFIX) - _MAX_ID_DIGITS - 1))
         if at < 0 or not line.endswith(b"}"):

@@ -8,7 +8,7 @@ enough of its ends to read an answer's id, so that its sender can be told.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import orjson
@@ -86,12 +86,16 @@ LinkFrame = Frame | OnStream | Failed | Renewed
 """What an upstream link hands the rules: frames, and what only some links know."""
 
 
+# (a static in a compiled build: orjson.dumps is looked up by name on each call)
+_dumps: Final = orjson.dumps
+
+
 def encode(message: object) -> bytes:
     """One outgoing message's bytes (no framing). A message orjson cannot write
     is a bug of the broker's (decode refuses what encode cannot write); rather
     than lose it silently, a request's or answer's id still gets an error."""
     try:
-        return orjson.dumps(message)
+        return _dumps(message)
     except TypeError as exc:  # (orjson's errors are TypeErrors)
         if type(message) is Related:  # (a transport that has no use for its cause)
             return encode(message.message)
