@@ -265,3 +265,29 @@ def test_an_answer_says_whether_it_is_an_error_as_its_parse_does(line: bytes, er
     if line.startswith(PREFIX):
         copy = Answer(bytes(bytearray(PREFIX)), answer.id, answer.tail)
         assert copy.is_error() is error
+
+
+# Lines in and near the usual shape: the prefix, an id (any digits, a sign,
+# nothing), a key (one of the two, another, a part of one), the rest.
+near_usual = st.builds(
+    lambda prefix, id, key, rest: prefix + id + key + rest,
+    st.sampled_from([PREFIX, PREFIX[:-1], b'{"jsonrpc":"2.0","id" :', b""]),
+    st.one_of(
+        st.integers(0, 10**21).map(lambda n: str(n).encode()),
+        st.sampled_from([b"", b"0", b"00", b"01", b"-1", b"1.5", b"1e3", b"9" * 19, b"9" * 20]),
+    ),
+    st.sampled_from([b',"result":', b',"error":', b',"result"', b',"res', b',"x":', b"", b"}"]),
+    st.sampled_from([b"{}}", b"1}", b'{"a":1}}', b"", b"}", b"{"]),
+)
+
+
+@given(near_usual)
+def test_the_usual_shape_is_read_alike_byte_by_byte_and_by_match(line: bytes) -> None:
+    """The compiled rules read an answer's id byte by byte (usual_id_read),
+    the Python rules by one match: the same end, and the same id, on any
+    line (both readings run here, in either build)."""
+    from broker.wire.envelope import _USUAL, usual_id_read
+
+    match = _USUAL.match(line)
+    want = (-1, 0) if match is None else (match.end(), int(line[len(PREFIX) : match.end()]))
+    assert usual_id_read(line) == want
