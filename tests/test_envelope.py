@@ -291,3 +291,11 @@ def test_the_usual_shape_is_read_alike_byte_by_byte_and_by_match(line: bytes) ->
     match = _USUAL.match(line)
     want = (-1, 0) if match is None else (match.end(), int(line[len(PREFIX) : match.end()]))
     assert usual_id_read(line) == want
+
+
+def test_each_build_reads_the_usual_shape_its_own_way() -> None:
+    """The compiled rules take the byte-by-byte reading, the Python rules the
+    match (what makes each cheaper: split_answer)."""
+    from broker.wire import envelope
+
+    assert envelope._COMPILED is (not envelope.__file__.endswith(".py"))

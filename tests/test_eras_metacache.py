@@ -400,26 +400,29 @@ def test_a_call_to_a_modern_server_leaves_no_record() -> None:
     discover = {"jsonrpc": "2.0", "id": "d", "method": "server/discover"}
     session.receive({**discover, "params": {"_meta": META}}, settled=True)
     forwards: dict[str, list[Any]] = {}
-    frames = [_call(0), _call(1), _call(2, method="resources/read", uri="r")]
-    assert session.take_forwards(frames, 0, forwards) == 3
-    assert len(forwards["a"]) == 3
-    assert session.open_calls == {} and session.inflight == {0, 1, 2}
+    frames = [_call(0), _call(1), _call(2, method="resources/read", uri="r"), _call(3)]
+    assert session.take_forwards(frames, 0, forwards) == 4
+    assert len(forwards["a"]) == 4
+    assert session.open_calls == {} and session.inflight == {0, 1, 2, 3}
 
     written = b'{"jsonrpc":"2.0","id":0,"result":{"resultType":"complete","content":[]}}'
     legacy_call = b'{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'
     legacy_read = b'{"jsonrpc":"2.0","id":2,"result":{"contents":[]}}'
+    # (the key's name inside the result: not stamped unread, but read and completed)
+    legacy_odd = b'{"jsonrpc":"2.0","id":3,"result":{"content":[],"x":{"resultType":1}}}'
     answers = [
         _answer(written, "tools/call", modern=True),
         _answer(legacy_call, "tools/call", modern=False),
         _answer(legacy_read, "resources/read", modern=False),
     ]
     out: list[Any] = []
-    session.take_outgoing(list(answers), out)
-    assert out == answers and session.inflight == set()
+    session.take_outgoing([*answers, _answer(legacy_odd, "tools/call", modern=False)], out)
+    assert out[:3] == answers and session.inflight == set()
     results = [orjson.loads(answer.encode())["result"] for answer in answers]
     assert orjson.dumps(results[0]) == b'{"resultType":"complete","content":[]}'
     assert results[1] == {"resultType": "complete", "content": []}
     assert results[2]["resultType"] == "complete" and "ttlMs" in results[2]
+    assert out[3]["result"] == {"content": [], "x": {"resultType": 1}, "resultType": "complete"}
 
 
 def test_the_sdk_clients_calls_are_read_with_the_remembered_bytes() -> None:
