@@ -58,7 +58,7 @@ from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
 from actors.registry import Registry
 from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
-from actors.sharing import PerSessionServer, PooledServer
+from actors.sharing import EraServer, PerSessionServer, PooledServer
 from actors.upstream import Upstream
 from broker.calls import CallStats
 from broker.config import BrokerSettings, Config, ConfigError, ServerConfig, parse_address
@@ -532,4 +532,6 @@ def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Server
         return PerSessionServer(name, config, settings)
     if config.pool > 1:
         return PooledServer(name, config, settings)
+    if config.era == "per-client":
+        return EraServer(name, config, settings)
     return Upstream(name, config, settings, lazy=config.startup == "lazy")

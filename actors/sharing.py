@@ -12,6 +12,10 @@ list requests and reports status and ``list_changed`` to it.
   serving only the Registry; the aggregated catalog shows its lists, and a
   session's own instance announces its ``list_changed`` to that session
   directly.
+- :class:`EraServer` (``"era": "per-client"``): two instances, each client
+  served in its own protocol era (docs/eras.md, "Each client in its era"):
+  the catalog instance opened legacy, for legacy clients; a second opened
+  as ``auto`` would, started by the first modern client, for modern ones.
 - :class:`PooledServer` (``"pool": N``): N instances; each request goes to the
   least busy one. What is stateful per session sticks to the instance the
   session was assigned when it attached (subscriptions): those rules are
@@ -49,6 +53,7 @@ from actors.server_actor import (
 )
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
+from broker.lifecycle import LEGACY_VERSIONS
 from broker.pooling import InstanceFacts, PoolRouting
 from broker.states import ServerState
 
@@ -199,6 +204,66 @@ class PerSessionServer(ServerGroup):
             await self._start(instance)
             self._log.info("server.instance_started", session=session.id)
         await instance.send(item)
+
+
+class EraServer(ServerGroup):
+    """A server that speaks both eras, each client served in its own.
+
+    The catalog instance is opened ``"legacy"`` (which works whatever the
+    server speaks) and serves the Registry and every legacy client; the
+    modern instance is opened ``"auto"`` (the probe) when the first modern
+    client attaches, and serves the modern ones. So neither era is bridged,
+    and a tool that asks its client the legacy way (server-to-client
+    requests) works for legacy clients. A session keeps the instance it
+    attached to. Where the catalog instance came up modern (a modern-only
+    server, which refuses ``initialize``), modern clients share it: a second
+    instance would be the same."""
+
+    share = "per-era"
+
+    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+        super().__init__(name, config, settings)
+        self._modern: Upstream | None = None  # (started by the first modern client)
+        self._modern_sessions: set[SessionHandle] = set()
+
+    def _instance(self, index: int) -> Upstream:
+        """The catalog instance (0), opened legacy; the modern one (1), opened
+        auto and warming up to the catalog's tools as a per-session one does."""
+        config = attrs.evolve(self.config, era="legacy" if index == 0 else "auto")
+        lazy = index == 0 and config.startup == "lazy"
+        expected = None if index == 0 else self._catalog.tools
+        return Upstream(
+            self.name, config, self.settings, lazy=lazy, warm_up=True, expected_tools=expected
+        )
+
+    def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self._catalog.reconfigure(attrs.evolve(config, era="legacy"), settings)
+        if self._modern is not None:
+            self._modern.reconfigure(attrs.evolve(config, era="auto"), settings)
+
+    def _every_instance(self) -> list[Upstream]:
+        return [] if self._modern is None else [self._modern]
+
+    async def send(self, item: InboxItem) -> None:
+        session = item.session
+        if isinstance(item, Attach) and item.modern and not self._catalog_is_modern():
+            self._modern_sessions.add(session)
+            if self._modern is None:
+                self._modern = self._instance(1)
+                await self._start(self._modern)
+                self._log.info("server.instance_started", era="modern")
+        if session in self._modern_sessions and self._modern is not None:
+            if isinstance(item, Detach):
+                self._modern_sessions.discard(session)
+            await self._modern.send(item)
+        else:
+            await self._catalog.send(item)
+
+    def _catalog_is_modern(self) -> bool:
+        identity = self._catalog.identity
+        return identity is not None and identity.protocol_version not in LEGACY_VERSIONS
 
 
 class PooledServer(ServerGroup):

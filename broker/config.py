@@ -37,8 +37,9 @@ DEFAULT_MAX_IN_FLIGHT = 4096  # requests per session
 DEFAULT_MAX_SERVER_IN_FLIGHT = 16384  # requests per server instance
 DEFAULT_MAX_WAITING = 1024  # requests waiting for their turn, per server instance
 SERVER_REQUEST_MODES = ("auto", "exclusive", "concurrent")
-# Which protocol era a server is opened in (docs/eras.md, "Upstream").
-ERAS = ("auto", "legacy", "modern")
+# Which protocol era a server is opened in (docs/eras.md, "Upstream");
+# "per-client": each client in its own (docs/eras.md, "Each client in its era").
+ERAS = ("auto", "legacy", "modern", "per-client")
 
 # Keys of a server entry that hosts use and the broker reads or tolerates.
 HOST_SERVER_KEYS = frozenset(
@@ -69,7 +70,9 @@ class ServerConfig:
     server_requests: str = "auto"
     # The protocol era: "auto" probes server/discover (a server that speaks
     # both eras is used in the modern one), "legacy" opens with initialize,
-    # "modern" requires 2026-07-28 (docs/eras.md, "Upstream").
+    # "modern" requires 2026-07-28 (docs/eras.md, "Upstream"); "per-client"
+    # opens it twice, legacy for legacy clients and auto for modern ones
+    # (actors/sharing.py's EraServer).
     era: str = "auto"
     # OAuth for a url server (``mcpbroker auth NAME``): a client registered by
     # hand ("clientId", "clientSecret"), the "scope" to ask, the "redirectPort".
@@ -443,7 +446,16 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
             f"not {server.server_requests!r}"
         )
     if server.era not in ERAS:
-        raise ConfigError(f'"{where}.era" must be "auto", "legacy" or "modern", not {server.era!r}')
+        raise ConfigError(
+            f'"{where}.era" must be "auto", "legacy", "modern" or "per-client", not {server.era!r}'
+        )
+    if server.era == "per-client" and (
+        server.share != "shared" or server.pool > 1 or server.type == "sse"
+    ):
+        raise ConfigError(
+            f'"{where}.era": "per-client" opens the server once for each client era: not '
+            'with "share": "per-session", a "pool", or "type": "sse" (no modern revision)'
+        )
     _check_recovery(
         where,
         server.restart_delay,

@@ -845,7 +845,8 @@ class UpstreamProtocol:
                 "server.needs_legacy_era",
                 f"a tool of MCP server {self.name!r} asks its client the legacy way "
                 "(server-to-client requests), which the 2026-07-28 era this server "
-                'was opened in does not have: set "era": "legacy" for it',
+                'was opened in does not have: set "era": "legacy" for it (or "per-client", '
+                "where modern clients use it too)",
             )
         ]
 

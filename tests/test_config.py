@@ -234,3 +234,27 @@ def test_the_input_timeout_is_checked() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigError, match="inputTimeout"):
             parse_config({"broker": {"inputTimeout": bad}})
+
+
+def test_the_era_is_checked() -> None:
+    for era in ("auto", "legacy", "modern", "per-client"):
+        assert parse_config(servers(a=stdio(era=era))).servers["a"].era == era
+    url = {"url": "https://h/mcp", "era": "per-client"}
+    assert parse_config(servers(a=url)).servers["a"].era == "per-client"
+    with pytest.raises(ConfigError, match='"per-client"'):
+        parse_config(servers(a=stdio(era="both")))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        stdio(era="per-client", share="per-session"),
+        stdio(era="per-client", pool=2),
+        {"url": "https://h/sse", "type": "sse", "era": "per-client"},
+    ],
+)
+def test_per_client_eras_need_one_shared_instance_an_era(entry: dict[str, Any]) -> None:
+    """ "era": "per-client" opens the server once for each era of client:
+    it does not combine with the modes that open it otherwise, nor with
+    HTTP+SSE, which has no modern revision."""
+    assert '"mcpServers.a.era": "per-client"' in config_error(servers(a=entry))

@@ -47,7 +47,7 @@ SERVER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "pool": st.sampled_from([1, 2, 4]),
     "timeout": st.sampled_from([None, 1.0, 60.0]),
     "server_requests": st.sampled_from(["auto", "exclusive", "concurrent"]),
-    "era": st.sampled_from(["auto", "legacy", "modern"]),
+    "era": st.sampled_from(["auto", "legacy", "modern", "per-client"]),
     "oauth": st.sampled_from([{}, {"clientId": "c", "redirectPort": "8765"}]),
     "restart_delay": st.sampled_from([None, 0.1, 1.0]),
     "restart_max_delay": st.sampled_from([None, 5.0, 60.0]),

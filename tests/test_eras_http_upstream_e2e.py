@@ -93,6 +93,41 @@ async def test_every_client_mode_calls_a_url_server_of_every_era(
                     assert user.asked == ["Colour?", "Capital?"]  # each asked once
 
 
+# (the server's kind; the era each client mode is served in; the instances then)
+PER_CLIENT = [
+    ("dual", {"legacy": "legacy", "auto": "modern"}, 2),  # each client in its own
+    ("modern", {"legacy": "modern", "auto": "modern"}, 1),  # opened modern: shared
+    ("legacy", {"legacy": "legacy", "auto": "legacy"}, 2),  # the second probes legacy too
+]
+
+
+@pytest.mark.parametrize(("kind", "served", "instances"), PER_CLIENT)
+async def test_per_client_eras_serve_each_client_of_a_url_server_in_its_own(
+    socket_path: str, kind: str, served: dict[str, str], instances: int
+) -> None:
+    """``"era": "per-client"``: a dual-era server by URL serves a legacy
+    client legacy and a modern one modern (two connections, neither bridged);
+    a modern-only server is opened modern for both (one connection), a
+    legacy-only one legacy for both (the modern client's own connection,
+    probed, is legacy too: bridged as under ``auto``). The questions complete
+    in every case."""
+    with trio.fail_after(90):
+        async with (
+            era_http_server(kind) as url,
+            running_daemon({"s": url_server(url, "per-client")}, socket_path) as daemon,
+        ):
+            for mode in ("legacy", "auto"):
+                user = User()
+                async with client(socket_path, mode, user) as session:
+                    assert text_of(await session.call_tool("era", {})) == served[mode]
+                    result = await session.call_tool("ask_user", {"question": "Colour?"})
+                    assert (text_of(result), result.is_error) == ("accept: blue", False)
+                    result = await session.call_tool("ask_llm", {"prompt": "Capital?"})
+                    assert (text_of(result), result.is_error) == ("Paris", False)
+                    assert user.asked == ["Colour?", "Capital?"]
+            assert len(daemon.upstreams["s"].instances()) == instances
+
+
 @pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", None)])
 async def test_a_legacy_client_hears_a_url_servers_changes_through_the_listen(
     socket_path: str, kind: str, era: str | None

@@ -18,6 +18,7 @@ import trio
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
+from broker.lifecycle import LEGACY_VERSIONS
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client, text_of
 from tests.faultkit import misbehaving
 from tests.test_eras_e2e import modern_client
@@ -125,6 +126,41 @@ async def test_a_tool_that_asks_the_legacy_way_names_the_setting_in_the_log(
         ):
             result = await client.call_tool("ask_user", {"question": "Colour?"})
             assert (text_of(result), result.is_error) == ("accept: blue", False)
+
+
+async def test_per_client_eras_serve_each_client_in_its_own(socket_path: str) -> None:
+    """``"era": "per-client"``: the same SDK server, whose ``ask_user`` asks
+    the legacy way, completes it for a legacy client (its instance is opened
+    legacy: no bridge), while a modern client is served by a second process,
+    started when it came, that speaks 2026-07-28; each client stays with its
+    own."""
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"answer": "blue"})
+
+    servers = {"m": {**sdk_server("up"), "era": "per-client"}}
+    with trio.fail_after(60):
+        async with (
+            running_daemon(servers, socket_path) as daemon,
+            shim_client(socket_path, "m", elicitation_callback=elicit) as legacy,
+        ):
+            group = daemon.upstreams["m"]
+            result = await legacy.call_tool("ask_user", {"question": "Colour?"})
+            assert (text_of(result), result.is_error) == ("accept: blue", False)
+            legacy_pid = text_of(await legacy.call_tool("pid", {}))
+            assert len(group.instances()) == 1  # no modern client yet: one process
+            async with modern_client(socket_path, "m") as modern:
+                assert modern.protocol_version == MODERN
+                result = await modern.call_tool("echo", {"text": "hello"})
+                assert (text_of(result), result.is_error) == ("hello", False)
+                modern_pid = text_of(await modern.call_tool("pid", {}))
+                assert modern_pid != legacy_pid
+                versions = sorted(i.identity.protocol_version for i in group.instances())
+                assert versions[1] == MODERN and versions[0] in LEGACY_VERSIONS
+                assert text_of(await legacy.call_tool("pid", {})) == legacy_pid
+                assert text_of(await modern.call_tool("pid", {})) == modern_pid
+                stats = group.statistics()
+                assert (stats.share, stats.instances) == ("per-era", 2)
 
 
 async def test_a_server_that_exits_when_probed_is_opened_with_initialize(

@@ -15,6 +15,7 @@ import trio.testing
 
 import actors.upstream
 from actors.daemon import Daemon
+from actors.sharing import EraServer
 from broker import jsonrpc
 from broker.config import Config, parse_config
 from broker.wire import ndjson
@@ -291,3 +292,21 @@ async def test_a_removed_group_of_instances_answers_and_stops_each(
     assert all(link.exited.is_set() for link in scripts["g"].links)
     assert len(scripts["g"].links) >= 2  # (the catalog's instance and a pool's or the session's)
     assert "result" in await client.request(9, "tools/call", {"name": "a__echo", "arguments": {}})
+
+
+async def test_an_era_of_per_client_on_reload_restarts_the_server_as_a_group(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """``era`` restarts its server (broker/configdiff.py), and ``"per-client"``
+    brings the actor that opens it once for each era of client
+    (actors/sharing.py); the session goes on calling it."""
+    daemon = await start(nursery, scripts.config("a", "b"))
+    client = await connect(nursery, daemon)
+    servers = {"a": {"command": "a"}, "b": {"command": "b", "era": "per-client"}}
+    report = daemon.reload(parse_config({"mcpServers": servers}))
+    assert report.restarted == ("b",) and not report.added and not report.removed
+    assert isinstance(daemon.upstreams["b"], EraServer)
+    await settle()
+    answer = await client.request(2, "tools/call", {"name": "b__echo", "arguments": {}})
+    assert answer["result"]["server"] == "b"
+    assert len(daemon.upstreams["b"].instances()) == 1  # (no modern client: one instance)
