@@ -22,24 +22,21 @@ from __future__ import annotations
 import _socket
 import contextlib
 import os
-import select
 import sys
 import time
 from collections.abc import Callable
 
 from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
 from cli.host_pipes import (
-    BUFFER_LIMIT,
     CHUNK,
     STDIN,
     STDOUT,
-    drain_to_daemon,
-    drain_to_host,
     flush_to_host,
     send_to_daemon,
     write_to_host,
 )
 from cli.resume import HostState, scan
+from cli.shim import CopyRelay
 
 # Reconnecting after the daemon went away: wait this long for a daemon someone
 # else restarts (a service manager, an upgrade by hand) before starting one,
@@ -124,7 +121,7 @@ class _HostGone(Exception):
     """The host closed its end of stdout: the shim has nothing left to do."""
 
 
-class ResumingRelay:
+class ResumingRelay(CopyRelay):
     """The shim's relay: poll, whole lines both ways, a new daemon at each gap."""
 
     def __init__(
@@ -139,18 +136,9 @@ class ResumingRelay:
         self.socket_path, self.config, self.hello = socket_path, config, hello
         self.up = _Lines(state.up)
         self.down = _Lines(state.down)
-        self.to_daemon = bytearray()
-        self.to_host = bytearray()
-        self.stdin_open = True
         self._reconnected = -STABLE  # when the last gap ended
         self._quick_gaps = 0  # gaps in a row, each soon after the one before
-        self._attach(sock)
-
-    def _attach(self, sock: _socket.socket) -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self.sock_fd = sock.fileno()
-        self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
+        super().__init__(sock)
 
     def run(self) -> int:
         was_blocking = os.get_blocking(STDOUT)
@@ -169,80 +157,39 @@ class ResumingRelay:
         finally:
             os.set_blocking(STDOUT, was_blocking)
 
-    # -- the relay ------------------------------------------------------------
+    # -- the relay (cli/shim.py's, with lines tracked) -------------------------
 
     def _relay(self) -> int | None:
         """Relay until the end (an exit code) or a gap (None)."""
         try:
-            return self._relay_until_gap()
+            return self._poll()
         except _HostGone:
             return 0  # the host stopped reading: it is going away
 
-    def _relay_until_gap(self) -> int | None:
-        poller = select.poll()
-        while True:
-            self._register(poller)
-            for fd, events in poller.poll():
-                if fd == STDIN:
-                    self._read_stdin()
-                elif fd == STDOUT:
-                    if not self._write_stdout():
-                        return 0  # the host stopped reading: it is going away
-                else:
-                    if events & select.POLLOUT:
-                        self._write_socket()
-                    if events & ~select.POLLOUT and not self._read_socket():
-                        return None if self.stdin_open else self._finish()
-
-    def _register(self, poller: select.poll) -> None:
-        """Tell poll what to wait for, touching only what changed since last time."""
-        stdin = select.POLLIN if self.stdin_open and len(self.to_daemon) < BUFFER_LIMIT else 0
-        stdout = select.POLLOUT if self.to_host else 0
-        sock = (select.POLLIN if len(self.to_host) < BUFFER_LIMIT else 0) | (
-            select.POLLOUT if self.to_daemon else 0
-        )
-        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
-            if self._events[fd] == events:
-                continue
-            if events:
-                poller.register(fd, events)  # (or modify: poll objects take either)
-            else:
-                poller.unregister(fd)
-            self._events[fd] = events
+    def _daemon_closed(self) -> int | None:
+        return None if self.stdin_open else self._finish()  # (None: a gap)
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)
         if not data:
-            self.stdin_open = False
+            self._stdin_closed()
             self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
             self.up.reset()
         else:
             send_to_daemon(self.sock, self.to_daemon, self.up.feed(data))
         self._write_socket()
 
-    def _write_socket(self) -> None:
-        """Send what the daemon can take now. If it is gone, what it wrote
-        before may still be there to read, and reading says when it ends
-        (then the gap); what was not sent is in flight and gets its error then."""
-        drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
+    # (_write_socket: if the daemon is gone, what it wrote before may still be
+    # there to read, and reading says when it ends, then the gap; what was not
+    # sent is in flight and gets its error then.)
 
-    def _read_socket(self) -> bool:
-        """Take what the daemon sent; False once it has closed."""
-        try:
-            data = self.sock.recv(CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return True
-        except OSError:
-            data = b""
-        if not data:
-            return False
+    def _from_daemon(self, data: bytes) -> bool:
         if not write_to_host(self.to_host, self.down.feed(data)):
             raise _HostGone
         return True
 
-    def _write_stdout(self) -> bool:
-        """Write what the host can take now; False if it closed its end."""
-        return drain_to_host(self.to_host)
+    def _lost(self, exc: OSError) -> None:
+        """(Said by the gap that follows.)"""
 
     def _flush_to_host(self) -> None:
         flush_to_host(self.to_host)

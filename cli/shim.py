@@ -129,7 +129,7 @@ def relay(sock: _socket.socket) -> int:
     """Copy stdin to the socket and the socket to stdout until the daemon closes.
 
     One thread woken by ``poll``, splicing when stdin and stdout are pipes
-    (:class:`_SpliceRelay`), copying otherwise (:class:`_Relay`).
+    (:class:`_SpliceRelay`), copying otherwise (:class:`CopyRelay`).
     """
     sock.setblocking(False)
     was_blocking = os.get_blocking(STDOUT)
@@ -138,7 +138,7 @@ def relay(sock: _socket.socket) -> int:
         if _is_pipe(STDIN) and _is_pipe(STDOUT):
             with contextlib.suppress(_SpliceUnsupported):  # then nothing is held here
                 return _SpliceRelay(sock).run()
-        return _Relay(sock).run()
+        return CopyRelay(sock).run()
     finally:
         os.set_blocking(STDOUT, was_blocking)
 
@@ -169,7 +169,7 @@ class _SpliceRelay:
     one system call per direction and wake-up instead of a read and a write,
     and no buffer in this process. What a destination cannot take yet stays
     in its source (the host's pipe, or the socket), and while it does, that
-    source is not polled: each direction stalls alone, as in :class:`_Relay`.
+    source is not polled: each direction stalls alone, as in :class:`CopyRelay`.
     """
 
     FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
@@ -259,26 +259,38 @@ class _SpliceRelay:
         return _exit_code(self.stdin_open)
 
 
-class _Relay:
+class CopyRelay:
     """The relay for any stdin and stdout (a file, a terminal, a socket).
 
     Writes never block: each direction has a buffer, and while one is full
     (:data:`BUFFER_LIMIT`) its source is not read, so a host that stops
-    reading stalls only its own direction.
+    reading stalls only its own direction. cli/reconnect.py's relay is this
+    one, with lines tracked and a new daemon at each gap (its hooks:
+    :meth:`_from_daemon`, :meth:`_lost`, :meth:`_daemon_closed`).
     """
 
     def __init__(self, sock: _socket.socket) -> None:
-        self.sock = sock
-        self.sock_fd = sock.fileno()
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
+        self._attach(sock)
+
+    def _attach(self, sock: _socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.sock_fd = sock.fileno()
         self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
         # Whether poll waits for what it waits for while both buffers are empty
         # (the steady state: then nothing needs looking at between two polls).
         self._steady = False
 
     def run(self) -> int:
+        code = self._poll()
+        assert code is not None  # (here the daemon's close is the end: no gap)
+        return code
+
+    def _poll(self) -> int | None:
+        """Relay until the end (an exit code), or what :meth:`_daemon_closed` says."""
         poller = select.poll()
         while True:
             self._register(poller)
@@ -292,7 +304,7 @@ class _Relay:
                     if events & select.POLLOUT:
                         self._write_socket()
                     if events & ~select.POLLOUT and not self._read_socket():
-                        return self._finish()
+                        return self._daemon_closed()
 
     def _register(self, poller: select.poll) -> None:
         """Tell poll what to wait for, touching only what changed since last time."""
@@ -320,29 +332,45 @@ class _Relay:
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)
         if not data:
-            self.stdin_open = False
-            self._steady = False  # stop polling stdin
+            self._stdin_closed()
         else:
             send_to_daemon(self.sock, self.to_daemon, data)
         self._write_socket()
 
+    def _stdin_closed(self) -> None:
+        self.stdin_open = False
+        self._steady = False  # stop polling stdin
+
     def _write_socket(self) -> None:
+        """Send what the daemon can take now."""
         drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
 
     def _read_socket(self) -> bool:
+        """Take what the daemon sent; False once it has closed."""
         try:
             data = self.sock.recv(CHUNK)
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as exc:
-            print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
+            self._lost(exc)
             data = b""
         if not data:
             return False
+        return self._from_daemon(data)
+
+    def _from_daemon(self, data: bytes) -> bool:
+        """Bytes the daemon sent, for the host; False if the host is gone."""
         return write_to_host(self.to_host, data)
 
+    def _lost(self, exc: OSError) -> None:
+        print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
+
     def _write_stdout(self) -> bool:
+        """Write what the host can take now; False if it closed its end."""
         return drain_to_host(self.to_host)
+
+    def _daemon_closed(self) -> int | None:
+        return self._finish()
 
     def _finish(self) -> int:
         """The daemon closed the connection: hand the host the rest, then leave."""
