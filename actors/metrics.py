@@ -97,7 +97,8 @@ class BrokerCollector:
         )
         instances = GaugeMetricFamily(
             f"{PREFIX}_server_instances",
-            "Processes (or connections) of the server: 1, or a pool's or per-session count.",
+            "Processes (or connections) of the server: 1, or a pool's, per-session or "
+            "per-era count.",
             labels=labels,
         )
         restarts = CounterMetricFamily(
