@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from cli.copy_relay import CopyRelay
 from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
 from cli.host_pipes import (
     CHUNK,
@@ -36,7 +37,6 @@ from cli.host_pipes import (
     write_to_host,
 )
 from cli.resume import HostState, scan
-from cli.shim import CopyRelay
 
 # Reconnecting after the daemon went away: wait this long for a daemon someone
 # else restarts (a service manager, an upgrade by hand) before starting one,

@@ -21,17 +21,12 @@ import stat
 import sys
 
 from actors.paths import default_socket_path
+from cli.copy_relay import CopyRelay, exit_code
 from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
 from cli.host_pipes import (
-    BUFFER_LIMIT,
     CHUNK,
     STDIN,
     STDOUT,
-    drain_to_daemon,
-    drain_to_host,
-    flush_to_host,
-    send_to_daemon,
-    write_to_host,
 )
 
 USAGE = """usage: mcpbroker connect [--socket PATH] [--config FILE] [NAME ...] [--server NAME ...]
@@ -150,14 +145,6 @@ def _is_pipe(fd: int) -> bool:
         return False
 
 
-def _exit_code(stdin_open: bool) -> int:
-    """Once the daemon has closed: 0 if the host had finished too, else 1 (and why)."""
-    if stdin_open:
-        print("mcpbroker connect: the daemon closed the connection", file=sys.stderr)
-        return 1
-    return 0
-
-
 class _SpliceUnsupported(Exception):
     """This kernel cannot splice between these descriptors (nothing was moved)."""
 
@@ -256,123 +243,4 @@ class _SpliceRelay:
             if exc.errno == errno.EINVAL:
                 raise _SpliceUnsupported from None
             print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
-        return _exit_code(self.stdin_open)
-
-
-class CopyRelay:
-    """The relay for any stdin and stdout (a file, a terminal, a socket).
-
-    Writes never block: each direction has a buffer, and while one is full
-    (:data:`BUFFER_LIMIT`) its source is not read, so a host that stops
-    reading stalls only its own direction. cli/reconnect.py's relay is this
-    one, with lines tracked and a new daemon at each gap (its hooks:
-    :meth:`_from_daemon`, :meth:`_lost`, :meth:`_daemon_closed`).
-    """
-
-    def __init__(self, sock: _socket.socket) -> None:
-        self.to_daemon = bytearray()
-        self.to_host = bytearray()
-        self.stdin_open = True
-        self._attach(sock)
-
-    def _attach(self, sock: _socket.socket) -> None:
-        sock.setblocking(False)
-        self.sock = sock
-        self.sock_fd = sock.fileno()
-        self._events = {STDIN: 0, STDOUT: 0, self.sock_fd: 0}  # what poll waits for
-        # Whether poll waits for what it waits for while both buffers are empty
-        # (the steady state: then nothing needs looking at between two polls).
-        self._steady = False
-
-    def run(self) -> int:
-        code = self._poll()
-        assert code is not None  # (here the daemon's close is the end: no gap)
-        return code
-
-    def _poll(self) -> int | None:
-        """Relay until the end (an exit code), or what :meth:`_daemon_closed` says."""
-        poller = select.poll()
-        while True:
-            self._register(poller)
-            for fd, events in poller.poll():
-                if fd == STDIN:
-                    self._read_stdin()
-                elif fd == STDOUT:
-                    if not self._write_stdout():
-                        return 0  # the host stopped reading: it is going away
-                else:
-                    if events & select.POLLOUT:
-                        self._write_socket()
-                    if events & ~select.POLLOUT and not self._read_socket():
-                        return self._daemon_closed()
-
-    def _register(self, poller: select.poll) -> None:
-        """Tell poll what to wait for, touching only what changed since last time."""
-        to_daemon, to_host = len(self.to_daemon), len(self.to_host)
-        if self._steady and not to_daemon and not to_host:
-            return
-        self._steady = not to_daemon and not to_host
-        stdin = select.POLLIN if self.stdin_open and to_daemon < BUFFER_LIMIT else 0
-        stdout = select.POLLOUT if to_host else 0
-        sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (
-            select.POLLOUT if to_daemon else 0
-        )
-        for fd, events in ((STDIN, stdin), (STDOUT, stdout), (self.sock_fd, sock)):
-            before = self._events[fd]
-            if before == events:
-                continue
-            if not events:
-                poller.unregister(fd)
-            elif before:
-                poller.modify(fd, events)
-            else:
-                poller.register(fd, events)
-            self._events[fd] = events
-
-    def _read_stdin(self) -> None:
-        data = os.read(STDIN, CHUNK)
-        if not data:
-            self._stdin_closed()
-        else:
-            send_to_daemon(self.sock, self.to_daemon, data)
-        self._write_socket()
-
-    def _stdin_closed(self) -> None:
-        self.stdin_open = False
-        self._steady = False  # stop polling stdin
-
-    def _write_socket(self) -> None:
-        """Send what the daemon can take now."""
-        drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
-
-    def _read_socket(self) -> bool:
-        """Take what the daemon sent; False once it has closed."""
-        try:
-            data = self.sock.recv(CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return True
-        except OSError as exc:
-            self._lost(exc)
-            data = b""
-        if not data:
-            return False
-        return self._from_daemon(data)
-
-    def _from_daemon(self, data: bytes) -> bool:
-        """Bytes the daemon sent, for the host; False if the host is gone."""
-        return write_to_host(self.to_host, data)
-
-    def _lost(self, exc: OSError) -> None:
-        print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
-
-    def _write_stdout(self) -> bool:
-        """Write what the host can take now; False if it closed its end."""
-        return drain_to_host(self.to_host)
-
-    def _daemon_closed(self) -> int | None:
-        return self._finish()
-
-    def _finish(self) -> int:
-        """The daemon closed the connection: hand the host the rest, then leave."""
-        flush_to_host(self.to_host)
-        return _exit_code(self.stdin_open)
+        return exit_code(self.stdin_open)
