@@ -20,7 +20,7 @@ import trio
 from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import running_daemon, sdk_server, text_of
+from tests.conftest import running_daemon, sdk_server, shim_client, text_of
 from tests.test_http_e2e import events, http_session
 
 MODERN = "2026-07-28"
@@ -363,3 +363,22 @@ async def test_mcp_param_headers_are_checked_against_the_arguments(socket_path: 
                     headers = post_headers("tools/call", "where", **{"mcp-param-region": region})
                     answer = await http.post(d.http_url + "/h", content=body, headers=headers)
                     assert answer.status_code == status, answer.text
+
+
+async def test_a_per_client_server_serves_modern_posts_from_its_modern_instance(
+    socket_path: str,
+) -> None:
+    """``"era": "per-client"`` by ``serve --http``: each modern POST's session
+    attaches as a modern client, so its calls reach the instance that speaks
+    2026-07-28, never the legacy one the shim's legacy client uses."""
+    servers = {"s": {**sdk_server(), "era": "per-client"}}
+    with trio.fail_after(60):
+        async with http_daemon(socket_path, **servers) as d:
+            async with shim_client(socket_path, "s") as legacy:
+                legacy_pid = text_of(await legacy.call_tool("pid", {}))
+                async with modern_client(d.http_url + "/s") as client:
+                    # (each call its own POST, its own session: one modern instance)
+                    pids = {text_of(await client.call_tool("pid", {})) for _ in range(3)}
+                    assert len(pids) == 1 and legacy_pid not in pids
+                versions = {i.identity.protocol_version for i in d.upstreams["s"].instances()}
+                assert MODERN in versions and len(versions) == 2
