@@ -373,12 +373,14 @@ async def test_a_per_client_server_serves_modern_posts_from_its_modern_instance(
     2026-07-28, never the legacy one the shim's legacy client uses."""
     servers = {"s": {**sdk_server(), "era": "per-client"}}
     with trio.fail_after(60):
-        async with http_daemon(socket_path, **servers) as d:
-            async with shim_client(socket_path, "s") as legacy:
-                legacy_pid = text_of(await legacy.call_tool("pid", {}))
-                async with modern_client(d.http_url + "/s") as client:
-                    # (each call its own POST, its own session: one modern instance)
-                    pids = {text_of(await client.call_tool("pid", {})) for _ in range(3)}
-                    assert len(pids) == 1 and legacy_pid not in pids
-                versions = {i.identity.protocol_version for i in d.upstreams["s"].instances()}
-                assert MODERN in versions and len(versions) == 2
+        async with (
+            http_daemon(socket_path, **servers) as d,
+            shim_client(socket_path, "s") as legacy,
+        ):
+            legacy_pid = text_of(await legacy.call_tool("pid", {}))
+            async with modern_client(d.http_url + "/s") as client:
+                # (each call its own POST, its own session: one modern instance)
+                pids = {text_of(await client.call_tool("pid", {})) for _ in range(3)}
+                assert len(pids) == 1 and legacy_pid not in pids
+            versions = {i.identity.protocol_version for i in d.upstreams["s"].instances()}
+            assert MODERN in versions and len(versions) == 2
