@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import structlog
 import trio
+from mcp import types
 
 from tests.conftest import MCPBROKER, demo_server, running_daemon, shim_client, text_of
 from tests.nodejs import node_tools
+from tests.test_eras_e2e import modern_client
 from tests.test_server_requests_e2e import sampler
 
 ERA_VERSIONS = {"legacy": "2025-11-25", "modern": "2026-07-28", "auto": "2026-07-28"}
@@ -161,3 +163,34 @@ async def test_server_everything_shared_by_the_inspector_and_sdk_clients(
             # One server process for all four clients.
             stats = daemon.upstreams["everything"].statistics()
             assert stats.restarts == 0 and stats.pid is not None
+
+
+async def test_a_modern_sdk_client_answers_server_everythings_questions_through_the_bridge(
+    socket_path: str,
+) -> None:
+    """A real legacy server that asks mid-call: server-everything's
+    ``trigger-sampling-request`` and ``trigger-elicitation-request`` send
+    ``sampling/createMessage`` and ``elicitation/create`` while the call is
+    open; the broker answers the 2026-07-28 client ``input_required``, the
+    SDK's driver asks its callbacks and retries, and each call completes
+    with the answer in it."""
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"name": "Ada", "check": True})
+
+    node_tools()
+    callbacks = {"sampling_callback": sampler("m"), "elicitation_callback": elicit}
+    with trio.fail_after(90):
+        async with (
+            running_daemon({"everything": everything()}, socket_path),
+            modern_client(socket_path, "everything", **callbacks) as client,
+        ):
+            assert client.protocol_version == ERA_VERSIONS["modern"]
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            assert {"trigger-sampling-request", "trigger-elicitation-request"} <= names
+            sampled = await client.call_tool("trigger-sampling-request", {"prompt": "hi"})
+            assert not sampled.is_error
+            assert "m answers" in json.dumps(sampled.model_dump(mode="json"))
+            elicited = await client.call_tool("trigger-elicitation-request", {})
+            assert not elicited.is_error
+            assert "Name: Ada" in text_of(elicited)
