@@ -310,3 +310,17 @@ async def test_an_era_of_per_client_on_reload_restarts_the_server_as_a_group(
     answer = await client.request(2, "tools/call", {"name": "b__echo", "arguments": {}})
     assert answer["result"]["server"] == "b"
     assert len(daemon.upstreams["b"].instances()) == 1  # (no modern client: one instance)
+
+
+async def test_a_live_change_reaches_a_per_client_server_in_its_own_era(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A setting that applies live (``timeout``) reaches the instances of a
+    ``"per-client"`` server, each keeping the era it was opened in (the
+    catalog instance legacy), not the group's ``"per-client"``."""
+    servers = {"b": {"command": "b", "era": "per-client"}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    group = daemon.upstreams["b"]
+    report = daemon.reload(parse_config({"mcpServers": {"b": {**servers["b"], "timeout": 5}}}))
+    assert report.updated == ("b",) and not report.restarted
+    assert [(i.config.era, i.config.timeout) for i in group.instances()] == [("legacy", 5)]
