@@ -111,7 +111,7 @@ class UpstreamStatistics:
     # it went down, refused over a limit, answers too large); the server's own
     # error answers pass unparsed and are not counted.
     errors: int = 0
-    share: str = "shared"  # "shared", "per-session" or "pool"
+    share: str = "shared"  # "shared", "per-session", "pool" or "per-era"
     uptime: float | None = None  # seconds since the current connection became ready
     cpu: float | None = None  # seconds of CPU its process(es) used (user + system)
     rss: int | None = None  # bytes of memory its process(es) hold
