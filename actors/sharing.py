@@ -28,7 +28,8 @@ list requests and reports status and ``list_changed`` to it.
 counts as ready, and is handed the requests that waited for it (in order,
 bounded), only once it offers the tools the catalog instance offers (it
 re-lists on each ``tools/list_changed``), or after
-:data:`actors.upstream.WARM_UP_TIMEOUT`. A server that registers tools only
+:data:`actors.upstream.WARM_UP_TIMEOUT` (an :class:`EraServer`'s modern
+instance once it has listed its own: see there). A server that registers tools only
 after ``notifications/initialized`` thus never sees a call before it can
 serve it; a call for a tool the instance does not offer gets -32602 naming
 the server and the tool.
@@ -228,13 +229,15 @@ class EraServer(ServerGroup):
 
     def _instance(self, index: int) -> Upstream:
         """The catalog instance (0), opened legacy; the modern one (1), opened
-        auto and warming up to the catalog's tools as a per-session one does."""
+        auto. Each warms up (lists its own tools after its handshake), but the
+        modern one is not held to the catalog's tools as a per-session one
+        is: a server may offer other tools in the other era (one registered
+        on ``notifications/initialized``, which the modern era has not, or
+        added at run time to the legacy process), and would then keep every
+        modern client waiting for the warm-up's time-out on each start."""
         config = attrs.evolve(self.config, era="legacy" if index == 0 else "auto")
         lazy = index == 0 and config.startup == "lazy"
-        expected = None if index == 0 else self._catalog.tools
-        return Upstream(
-            self.name, config, self.settings, lazy=lazy, warm_up=True, expected_tools=expected
-        )
+        return Upstream(self.name, config, self.settings, lazy=lazy, warm_up=True)
 
     def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
         self.config = config

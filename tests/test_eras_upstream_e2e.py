@@ -18,6 +18,7 @@ import trio
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
+from actors.upstream import WARM_UP_TIMEOUT
 from broker.lifecycle import LEGACY_VERSIONS
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client, text_of
 from tests.faultkit import misbehaving
@@ -130,10 +131,10 @@ async def test_a_tool_that_asks_the_legacy_way_names_the_setting_in_the_log(
 
 async def test_per_client_eras_serve_each_client_in_its_own(socket_path: str) -> None:
     """``"era": "per-client"``: the same SDK server, whose ``ask_user`` asks
-    the legacy way, completes it for a legacy client (its instance is opened
-    legacy: no bridge), while a modern client is served by a second process,
-    started when it came, that speaks 2026-07-28; each client stays with its
-    own."""
+    and whose ``grow`` notifies the legacy way, completes the one and is heard
+    for the other by a legacy client (its instance is opened legacy: no
+    bridge), while a modern client is served by a second process, started
+    when it came, that speaks 2026-07-28; each client stays with its own."""
 
     async def elicit(context: Any, params: Any) -> types.ElicitResult:
         return types.ElicitResult(action="accept", content={"answer": "blue"})
@@ -147,8 +148,18 @@ async def test_per_client_eras_serve_each_client_in_its_own(socket_path: str) ->
             group = daemon.upstreams["m"]
             result = await legacy.call_tool("ask_user", {"question": "Colour?"})
             assert (text_of(result), result.is_error) == ("accept: blue", False)
+            # ... and its legacy notification (send_tool_list_changed) reaches the catalog
+            assert text_of(await legacy.call_tool("grow", {"name": "late"})) == "added late"
+            with trio.fail_after(10):
+                while "late" not in {t.name for t in (await legacy.list_tools()).tools}:
+                    await trio.sleep(0.05)
             legacy_pid = text_of(await legacy.call_tool("pid", {}))
             assert len(group.instances()) == 1  # no modern client yet: one process
+            # The modern instance is not held to the catalog's tools ("late"
+            # is the legacy process's alone): no wait for the warm-up's time-out.
+            with trio.fail_after(WARM_UP_TIMEOUT / 2):
+                async with modern_client(socket_path, "m") as modern:
+                    result = await modern.call_tool("echo", {"text": "hello"})
             async with modern_client(socket_path, "m") as modern:
                 assert modern.protocol_version == MODERN
                 result = await modern.call_tool("echo", {"text": "hello"})
