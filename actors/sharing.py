@@ -54,7 +54,6 @@ from actors.server_actor import (
 )
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
-from broker.lifecycle import LEGACY_VERSIONS
 from broker.pooling import InstanceFacts, PoolRouting
 from broker.states import ServerState
 
@@ -251,22 +250,23 @@ class EraServer(ServerGroup):
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
-        if isinstance(item, Attach) and item.modern and not self._catalog_is_modern():
+        identity = self._catalog.identity  # (modern: a modern-only server, shared)
+        if (
+            isinstance(item, Attach)
+            and item.modern
+            and not (identity is not None and identity.modern)
+        ):
             self._modern_sessions.add(session)
             if self._modern is None:
                 self._modern = self._instance(1)
                 await self._start(self._modern)
                 self._log.info("server.instance_started", era="modern")
-        if session in self._modern_sessions and self._modern is not None:
+        if self._modern is not None and session in self._modern_sessions:
             if isinstance(item, Detach):
                 self._modern_sessions.discard(session)
             await self._modern.send(item)
         else:
             await self._catalog.send(item)
-
-    def _catalog_is_modern(self) -> bool:
-        identity = self._catalog.identity
-        return identity is not None and identity.protocol_version not in LEGACY_VERSIONS
 
 
 class PooledServer(ServerGroup):

@@ -29,7 +29,7 @@ import orjson
 
 from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
-from broker.lifecycle import LEGACY_VERSIONS, ServerIdentity
+from broker.lifecycle import ServerIdentity
 from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
 from broker.states import DOWN, ServerState
 from broker.templates import match
@@ -129,7 +129,7 @@ class Catalog:
         self.modern = frozenset(
             name
             for name, entry in self.servers.items()
-            if entry.identity is not None and entry.identity.protocol_version not in LEGACY_VERSIONS
+            if entry.identity is not None and entry.identity.modern
         )
         self._names: dict[str, dict[tuple[str, str], str]] = {}
         self._routes: dict[str, dict[str, tuple[str, str]]] = {}

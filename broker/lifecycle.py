@@ -42,6 +42,12 @@ class ServerIdentity:
     server_info: dict[str, Any]
     instructions: str | None = None
 
+    @property
+    def modern(self) -> bool:
+        """The server speaks the 2026-07-28 era on this connection (its
+        version is not a legacy one: it came from ``server/discover``)."""
+        return self.protocol_version not in LEGACY_VERSIONS
+
 
 def negotiate_version(requested: Any) -> str:
     """The version the broker answers a client's ``initialize`` with."""
