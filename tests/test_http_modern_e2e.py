@@ -221,6 +221,10 @@ REFUSALS: list[tuple[dict[str, Any], dict[str, str | None], int, int]] = [
     (request("tools/call", name="s__echo"), {"mcp-name": "s__pid"}, 400, -32020),
     (request("tools/call", name="s__echo"), {"mcp-name": "=?base64?!!?="}, 400, -32020),
     (request("tools/list", meta={**META, VERSION_KEY: "2099-01-01"}), {}, 400, -32020),
+    # no MCP-Protocol-Version, or a legacy one, on a modern body: taken for a
+    # legacy request, whose _meta then contradicts it (not "initialize first")
+    (request("tools/list"), {"mcp-protocol-version": None}, 400, -32020),
+    (request("tools/call", name="s__echo"), {"mcp-protocol-version": "2025-11-25"}, 400, -32020),
     # _meta missing, or without the capabilities: invalid params
     (request("tools/list", meta=None), {}, 400, -32602),
     (request("tools/list", meta={VERSION_KEY: MODERN}), {}, 400, -32602),

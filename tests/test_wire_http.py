@@ -130,6 +130,27 @@ def test_read_post() -> None:
     assert answer == http.Post((), ("mcpbroker:s:1",), (), False, False)
 
 
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+
+
+@pytest.mark.parametrize("header", [None, "2025-11-25"])
+def test_read_post_refuses_a_modern_body_taken_for_legacy(header: str | None) -> None:
+    """A 2026-07-28 request that came without its MCP-Protocol-Version (or with
+    a legacy one) is told so (-32020), not to initialize first."""
+    refused = http.read_post(body(request(7, _meta=MODERN_META)), 1000, None, header)
+    assert isinstance(refused, http.Refuse)
+    assert (refused.status, refused.code, refused.id) == (400, -32020, 7)
+    assert "MCP-Protocol-Version header" in refused.reason and "'2026-07-28'" in refused.reason
+    assert ("absent" in refused.reason) is (header is None)
+
+
+@pytest.mark.parametrize("said", ["2025-06-18", 20260728, None])
+def test_read_post_takes_a_legacy_meta_version(said: Any) -> None:
+    """Only a version past the legacy ones contradicts a legacy request."""
+    meta = {"io.modelcontextprotocol/protocolVersion": said}
+    assert isinstance(http.read_post(body(request(7, _meta=meta)), 1000, None), http.Post)
+
+
 @pytest.mark.parametrize(
     ("data", "version", "status", "code"),
     [

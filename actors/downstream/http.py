@@ -297,7 +297,9 @@ class HttpListener:
             body = await _read_body(receive, target.fields, self._limit)
             if isinstance(body, wire.Refuse):
                 return await self._refuse(send, body, scope)
-            post = wire.read_post(body, self._limit, session.streams.version if session else None)
+            version = session.streams.version if session else None
+            header = target.fields.get(wire.VERSION_HEADER)
+            post = wire.read_post(body, self._limit, version, header)
             if isinstance(post, wire.Refuse):
                 return await self._refuse(send, post, scope)
             refused = wire.check_session(target, session is not None, post.initialize)

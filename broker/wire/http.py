@@ -49,6 +49,7 @@ import attrs
 import orjson
 
 from broker import jsonrpc
+from broker.eras.versions import HEADER_MISMATCH, PROTOCOL_VERSION_KEY
 from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, Kind, RequestId, id_key
 from broker.lifecycle import BATCH_VERSIONS, LEGACY_VERSIONS
 from broker.related import Related
@@ -202,11 +203,15 @@ def json_first(fields: dict[str, str], post: Post) -> bool:
     return not post.batch and accepts_json(fields)
 
 
-def read_post(body: bytes, limit: int, version: str | None) -> Post | Refuse:
+def read_post(
+    body: bytes, limit: int, version: str | None, header: str | None = None
+) -> Post | Refuse:
     """Read a POST body (at most ``limit`` bytes: 413) in a session that
-    negotiated ``version`` (None: none yet). A body that is not JSON, or not
-    a JSON-RPC message, is refused (400) with the JSON-RPC error; so is a
-    batch outside 2025-03-26."""
+    negotiated ``version`` (None: none yet), sent with ``header`` as its
+    ``MCP-Protocol-Version`` (None: none, or a legacy version). A body that
+    is not JSON, or not a JSON-RPC message, is refused (400) with the
+    JSON-RPC error; so is a batch outside 2025-03-26, and a request whose
+    ``_meta`` names a version of 2026-07-28 or later (:func:`_header_mismatch`)."""
     if len(body) > limit:
         return too_large(len(body), limit)
     try:
@@ -242,12 +247,36 @@ def read_post(body: bytes, limit: int, version: str | None) -> Post | Refuse:
                 return Refuse(400, f"Two requests with id {item['id']!r} in one batch")
             requests.append(item["id"])
             meta = (item.get("params") or {}).get("_meta")
+            refused = _header_mismatch(item, meta, header)
+            if refused is not None:
+                return refused
             token = meta.get("progressToken") if isinstance(meta, dict) else None
             if jsonrpc.is_valid_id(token):
                 tokens.append(token)
         elif kind is Kind.RESPONSE and jsonrpc.is_valid_id(item.get("id")):
             answers.append(item["id"])
     return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch)
+
+
+def _header_mismatch(request: Any, meta: Any, header: str | None) -> Refuse | None:
+    """A request taken for a legacy one (its ``MCP-Protocol-Version`` absent
+    or legacy) whose ``_meta`` says it speaks a later version: the client
+    forgot the header that version requires. Refused 400 with -32020, as a
+    2026-07-28 server refuses a header the body contradicts, rather than
+    answered as a legacy request without a session ("send initialize
+    first"), which would send the client the wrong way."""
+    said = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
+    if not isinstance(said, str) or said in LEGACY_VERSIONS:
+        return None
+    sent = "absent" if header is None else repr(header)
+    return Refuse(
+        400,
+        f"Header mismatch: MCP-Protocol-Version header {sent} (taken as "
+        f"{header or DEFAULT_VERSION}) does not match the body's "
+        f"{PROTOCOL_VERSION_KEY} {said!r}",
+        code=HEADER_MISMATCH,
+        id=request["id"],
+    )
 
 
 def content_length(fields: dict[str, str]) -> int | None:
