@@ -118,6 +118,9 @@ class UpstreamStatistics:
     backlog_bytes: int = 0  # written to the server and not taken by it yet
     parked: int = 0  # requests waiting for it to finish starting
     url: str | None = None  # where a remote server is reached (its link's info)
+    # Every instance's process (``pid`` is the catalog instance's): a pool's,
+    # a per-session or per-era server's others too, for what watches them all.
+    pids: tuple[int, ...] = ()
 
 
 class ServerActor(Protocol):

@@ -138,6 +138,7 @@ class ServerGroup:
             rss=_total(p.rss for p in parts),
             backlog_bytes=sum(p.backlog_bytes for p in parts),
             parked=sum(p.parked for p in parts),
+            pids=tuple(pid for p in parts for pid in p.pids),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -218,11 +218,12 @@ class Upstream:
         return self._protocol.tools
 
     def statistics(self) -> UpstreamStatistics:
+        pid = self._link.info.get("pid") if self._link is not None else None
         return UpstreamStatistics(
             name=self.name,
             status=STATUS[self._protocol.state],
             state=self._protocol.state.value,
-            pid=self._link.info.get("pid") if self._link is not None else None,
+            pid=pid,
             restarts=self._restarts,
             sessions=len(self._protocol.sessions),
             in_flight=len(self._protocol.requests),
@@ -235,7 +236,8 @@ class Upstream:
             backlog_bytes=self._backlog_bytes,
             parked=sum(len(item.messages) for item in self._parked),
             url=self._link.info.get("url") if self._link is not None else self.config.url,
-            **process_usage(self._link.info.get("pid") if self._link is not None else None),
+            pids=() if pid is None else (pid,),
+            **process_usage(pid),
         )
 
     @property

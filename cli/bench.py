@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import attrs
@@ -160,7 +162,10 @@ def run(
     }
     direct = _direct_target(args) if args.direct else None  # a bad config fails before the run
     target = Target(socket=socket_path, servers=(args.server,), era=args.era)
-    watch = {"daemon": status["pid"], "server": server["pid"]}
+    watch: Watch = {
+        "daemon": lambda: [status["pid"]],
+        "server": partial(_server_pids, socket_path, args.server),
+    }
     load = load_of(args, arguments, args.in_flight)
     report["broker"] = _measure([target] * args.clients, load, watch, progress)
     if direct is not None:
@@ -268,10 +273,30 @@ def _stored_token(name: str) -> str | None:
     return None if grant is None else grant.tokens.access_token
 
 
+def _server_pids(socket_path: str, name: str) -> list[int]:
+    """Every process of server ``name`` now (the status's ``pids``): a pool's
+    instances, a per-session server's, a per-era server's second one; none
+    for a server by URL."""
+    from cli.status import fetch_status
+
+    try:
+        status = fetch_status(socket_path)
+    except (OSError, ValueError):
+        return []
+    server: dict[str, Any] = next((s for s in status["servers"] if s["name"] == name), {})
+    return [pid for pid in server.get("pids") or [server.get("pid")] if pid is not None]
+
+
+# Who to watch, and how to find their processes when the measured window
+# opens and closes: a server's instances may start with the load (a
+# per-session server's, a per-era server's for the first modern client).
+Watch = dict[str, Callable[[], list[int]]]
+
+
 def _measure(
     targets: list[Target],
     load: Load,
-    watch: dict[str, int | None],
+    watch: Watch,
     progress: Any,
     watch_client: str | None = None,
 ) -> dict[str, Any]:
@@ -279,41 +304,69 @@ def _measure(
     try:
         clients = engine.open(targets)
         if watch_client is not None:
-            watch = {**watch, watch_client: clients[0].pid}
-        pids = {name: pid for name, pid in watch.items() if pid is not None}
-        edges: dict[str, dict[str, float | None]] = {}
+            client = clients[0].pid
+            watch = {**watch, watch_client: lambda: [] if client is None else [client]}
+        # CPU seconds of each process at each edge of the window, by who it is
+        edges: dict[str, dict[str, dict[int, float | None]]] = {}
 
         def on_window(edge: str) -> None:
-            edges[edge] = {name: bench_proc.cpu_seconds(pid) for name, pid in pids.items()}
+            seen = {name: dict.fromkeys(find()) for name, find in watch.items()}
+            if edge == "stop":  # also those that started since: counted from nothing
+                for name, pids in edges.get("start", {}).items():
+                    seen[name] = {**dict.fromkeys(pids), **seen[name]}
+            edges[edge] = {
+                name: {pid: bench_proc.cpu_seconds(pid) for pid in pids}
+                for name, pids in seen.items()
+            }
 
         result = engine.run(load, progress=progress, on_window=on_window)
         if progress is not None:
             progress(None)
-        memory = {name: bench_proc.memory(pid) for name, pid in pids.items()}
+        pids = {name: list(cpu) for name, cpu in edges.get("stop", {}).items()}
+        memory = {name: [bench_proc.memory(pid) for pid in each] for name, each in pids.items()}
     finally:
         engine.close()
     out = result.summary()
-    for name, pid in pids.items():
-        out[name] = _process(pid, edges, name, result, memory[name])
+    for name, each in pids.items():
+        if each:
+            out[name] = _processes(each, edges, name, result, memory[name])
     return out
 
 
-def _process(
-    pid: int,
-    edges: dict[str, dict[str, float | None]],
+def _processes(
+    pids: list[int],
+    edges: dict[str, dict[str, dict[int, float | None]]],
     name: str,
     result: Result,
-    memory: bench_proc.Memory,
+    memory: list[bench_proc.Memory],
 ) -> dict[str, Any]:
-    start, stop = edges.get("start", {}).get(name), edges.get("stop", {}).get(name)
-    cpu = None if start is None or stop is None else stop - start
+    """What ``name``'s processes used in the window: CPU summed over those
+    read at its end (one that started within it from nothing; None if none
+    could be read), memory summed over those still there after it."""
+    start, stop = edges.get("start", {}).get(name, {}), edges.get("stop", {}).get(name, {})
+    used = [after - (start.get(pid) or 0.0) for pid, after in stop.items() if after is not None]
+    cpu = sum(used) if used else None
     return {
-        "pid": pid,
+        "pid": pids[0],
+        "pids": pids,
         "cpu_s": cpu,
         "cpu_use": None if cpu is None or not result.elapsed else cpu / result.elapsed,
         "cpu_us_per_call": None if cpu is None or not result.calls else cpu / result.calls * 1e6,
-        "memory": memory.as_dict(),
+        "memory": _sum_memory(memory).as_dict(),
     }
+
+
+def _sum_memory(memories: list[bench_proc.Memory]) -> bench_proc.Memory:
+    def total(values: list[int | None]) -> int | None:
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    return bench_proc.Memory(
+        rss=total([m.rss for m in memories]),
+        uss=total([m.uss for m in memories]),
+        pss=total([m.pss for m in memories]),
+        peak_rss=total([m.peak_rss for m in memories]),
+    )
 
 
 def _progress_printer() -> Any:
@@ -408,4 +461,6 @@ def _memory(process: dict[str, Any] | None) -> str:
         text += f" (peak {memory['peak_rss'] / MIB:.1f})"
     if memory["uss"]:
         text += f", USS {memory['uss'] / MIB:.1f} MiB"
+    if len(process.get("pids") or ()) > 1:
+        text += f", {len(process['pids'])} processes"
     return text

@@ -44,6 +44,15 @@ def main(socket_path: str, as_json: bool, watch: float | None = None) -> int:
             return 0
 
 
+def _pid(server: dict[str, Any]) -> str:
+    """The catalog instance's process, and how many other instances run
+    (``4242 +2``); a remote server's URL."""
+    if server["pid"] is None:
+        return str(server.get("url") or "-")
+    others = len(server.get("pids") or ()) - 1
+    return f"{server['pid']} +{others}" if others > 0 else str(server["pid"])
+
+
 def render(status: dict[str, Any], width: int | None = None) -> str:
     """The status as text: a line about the daemon, its totals, a table of
     servers and one of sessions (rich tables, without borders)."""
@@ -73,7 +82,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
             s["name"],
             _status(s),
             _share(s),
-            str(s["pid"] or s.get("url") or "-"),
+            _pid(s),
             _duration(s["uptime"]) if s.get("uptime") is not None else "-",
             str(s["restarts"]),
             str(s["sessions"]),

@@ -97,6 +97,22 @@ async def test_bench_through_the_daemon_counts_requests(socket_path: str) -> Non
     assert "calls/s" in text and "50" in text
 
 
+async def test_bench_watches_every_instance_of_a_pooled_server(socket_path: str) -> None:
+    """A pool's calls spread over its instances: the server's CPU and memory
+    are those of all of them, not of the one ``mcpbroker status`` names first."""
+    pooled = {**echo_server(), "pool": 2}
+    with trio.fail_after(30):
+        async with running_daemon({"echo": pooled}, socket_path) as daemon:
+            argv = ("--server", "echo", "--tool", "echo", "--clients", "4", "--requests", "400")
+            report = await run_bench(socket_path, {"text": "hi"}, *argv)
+            instances = {p.statistics().pid for p in daemon.upstreams["echo"].instances()}
+    server = report["broker"]["server"]
+    assert set(server["pids"]) == instances and len(instances) == 2
+    assert server["pid"] in instances
+    assert server["memory"]["rss"] > 0 and server["cpu_s"] is not None
+    assert "2 processes" in bench.render(report)
+
+
 async def test_bench_in_the_modern_era_through_the_daemon_and_direct(socket_path: str) -> None:
     """``--era modern``: the clients speak 2026-07-28 through the daemon (which
     bridges to the legacy demo server) and, with ``--direct``, straight to a

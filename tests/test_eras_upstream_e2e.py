@@ -172,6 +172,7 @@ async def test_per_client_eras_serve_each_client_in_its_own(socket_path: str) ->
                 assert text_of(await modern.call_tool("pid", {})) == modern_pid
                 stats = group.statistics()
                 assert (stats.share, stats.instances) == ("per-era", 2)
+                assert sorted(stats.pids) == sorted([int(legacy_pid), int(modern_pid)])
 
 
 async def test_a_server_that_exits_when_probed_is_opened_with_initialize(

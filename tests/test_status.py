@@ -54,6 +54,9 @@ async def test_status_counts_what_the_clients_did(socket_path: str) -> None:
                 assert 0 < sdk["cpu"] <= cpu.user + cpu.system + 0.05
                 assert sdk["rss"] == pytest.approx(process.memory_info().rss, rel=0.2)
                 assert pool["rss"] > sdk["rss"]  # two processes
+                assert sdk["pids"] == [sdk["pid"]]
+                assert len(set(pool["pids"])) == 2 and pool["pid"] in pool["pids"]
+                assert all(psutil.pid_exists(pid) for pid in pool["pids"])
 
                 sessions = status["sessions"]
                 assert sorted(s["transport"] for s in sessions) == ["unix", "unix", "websocket"]
@@ -69,6 +72,8 @@ async def test_status_counts_what_the_clients_did(socket_path: str) -> None:
                 assert "3 sessions" in text and "errors" in text
                 row = next(line for line in text.splitlines() if line.startswith("sdk "))
                 assert "shared" in row and str(sdk["pid"]) in row and "MiB" in row
+                row = next(line for line in text.splitlines() if line.startswith("pool "))
+                assert f"{pool['pid']} +1" in row  # the catalog instance's, and one more
                 assert "websocket" in text and "ws-test" in text
 
 
