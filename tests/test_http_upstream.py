@@ -53,6 +53,44 @@ def test_what_a_posts_answer_means(
 
 
 @pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"jsonrpc":"2.0","id":7,"result":{}}', None),
+        (b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no"}}', None),
+        (b'[{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":7,"result":{}}]', None),
+        (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","id":7,"result":{}}\n', None),
+        (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","method":"m"}', "holds no answer"),
+        (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","id":7,"res', "not JSON"),
+        (b"", "not JSON"),
+        (b"<html>", "not JSON"),
+        (b'{"jsonrpc":"2.0","method":"notifications/message"}', "holds no answer"),
+        (b"[1, 2]", "holds no answer"),
+        (b'{"jsonrpc":"2.0","id":8,"result":{}}', "another request (id 8)"),
+        (b'{"jsonrpc":"2.0","id":"7","result":{}}', "another request (id '7')"),
+        (
+            b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}',
+            "an error for no request: -32700 Parse error",
+        ),
+    ],
+)
+def test_a_json_body_that_is_not_its_requests_answer_is_named(
+    body: bytes, problem: str | None
+) -> None:
+    found = rules.json_body(body, 7)[1]
+    assert found == problem if problem is None else problem in (found or "")
+    assert rules.json_body(body, None)[1] is None  # (a notification's POST: nothing to fail)
+
+
+def test_a_json_body_is_handed_on_as_its_messages() -> None:
+    one = b'{"jsonrpc":"2.0","id":7,"result":{}}'
+    assert rules.json_body(one, 7) == ([one], None)  # as it came
+    lines = b'{"jsonrpc":"2.0","method":"n"}\r\n' + one + b"\n"
+    assert rules.json_body(lines, 7) == ([b'{"jsonrpc":"2.0","method":"n"}', one], None)
+    batch = b'[{"jsonrpc":"2.0","method":"n"}, ' + one + b"]"
+    assert rules.json_body(batch, 7) == ([b'{"jsonrpc":"2.0","method":"n"}', one], None)
+
+
+@pytest.mark.parametrize(
     ("config_type", "mode"),
     [
         (None, rules.DETECT),

@@ -304,6 +304,35 @@ async def test_an_http_error_fails_that_call_only_and_a_cancelled_call_is_cancel
             assert upstream.statistics().restarts == 0
 
 
+async def test_a_json_body_that_is_not_the_answer_fails_that_call_at_once(
+    socket_path: str,
+) -> None:
+    """A POST answered 200 ``application/json`` with what is not its answer
+    (HTML, or a notification alone): nothing more will come for the call, so
+    its caller is told at once, naming what came, not left to wait out the
+    timeout (60 s here); the server goes on serving. A body of JSON lines (a
+    notification, then the answer) is read as its lines."""
+    with trio.fail_after(30):
+        async with (
+            http_server("streamable-http") as (url, process),
+            running_daemon({"web": {"url": url, "timeout": 60, **LEGACY}}, socket_path) as d,
+            shim_client(socket_path, "web") as client,
+        ):
+            for tool, why in [
+                ("answer_html", "a JSON body that is not JSON (unexpected character"),
+                ("answer_nothing", "a JSON body that holds no answer"),
+            ]:
+                with trio.fail_after(10), pytest.raises(MCPError) as failure:
+                    await client.call_tool(tool, {})
+                error = failure.value.error
+                assert error.code == jsonrpc.INTERNAL_ERROR, error
+                assert error.message.startswith(f"MCP server 'web' answered with {why}"), error
+            with trio.fail_after(10):
+                assert text_of(await client.call_tool("answer_as_lines", {})) == "from lines"
+            assert text_of(await client.call_tool("pid", {})) == str(process.pid)
+            assert d.upstreams["web"].statistics().restarts == 0
+
+
 async def test_a_bug_in_the_link_restarts_that_server_only(
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

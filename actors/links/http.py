@@ -390,7 +390,8 @@ class HttpLink:
             self._log.warning("server.message_refused", method=unit.method, detail=detail)
 
     async def _body(self, response: httpx2.Response, unit: Unit) -> list[LinkFrame]:
-        """A JSON answer: its message (a batch's, each), unparsed if it is one."""
+        """A JSON answer: its message (a batch's or JSON lines', each), unparsed
+        if it is one; and the request's failure if it holds no answer to it."""
         limit = self._max * HARD_LIMIT_FACTOR
         chunks, size = [], 0
         async for chunk in response.aiter_bytes():
@@ -403,12 +404,13 @@ class HttpLink:
         body = b"".join(chunks)
         if initialize_version := self._version_of(unit, body):
             self._version = initialize_version
-        if body.lstrip()[:1] != b"[":
-            return [self._frame(body)]
-        try:
-            return [self._frame(orjson.dumps(item)) for item in orjson.loads(body)]
-        except orjson.JSONDecodeError:
-            return [self._frame(body)]  # (the rules say what is wrong with it)
+        messages, problem = rules.json_body(body, unit.id)
+        if problem is not None and unit.method == "initialize":
+            raise _Ended(f"initialize was answered with {problem}")
+        # What came goes on (for the rules to take, or to log: a notification,
+        # a bad line); a request no answer came for, its caller is told at once.
+        failed: list[LinkFrame] = [] if problem is None else [Failed(unit.id, problem)]
+        return [self._frame(message) for message in messages] + failed
 
     async def _stream(self, response: httpx2.Response, unit: Unit) -> None:
         """A POST's SSE stream: its messages, related to its request; if it

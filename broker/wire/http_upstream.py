@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
+
+import orjson
 
 STREAMABLE = "streamable-http"
 SSE = "sse"
@@ -123,3 +126,50 @@ def may_be_request(data: bytes) -> bool:
     more, they are parsed anyway. Cheap and one-sided: an answer whose result
     holds the text ``"method"`` is taken for one too, and is parsed."""
     return data.find(b'"method"') >= 0  # (not `in`: see broker/jsonrpc.py LONG)
+
+
+def json_body(body: bytes, request: int | str | None) -> tuple[list[bytes], str | None]:
+    """The messages of a POST's JSON body, each as its bytes (the body itself
+    when it is one), and why they do not answer ``request``, the id of the
+    request the POST carried (None: they do, or it carried none).
+
+    The spec has that body be one object, the request's response (in
+    2025-03-26, a batch's array). A body of JSON lines (one document a
+    line: a notification, then the answer, as some servers write it) is
+    read as its lines, as a lenient client reads it. Anything else (a body
+    that does not parse, a notification alone, another request's answer,
+    an error for no request) leaves the request with no answer to come:
+    the link fails it at once rather than leave its caller to wait out the
+    timeout."""
+    messages: list[Any]
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        lines = [line for line in body.splitlines() if line.strip()]
+        try:
+            messages = [orjson.loads(line) for line in lines] if len(lines) > 1 else []
+        except orjson.JSONDecodeError:
+            messages = []
+        if not messages:
+            return [body], None if request is None else f"a JSON body that is not JSON ({exc})"
+        frames = lines
+    else:
+        if isinstance(message, list):
+            messages, frames = message, [orjson.dumps(item) for item in message]
+        else:
+            messages, frames = [message], [body]
+    return frames, None if request is None else _not_its_answer(messages, request)
+
+
+def _not_its_answer(messages: list[Any], request: int | str) -> str | None:
+    for item in messages:
+        if isinstance(item, dict) and ("result" in item or "error" in item):
+            if item.get("id") == request:
+                return None
+            error = item.get("error")
+            if item.get("id") is None and isinstance(error, dict):
+                return f"an error for no request: {error.get('code')} {error.get('message')}"
+    answers = [m for m in messages if isinstance(m, dict) and ("result" in m or "error" in m)]
+    if answers:
+        return f"the answer to another request (id {answers[0].get('id')!r})"
+    return "a JSON body that holds no answer"

@@ -13,8 +13,12 @@ again (GET with ``Last-Event-ID``).
 ``POST /forget`` makes the server forget every session it has given out so
 far: requests carrying one of their ids get 404 from then on, as from a
 server whose sessions expired. A POST whose body holds ``fail_with_500``
-gets ``500 boom``. ``TLS_CERT`` and ``TLS_KEY`` (PEM files): serve https://
-instead. ``GET /stats`` tells what clients sent:
+gets ``500 boom``; one whose body holds ``answer_as_lines`` gets a 200
+``application/json`` body of two JSON lines (a notification, then the
+answer), which is no JSON document; ``answer_nothing``, a 200 JSON body of
+a notification alone; ``answer_html``, a 200 JSON body that is HTML.
+``TLS_CERT`` and ``TLS_KEY`` (PEM files): serve https:// instead.
+``GET /stats`` tells what clients sent:
 ``{"deleted": DELETEs of a session, "versions": the MCP-Protocol-Version
 headers seen, "resumed": GETs with Last-Event-ID, "sessions": how many it
 gave out}``.
@@ -85,6 +89,20 @@ class Gate:
             if b"fail_with_500" in body:
                 await _answer(send, 500, b"boom")
                 return
+            log = {"level": "info", "data": "x"}
+            note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": log})
+            if b"answer_as_lines" in body:  # (as a server that streams NDJSON might)
+                result = {"content": [{"type": "text", "text": "from lines"}]}
+                answer = {"jsonrpc": "2.0", "id": json.loads(body)["id"], "result": result}
+                lines = f"{note}\n{json.dumps(answer)}".encode()
+                await _answer(send, 200, lines, b"application/json")
+                return
+            if b"answer_nothing" in body:
+                await _answer(send, 200, note.encode(), b"application/json")
+                return
+            if b"answer_html" in body:
+                await _answer(send, 200, b"<html>oops</html>", b"application/json")
+                return
 
         async def remember(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -146,8 +164,9 @@ async def _peek(receive: Any) -> tuple[bytes, Any]:
     return body, again
 
 
-async def _answer(send: Any, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": []})
+async def _answer(send: Any, status: int, body: bytes, media: bytes | None = None) -> None:
+    headers = [] if media is None else [(b"content-type", media)]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
