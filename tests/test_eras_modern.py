@@ -16,6 +16,7 @@ from broker.eras.modern import (
     check_input_requests,
     client_era,
     complete_answer,
+    complete_modern_answer,
     complete_result,
     discover_result,
     read_meta,
@@ -285,3 +286,30 @@ def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
             expected["result"] = complete_result(method, expected["result"])
         assert isinstance(stamped, Answer) and stamped.id == "c1"
         assert orjson.loads(stamped.encode()) == expected
+
+
+@given(bodies, st.sampled_from(["tools/call", "resources/read", None]), st.booleans())
+def test_a_modern_servers_answer_passes_if_it_has_the_keys_and_is_stamped_if_it_has_none(
+    body: dict[str, Any], method: str | None, typescript_shape: bool
+) -> None:
+    """complete_modern_answer: an error, or a result whose bytes name every
+    key the era asks of it, as it came; one that names none, as
+    complete_answer stamps it; one that names some, left to the parser."""
+    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
+        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
+    line = orjson.dumps(message)
+    answer = split_answer(line)
+    assert answer is not None
+    answer.id = "c1"
+    written = answer.encode()
+    wanted = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]
+    named = [key in line for key in wanted]
+    done = complete_modern_answer(answer, method)
+    if "error" in body or all(named):
+        assert done is answer and answer.encode() == written  # as it came
+    elif any(named) or not isinstance(body["result"], dict):
+        assert done is None and answer.encode() == written  # for the caller to read
+    else:
+        assert done is answer
+        expected = {**message, "id": "c1", "result": complete_result(method or "", body["result"])}
+        assert orjson.loads(answer.encode()) == expected

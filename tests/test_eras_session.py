@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 
 from broker.catalog import Catalog
@@ -186,18 +185,29 @@ def test_a_modern_servers_answer_reaches_the_client_as_the_server_wrote_it() -> 
         assert proto.inflight == set() and proto.open_calls == {}
 
 
+HINTS = {"ttlMs": 0, "cacheScope": "private"}
+
+
 @pytest.mark.parametrize("read", [False, True])
-def test_a_modern_servers_answer_is_not_completed_by_the_broker(read: bool) -> None:
+def test_a_servers_answer_is_completed_where_it_lacks_the_eras_keys(read: bool) -> None:
     """The schema has a 2026-07-28 server include ``resultType`` (and on a read
-    the caching hints), and the broker checks no server's result against the
-    schema, in either era: a modern server's answer that lacks them passes
-    as it came, unparsed or, while a call waits for its client's retry, read
-    (docs/eras.md). A legacy server's answer is completed."""
+    the caching hints): an answer that does reaches the client as the server
+    wrote it; one that does not is completed, as a legacy server's always is
+    (the official Python SDK's client refuses a result without
+    ``resultType``), keeping what the server said. Unparsed or, while a call
+    waits for its client's retry, read (docs/eras.md)."""
     for method, params, result, completed in (
         ("tools/call", {"name": "files__read"}, b'{"content":[]}',
          {"resultType": "complete", "content": []}),
+        ("tools/call", {"name": "files__read"}, b'{"content":[],"resultType":"complete"}',
+         {"resultType": "complete", "content": []}),
+        ("resources/read", {"uri": "file:///x"}, b'{"contents":[]}',
+         {"resultType": "complete", "contents": [], **HINTS}),
         ("resources/read", {"uri": "file:///x"}, b'{"resultType":"complete","contents":[]}',
-         {"resultType": "complete", "contents": [], "ttlMs": 0, "cacheScope": "private"}),
+         {"resultType": "complete", "contents": [], **HINTS}),
+        ("resources/read", {"uri": "file:///x"},
+         b'{"contents":[],"ttlMs":5,"cacheScope":"public","resultType":"complete"}',
+         {"resultType": "complete", "contents": [], "ttlMs": 5, "cacheScope": "public"}),
     ):  # fmt: skip
         for modern in (True, False):
             proto = opened(session())
@@ -209,9 +219,9 @@ def test_a_modern_servers_answer_is_not_completed_by_the_broker(read: bool) -> N
             assert [type(a) for a in proto.receive(request("r2", method, **params))] == [Forward]
             bare = split_answer(b'{"jsonrpc":"2.0","id":2,"result":%s}' % result)
             assert bare is not None
-            bare.id, bare.modern = "r2", modern
-            want = orjson.loads(result) if modern else completed
-            assert written(proto, bare) == [{"jsonrpc": "2.0", "id": "r2", "result": want}]
+            bare.id, bare.modern, bare.method = "r2", modern, method
+            got = written(proto, bare)
+            assert got == [{"jsonrpc": "2.0", "id": "r2", "result": completed}], (result, modern)
             assert "r2" not in proto.inflight and "r2" not in proto.open_calls
 
 

@@ -249,10 +249,31 @@ def test_transparent_initialize_is_the_servers_own() -> None:
     result = initialized_result("2025-06-18", (FILES,), transparent=True)
     assert result == {
         "protocolVersion": "2025-06-18",
-        "serverInfo": {"name": "files-server"},
+        "serverInfo": {"name": "files-server", "version": "unknown"},  # (it gave none)
         "instructions": "Read files.",
         "capabilities": {**LISTS, **SUBSCRIBABLE, "completions": {}, "logging": {}},
     }
+
+
+@pytest.mark.parametrize(
+    ("said", "told"),
+    [
+        (
+            {"name": "fs", "version": "2", "title": "Files"},
+            {"name": "fs", "version": "2", "title": "Files"},
+        ),
+        ({}, {"name": "files", "version": "unknown"}),  # (a modern server need not say)
+        ({"name": 7, "version": None, "x": 1}, {"name": "files", "version": "unknown", "x": 1}),
+    ],
+)
+def test_transparent_server_info_has_what_the_schema_requires(
+    said: dict[str, Any], told: dict[str, Any]
+) -> None:
+    """name and version, strings: the server's own, else its name in the
+    config and "unknown" (the SDK's client refuses an initialize without them)."""
+    identity = ServerIdentity("2025-06-18", {"tools": {}}, said)
+    entry = ServerEntry("files", READY, identity=identity, lists={"tools": ()})
+    assert initialized_result("2025-06-18", (entry,), transparent=True)["serverInfo"] == told
 
 
 def test_transparent_initialize_passes_only_what_the_server_has() -> None:
@@ -324,7 +345,8 @@ def test_transparent_initialize_deferred_until_settled(state: ServerState) -> No
     assert proto.receive(message) == [Defer(message)]
     settle(proto)
     assert result_of(proto.receive(message, settled=True))["serverInfo"] == {
-        "name": "github-server"
+        "name": "github-server",
+        "version": "unknown",
     }
 
 

@@ -12,8 +12,9 @@ writes to a modern client, its own or a legacy server's, carries
 ``resultType`` (and, on lists, reads and discover, the caching hints
 ``ttlMs`` and ``cacheScope``): :func:`complete_result`, or
 :func:`complete_answer` on an answer left unparsed. A 2026-07-28 server's
-answer passes as it came: the schema has the server include them
-(docs/eras.md).
+answer passes as it came when it carries them (the schema's MUST for such a
+server), and is completed as a legacy server's is when it does not
+(:func:`complete_modern_answer`; docs/eras.md).
 """
 
 from __future__ import annotations
@@ -192,6 +193,9 @@ _STAMPED: Final = [
 _CLOSE: Final = ord("}")
 # (a static, as in broker/jsonrpc.py: partition, one argument, not find)
 _partition: Final = bytes.partition
+_find: Final = bytes.find
+_RESULT_TYPED: Final = _RESULT_AFTER_ID + b'"resultType":'  # (a result that says it first)
+_TYPED_LEN: Final = len(_RESULT_TYPED)
 
 
 def complete_answer(answer: Answer, method: str) -> Answer | None:
@@ -233,6 +237,44 @@ def complete_answer(answer: Answer, method: str) -> Answer | None:
     else:
         answer.head = stamped
     return answer
+
+
+def complete_modern_answer(answer: Answer, method: str | None) -> Answer | None:
+    """A 2026-07-28 server's answer, for a modern client: as it came when its
+    bytes name the era's keys (``resultType``; on a cacheable method the
+    caching hints too), which the schema has such a server include; stamped
+    by :func:`complete_answer` when they name none of them (a server that
+    breaks the rule: a client such as the official Python SDK's refuses a
+    result without ``resultType``, though the schema says to take it as
+    ``complete``). None, the answer untouched, when they name some of them
+    only: the caller reads it. (A key named anywhere in the bytes, in a
+    tool's text as well, is taken for the result's own: a search, not a
+    parse.) The usual answer is told at a glance: ``resultType`` the
+    result's first key, where the official SDKs write it, on a method with
+    no caching hints."""
+    tail = answer.tail
+    if (
+        answer.head is PREFIX
+        and type(tail) is bytes
+        and tail[:_TYPED_LEN] == _RESULT_TYPED
+        and (method == "tools/call" or method not in CACHEABLE_METHODS)
+    ):
+        return answer
+    if answer.is_error():
+        return answer
+    line = answer.written()
+    # (find, not partition: the key is usually there, and partition would
+    # copy the line around it)
+    typed = _find(line, b'"resultType"') >= 0
+    if method not in CACHEABLE_METHODS:
+        return answer if typed else complete_answer(answer, "")
+    ttl = _find(line, b'"ttlMs"') >= 0
+    scope = _find(line, b'"cacheScope"') >= 0
+    if typed and ttl and scope:
+        return answer
+    if typed or ttl or scope:
+        return None
+    return complete_answer(answer, method)
 
 
 def check_input_requests(capabilities: dict[str, Any], input_requests: Any) -> None:

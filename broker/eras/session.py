@@ -41,6 +41,7 @@ from broker.eras.modern import (
     INPUT_METHODS,
     RequestMeta,
     complete_answer,
+    complete_modern_answer,
     complete_result,
     discover_result,
     read_meta,
@@ -479,17 +480,15 @@ class ModernSessionProtocol(SessionProtocol):
             for message in items:
                 if type(message) is Related:  # (a stream per request: not in this era yet)
                     message = message.message
-                modern = False
                 method: str | None = None
                 if type(message) is Answer:
                     if self._answer_fast(message):
                         out.append(message)
                         continue
-                    modern = message.modern
                     method = message.method
                     message = message.read()
                 if isinstance(message, dict):
-                    out.extend(self._outgoing_modern(message, modern, method))
+                    out.extend(self._outgoing_modern(message, method))
         except Exception:
             self.move(SessionTrigger.FAILED)
             raise
@@ -497,21 +496,30 @@ class ModernSessionProtocol(SessionProtocol):
     def _answer_fast(self, answer: Answer) -> bool:
         """The common case of :meth:`_outgoing_modern`, without parsing: the
         answer to a request passed on, while no call waits for a retry (the
-        bridge's) and none was taken over by one; as it is if a 2026-07-28
-        server wrote it (``Answer.modern``: see :meth:`_outgoing_modern`),
-        else stamped by :func:`~broker.eras.modern.complete_answer`.
-        False: read it."""
+        bridge's) and none was taken over by one; completed by
+        :func:`~broker.eras.modern.complete_answer`, or if a 2026-07-28
+        server wrote it (``Answer.modern``) by
+        :func:`~broker.eras.modern.complete_modern_answer` (as it is when it
+        carries the era's keys). False: read it."""
         if self.aliases or self.questions.parked:  # (a dict: no __len__ call per answer)
             return False
         id = answer.id
         # (none at all while every call goes to a modern server: no lookup)
         call = self.open_calls.get(id) if self.open_calls else None
         if call is not None:
-            # (a legacy server's answer that complete_answer cannot stamp unread: read)
-            if not answer.modern and complete_answer(answer, call[0]) is None:
+            # (an answer the rules cannot complete unread: read)
+            if answer.modern:
+                if complete_modern_answer(answer, call[0]) is None:
+                    return False
+            elif complete_answer(answer, call[0]) is None:
                 return False
             del self.open_calls[id]  # (what _forget does, in fewer steps)
-        elif not answer.modern:
+        elif answer.modern:
+            # No record: a call the fast path sent to a modern server; the
+            # Upstream kept its method.
+            if complete_modern_answer(answer, answer.method) is None:
+                return False
+        else:
             # No record: a call routed to a server that was modern then, and is
             # legacy now (it came back so); the Upstream kept its method.
             method = answer.method
@@ -528,15 +536,13 @@ class ModernSessionProtocol(SessionProtocol):
         answers, self.upstream_answers = self.upstream_answers, []
         return answers
 
-    def _outgoing_modern(
-        self, message: Message, modern: bool = False, method: str | None = None
-    ) -> list[Message]:
+    def _outgoing_modern(self, message: Message, method: str | None = None) -> list[Message]:
         """What the client reads of a message bound for it. An answer gets
         ``resultType`` (and on a read the caching hints) where it lacks them
-        (:func:`~broker.eras.modern.complete_result`), unless a 2026-07-28
-        server wrote it (``modern``): the schema has such a server include
-        them, and the broker checks no server's result against the schema,
-        in either era, so its answer passes as it came (docs/eras.md)."""
+        (:func:`~broker.eras.modern.complete_result`, which keeps what the
+        server said), whichever era's server wrote it (the schema has a
+        2026-07-28 server include them; one that does not is completed all
+        the same, docs/eras.md)."""
         if "method" in message:
             if "id" in message:
                 return self._server_asks(message)
@@ -564,7 +570,7 @@ class ModernSessionProtocol(SessionProtocol):
             message = {**message, "id": current}
         if self.calls is not None:
             self.calls.answered(current, message)
-        return [self._answer_of(message, method) if method is not None and not modern else message]
+        return [self._answer_of(message, method or "")]
 
     def _server_asks(self, request: Message) -> list[Message]:
         """A server's question: on the one call this session has at that server,
