@@ -189,7 +189,9 @@ class BearerTokens(httpx2.Auth):
             body = oauth.refresh_request(grant.client, grant.tokens.refresh_token, grant.resource)
             try:
                 async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as client:
-                    answer = await client.post(grant.token_endpoint, data=body)
+                    answer = await client.post(
+                        grant.token_endpoint, data=body, headers=oauth.client_headers(grant.client)
+                    )
                 tokens = oauth.read_tokens(_json(answer), self._clock(), grant.tokens)
             except (httpx2.HTTPError, OAuthError):
                 return None
@@ -333,11 +335,12 @@ async def authorize(
             ) from None
         finally:
             await listener.aclose()
-        code = oauth.read_callback(query, state)
+        code = oauth.read_callback(query, state, server)
         body = oauth.code_request(
             registration, code, listener.redirect_uri, verifier, resource.resource
         )
-        answer = await client.post(server.token_endpoint, data=body)
+        headers = oauth.client_headers(registration)
+        answer = await client.post(server.token_endpoint, data=body, headers=headers)
         tokens = oauth.read_tokens(_json(answer), clock())
     grant = Grant(
         server_url, resource.resource, server.token_endpoint, registration, tokens, server.issuer
@@ -375,7 +378,7 @@ async def _server_metadata(client: httpx2.AsyncClient, issuer: str) -> ServerMet
     for url in oauth.server_metadata_urls(issuer):
         response = await client.get(url)
         if response.status_code == 200:
-            return oauth.read_server_metadata(_json(response))
+            return oauth.read_server_metadata(_json(response), issuer)
     raise OAuthError(f"the authorization server {issuer} publishes no metadata")
 
 
@@ -390,7 +393,8 @@ async def _client(
     """The client id to use: the configured one, the one registered before with
     this authorization server for this redirect, or a new registration."""
     if settings.client_id:
-        return Client(settings.client_id, settings.client_secret, listener.redirect_uri)
+        method = oauth.secret_method(server.auth_methods)
+        return Client(settings.client_id, settings.client_secret, listener.redirect_uri, method)
     known = await trio.to_thread.run_sync(store.load, name)
     if (
         known is not None
@@ -404,12 +408,12 @@ async def _client(
             f'register a client there and give its id as "oauth": {{"clientId": ...}} '
             f"in server {name!r}'s config"
         )
-    response = await client.post(
-        server.registration_endpoint, json=oauth.registration_request(server, listener.redirect_uri)
-    )
+    asked = oauth.registration_request(server, listener.redirect_uri)
+    response = await client.post(server.registration_endpoint, json=asked)
     if response.status_code not in (200, 201):
         raise OAuthError(
             f"the authorization server refused to register the broker ({response.status_code}: "
             f"{response.text[:200]})"
         )
-    return oauth.read_registration(_json(response), listener.redirect_uri)
+    method = asked["token_endpoint_auth_method"]
+    return oauth.read_registration(_json(response), listener.redirect_uri, method)

@@ -30,7 +30,7 @@ import base64
 import hashlib
 import re
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import quote_plus, urlencode, urlsplit, urlunsplit
 
 import attrs
 
@@ -156,11 +156,16 @@ class ServerMetadata:
     registration_endpoint: str | None = None
     # How a client may prove itself at the token endpoint (None: not said).
     auth_methods: tuple[str, ...] | None = None
+    # It puts ``iss`` in its authorization responses (RFC 9207).
+    iss_supported: bool = False
 
 
-def read_server_metadata(body: Any) -> ServerMetadata:
-    """The endpoints of an authorization server; refused unless it offers PKCE
-    with S256 (the MCP spec: a client MUST refuse to proceed otherwise)."""
+def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
+    """The endpoints of the authorization server ``issuer`` (the identifier
+    its metadata's address was made from); refused unless the metadata names
+    that issuer exactly (RFC 8414 section 3.3: a document that names another
+    is not used, as the MCP spec of 2026-07-28 requires) and it offers PKCE
+    with S256 (a client MUST refuse to proceed otherwise)."""
     if not isinstance(body, dict):
         raise OAuthError("the authorization server's metadata is not a JSON object")
     missing = [
@@ -170,6 +175,11 @@ def read_server_metadata(body: Any) -> ServerMetadata:
     ]
     if missing:
         raise OAuthError(f"the authorization server's metadata lacks {', '.join(missing)}")
+    if body["issuer"] != issuer:
+        raise OAuthError(
+            f"the authorization server's metadata names the issuer {body['issuer']!r}, not "
+            f"{issuer!r} whose address it came from: not used (RFC 8414, section 3.3)"
+        )
     methods = body.get("code_challenge_methods_supported")
     if not isinstance(methods, list) or "S256" not in methods:
         raise OAuthError(
@@ -185,6 +195,7 @@ def read_server_metadata(body: Any) -> ServerMetadata:
         tuple(m for m in auth_methods if isinstance(m, str))
         if isinstance(auth_methods, list)
         else None,
+        body.get("authorization_response_iss_parameter_supported") is True,
     )
 
 
@@ -207,14 +218,27 @@ def pkce_challenge(verifier: str) -> str:
 CLIENT_NAME = "mcpbroker"
 
 
+BASIC = "client_secret_basic"
+POST = "client_secret_post"
+
+
+def secret_method(methods: tuple[str, ...] | None) -> str:
+    """How to send a client secret to a token endpoint that lists ``methods``:
+    in the form (``client_secret_post``) unless it lists only HTTP Basic."""
+    return BASIC if methods is not None and BASIC in methods and POST not in methods else POST
+
+
 def registration_request(server: ServerMetadata, redirect_uri: str) -> dict[str, Any]:
-    """The body of a dynamic client registration (RFC 7591): a client that
-    redirects to the broker's loopback listener; public ("none") unless the
-    server lists only methods with a secret (then "client_secret_post")."""
+    """The body of a dynamic client registration (RFC 7591): a native
+    application (the MCP spec of 2026-07-28: a client MUST say which; one
+    that redirects to a loopback listener is native) that redirects to the
+    broker's loopback listener; public ("none") unless the server lists only
+    methods with a secret (then :func:`secret_method`'s)."""
     methods = server.auth_methods
-    method = "none" if methods is None or "none" in methods else "client_secret_post"
+    method = "none" if methods is None or "none" in methods else secret_method(methods)
     return {
         "client_name": CLIENT_NAME,
+        "application_type": "native",
         "redirect_uris": [redirect_uri],
         "grant_types": ["authorization_code", "refresh_token"],
         "response_types": ["code"],
@@ -229,13 +253,21 @@ class Client:
     client_id: str
     client_secret: str | None = None
     redirect_uri: str | None = None  # the one registered (dynamic registration)
+    # How its secret goes to the token endpoint: in the form, or as HTTP Basic.
+    auth_method: str = POST
 
 
-def read_registration(body: Any, redirect_uri: str) -> Client:
+def read_registration(body: Any, redirect_uri: str, asked: str = POST) -> Client:
+    """The registration the server made (``asked``: the method the request
+    asked for; the server's answer says which it granted)."""
     if not isinstance(body, dict) or not isinstance(body.get("client_id"), str):
         raise OAuthError("the authorization server's registration answer has no client_id")
     secret = body.get("client_secret")
-    return Client(body["client_id"], secret if isinstance(secret, str) else None, redirect_uri)
+    granted = body.get("token_endpoint_auth_method")
+    method = granted if granted in (BASIC, POST) else asked if asked in (BASIC, POST) else POST
+    return Client(
+        body["client_id"], secret if isinstance(secret, str) else None, redirect_uri, method
+    )
 
 
 def authorization_url(
@@ -264,9 +296,24 @@ def authorization_url(
     return server.authorization_endpoint + separator + urlencode(params)
 
 
-def read_callback(query: dict[str, str], state: str) -> str:
+def read_callback(query: dict[str, str], state: str, server: ServerMetadata) -> str:
     """The code the authorization server sent back to the redirect URI, after
-    checking the state; an :class:`OAuthError` if it refused or the state is wrong."""
+    checking its issuer (RFC 9207, as the MCP spec of 2026-07-28 requires: an
+    ``iss`` that is there must be the server's issuer, byte for byte, with no
+    normalization; one that is not there is refused if the server says it
+    sends one) and the state; an :class:`OAuthError` if it refused, or the
+    issuer or the state is wrong."""
+    iss = query.get("iss")
+    if iss is not None and iss != server.issuer:
+        raise OAuthError(
+            f"the answer names the issuer {iss!r}, not {server.issuer!r}: not used "
+            "(RFC 9207: it may come from another authorization server)"
+        )
+    if iss is None and server.iss_supported:
+        raise OAuthError(
+            "the answer names no issuer, which the authorization server says it always "
+            "does: not used (RFC 9207)"
+        )
     if "error" in query:
         description = query.get("error_description")
         raise OAuthError(
@@ -282,10 +329,24 @@ def read_callback(query: dict[str, str], state: str) -> str:
 
 
 def _client_fields(client: Client) -> dict[str, str]:
+    """What proves the client in a token request's form (nothing when its
+    secret goes as HTTP Basic: :func:`client_headers`)."""
+    if client.client_secret and client.auth_method == BASIC:
+        return {}
     fields = {"client_id": client.client_id}
     if client.client_secret:
         fields["client_secret"] = client.client_secret
     return fields
+
+
+def client_headers(client: Client) -> dict[str, str]:
+    """The headers of a token request: HTTP Basic with the client's id and
+    secret, each form-encoded first (RFC 6749 section 2.3.1), if it
+    authenticates so."""
+    if not client.client_secret or client.auth_method != BASIC:
+        return {}
+    pair = f"{quote_plus(client.client_id)}:{quote_plus(client.client_secret)}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode("ascii")}
 
 
 def code_request(

@@ -96,6 +96,32 @@ async def drive(socket: str, modern: bool, scenario: str) -> None:
             await session.call_tool(name, arguments)
 
 
+def authorize(config: str, env: dict[str, str]) -> None:
+    """``mcpbroker auth s --no-browser``, with this process as the browser:
+    the address it prints is fetched, redirects followed (the suite's
+    authorization server grants at once, with no page to click), until the
+    redirect reaches ``auth``'s listener; then ``auth`` stores the tokens."""
+    import urllib.error
+    import urllib.request
+
+    argv = [MCPBROKER, "auth", "s", "--no-browser", "--config", config]
+    auth = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    assert auth.stdout is not None
+    said = []
+    for raw in auth.stdout:
+        line = raw.decode().strip()
+        said.append(line)
+        if line.startswith("http"):
+            try:
+                urllib.request.urlopen(line, timeout=10).read()  # (redirects followed)
+            except (OSError, urllib.error.URLError) as exc:
+                said.append(f"(the browser: {exc})")
+            break
+    out, _ = auth.communicate(timeout=30)
+    said.append(out.decode())
+    print("\n".join(said), file=sys.stderr)
+
+
 def main() -> int:
     url = sys.argv[-1]
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
@@ -104,10 +130,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         config = os.path.join(directory, "config.json")
         socket = os.path.join(directory, "broker.sock")
+        entry: dict[str, Any] = {"url": url, "type": "http"}
+        context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+        if "client_id" in context:  # (auth/pre-registration: a client registered by hand)
+            entry["oauth"] = {"clientId": context["client_id"]}
+            if "client_secret" in context:
+                entry["oauth"]["clientSecret"] = context["client_secret"]
         with open(config, "w") as f:
-            json.dump({"mcpServers": {"s": {"url": url, "type": "http"}}}, f)
+            json.dump({"mcpServers": {"s": entry}}, f)
+        env = {**os.environ, "MCPBROKER_TOKENS": os.path.join(directory, "tokens.json")}
+        if scenario.startswith("auth/"):
+            authorize(config, env)
         serve = [MCPBROKER, "serve", "--config", config, "--socket", socket]
-        daemon = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        daemon = subprocess.Popen(
+            serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
         try:
             deadline = time.monotonic() + 20
             while not os.path.exists(socket) and time.monotonic() < deadline:

@@ -9,8 +9,11 @@ side of a modern server's wire (the ``MCP-Protocol-Version``, ``Mcp-Method``,
 retry of an ``input_required`` call with ``requestState`` echoed), with a
 modern client and, bridged, with a legacy one; the 2025-11-25 ones, the
 legacy wire (SSE retries, elicitation defaults). The authorization scenarios
-need a browser's consent (``mcpbroker auth``) and are not run. Results, and
-the server scenarios run by hand: docs/conformance.md.
+run ``mcpbroker auth`` first, the driver its browser (the suite's
+authorization server grants at once): discovery, registration, the token
+request's client authentication, RFC 9207's ``iss`` and RFC 8414's issuer
+checks. Results, those not run (step-up, CIMD, the extensions), and the
+server scenarios run by hand: docs/conformance.md.
 """
 
 from __future__ import annotations
@@ -35,10 +38,26 @@ MODERN = [
 ]
 BRIDGED = ["tools_call", "sep-2322-client-request-state", "http-custom-headers"]
 LEGACY = ["initialize", "tools_call", "elicitation-sep1034-client-defaults", "sse-retry"]
+AUTH_LEGACY = [
+    "auth/metadata-default",
+    "auth/pre-registration",
+    "auth/token-endpoint-auth-basic",
+    "auth/token-endpoint-auth-post",
+    "auth/scope-from-www-authenticate",
+]
+AUTH_MODERN = [
+    "auth/resource-mismatch",
+    "auth/metadata-issuer-mismatch",
+    "auth/iss-supported",
+    "auth/iss-supported-missing",
+    "auth/iss-wrong-issuer",
+    "auth/iss-normalized",
+    "auth/offline-access-scope",
+]
 RUNS = (
-    [("2026-07-28", s, False) for s in MODERN]
+    [("2026-07-28", s, False) for s in MODERN + AUTH_MODERN]
     + [("2026-07-28", s, True) for s in BRIDGED]
-    + [("2025-11-25", s, False) for s in LEGACY]
+    + [("2025-11-25", s, False) for s in LEGACY + AUTH_LEGACY]
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,8 +114,9 @@ def test_server_metadata_needs_pkce_s256() -> None:
         "registration_endpoint": "https://as/r",
         "token_endpoint_auth_methods_supported": ["client_secret_post"],
     }
-    metadata = oauth.read_server_metadata(body)
+    metadata = oauth.read_server_metadata(body, "https://as")
     assert metadata.registration_endpoint == "https://as/r"
+    assert not metadata.iss_supported
     assert (
         oauth.registration_request(metadata, "http://127.0.0.1:1/callback")[
             "token_endpoint_auth_method"
@@ -123,9 +125,50 @@ def test_server_metadata_needs_pkce_s256() -> None:
     )
     for methods in (None, ["plain"]):
         with pytest.raises(OAuthError, match="PKCE"):
-            oauth.read_server_metadata({**body, "code_challenge_methods_supported": methods})
+            oauth.read_server_metadata(
+                {**body, "code_challenge_methods_supported": methods}, "https://as"
+            )
     with pytest.raises(OAuthError, match="token_endpoint"):
-        oauth.read_server_metadata({k: v for k, v in body.items() if k != "token_endpoint"})
+        oauth.read_server_metadata(
+            {k: v for k, v in body.items() if k != "token_endpoint"}, "https://as"
+        )
+    # The issuer it names must be the one its address was made from, exactly.
+    for other in ("https://attacker", "https://as/", "HTTPS://as"):
+        with pytest.raises(OAuthError, match="RFC 8414"):
+            oauth.read_server_metadata(body, other)
+    flagged = {**body, "authorization_response_iss_parameter_supported": True}
+    assert oauth.read_server_metadata(flagged, "https://as").iss_supported
+
+
+def test_registration_is_native_and_sends_its_secret_as_the_server_takes_it() -> None:
+    """application_type "native" (MCP 2026-07-28: a client MUST say); a
+    secret in the form unless the server takes only HTTP Basic."""
+    for methods, asked in (
+        (None, "none"),
+        (("none", "client_secret_basic"), "none"),
+        (("client_secret_post", "client_secret_basic"), "client_secret_post"),
+        (("client_secret_basic",), "client_secret_basic"),
+        (("private_key_jwt",), "client_secret_post"),
+    ):
+        server = attrs.evolve(SERVER, auth_methods=methods)
+        body = oauth.registration_request(server, "http://127.0.0.1:1/callback")
+        assert body["application_type"] == "native"
+        assert body["token_endpoint_auth_method"] == asked
+    answer = {"client_id": "a b", "client_secret": "s:é"}
+    basic = oauth.read_registration(answer, "http://r", "client_secret_basic")
+    assert basic.auth_method == "client_secret_basic"
+    assert oauth.code_request(basic, "c", "http://r", "v", "https://res") == {
+        "grant_type": "authorization_code",
+        "code": "c",
+        "redirect_uri": "http://r",
+        "code_verifier": "v",
+        "resource": "https://res",
+    }
+    # RFC 6749 2.3.1: each form-encoded, then base64 of "id:secret".
+    assert oauth.client_headers(basic) == {"Authorization": "Basic YStiOnMlM0ElQzMlQTk="}
+    posted = {**answer, "token_endpoint_auth_method": "client_secret_post"}
+    granted = oauth.read_registration(posted, "http://r", "client_secret_basic")
+    assert granted.auth_method == "client_secret_post" and oauth.client_headers(granted) == {}
 
 
 def test_public_client_where_the_server_allows_it() -> None:
@@ -174,11 +217,28 @@ def test_scope_from_the_challenge_else_the_metadata() -> None:
 
 
 def test_callback_checks_state_and_errors() -> None:
-    assert oauth.read_callback({"code": "c", "state": "s"}, "s") == "c"
+    assert oauth.read_callback({"code": "c", "state": "s"}, "s", SERVER) == "c"
     with pytest.raises(OAuthError, match="state"):
-        oauth.read_callback({"code": "c", "state": "other"}, "s")
+        oauth.read_callback({"code": "c", "state": "other"}, "s", SERVER)
     with pytest.raises(OAuthError, match="access_denied"):
-        oauth.read_callback({"error": "access_denied", "state": "s"}, "s")
+        oauth.read_callback({"error": "access_denied", "state": "s"}, "s", SERVER)
+
+
+def test_callback_checks_the_issuer_as_rfc_9207_says() -> None:
+    """Present: the issuer exactly (no normalization); absent: refused only
+    where the server says it always sends one; checked on an error too."""
+    said = attrs.evolve(SERVER, iss_supported=True)
+    issuer = SERVER.issuer
+    for server in (SERVER, said):
+        assert oauth.read_callback({"code": "c", "state": "s", "iss": issuer}, "s", server) == "c"
+        for wrong in ("https://evil.example", issuer + "/", issuer.upper(), issuer + ":443"):
+            with pytest.raises(OAuthError, match="RFC 9207"):
+                oauth.read_callback({"code": "c", "state": "s", "iss": wrong}, "s", server)
+        with pytest.raises(OAuthError, match="RFC 9207"):
+            oauth.read_callback({"error": "access_denied", "state": "s", "iss": "x"}, "s", server)
+    assert oauth.read_callback({"code": "c", "state": "s"}, "s", SERVER) == "c"
+    with pytest.raises(OAuthError, match="names no issuer"):
+        oauth.read_callback({"code": "c", "state": "s"}, "s", said)
 
 
 def test_token_requests_name_the_resource() -> None:
