@@ -257,6 +257,19 @@ bodies = st.one_of(
 )
 
 
+def server_answer(body: dict[str, Any], typescript_shape: bool) -> tuple[Any, bytes, Answer]:
+    """A server's answer holding ``body``, in one of the two compact shapes
+    (the id first, or after the rest); its line; the answer cut from it,
+    the client's id (``"c1"``) in place."""
+    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
+        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
+    line = orjson.dumps(message)
+    answer = split_answer(line)
+    assert answer is not None
+    answer.id = "c1"
+    return message, line, answer
+
+
 @given(bodies, st.sampled_from(["tools/call", "resources/read", "prompts/get"]), st.booleans())
 def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
     body: dict[str, Any], method: str, typescript_shape: bool
@@ -265,12 +278,7 @@ def test_an_answer_stamped_unparsed_is_the_answer_stamped_parsed(
     client's id in place of the server's, as the session writes it. Only a
     result that is not an object, or a line with a key it would put anywhere,
     is left to the parser."""
-    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
-        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
-    line = orjson.dumps(message)
-    answer = split_answer(line)
-    assert answer is not None
-    answer.id = "c1"
+    message, line, answer = server_answer(body, typescript_shape)
     written = answer.encode()
     stamped = complete_answer(answer, method)
     put = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]  # what it puts
@@ -295,12 +303,7 @@ def test_a_modern_servers_answer_passes_if_it_has_the_keys_and_is_stamped_if_it_
     """complete_modern_answer: an error, or a result whose bytes name every
     key the era asks of it, as it came; one that names none, as
     complete_answer stamps it; one that names some, left to the parser."""
-    message = {**body, "jsonrpc": "2.0", "id": 7} if typescript_shape else {
-        "jsonrpc": "2.0", "id": 7, **body}  # fmt: skip
-    line = orjson.dumps(message)
-    answer = split_answer(line)
-    assert answer is not None
-    answer.id = "c1"
+    message, line, answer = server_answer(body, typescript_shape)
     written = answer.encode()
     wanted = STAMPED_KEYS if method in CACHEABLE_METHODS else STAMPED_KEYS[:1]
     named = [key in line for key in wanted]
