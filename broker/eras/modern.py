@@ -260,8 +260,7 @@ def complete_modern_answer(answer: Answer, method: str | None) -> Answer | None:
         and (method == "tools/call" or method not in CACHEABLE_METHODS)
     ):
         return answer
-    if answer.is_error():
-        return answer
+    # (an error: complete_answer passes it as it is, unless it names a key)
     line = answer.written()
     # (find, not partition: the key is usually there, and partition would
     # copy the line around it)
