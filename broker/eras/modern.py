@@ -249,9 +249,10 @@ def complete_modern_answer(answer: Answer, method: str | None) -> Answer | None:
     ``complete``). None, the answer untouched, when they name some of them
     only: the caller reads it. (A key named anywhere in the bytes, in a
     tool's text as well, is taken for the result's own: a search, not a
-    parse.) The usual answer is told at a glance: ``resultType`` the
-    result's first key, where the official SDKs write it, on a method with
-    no caching hints."""
+    parse.) An answer with ``resultType`` its result's first key (as
+    benchmarks/echo_server.py writes it) on a method with no caching hints
+    is told at a glance; any other is searched (the official Python SDK's
+    server writes the key after ``content``)."""
     tail = answer.tail
     if (
         answer.head is PREFIX
