@@ -84,6 +84,13 @@ def test_a_json_body_that_is_not_its_requests_answer_is_named(
 def test_a_json_body_is_handed_on_as_its_messages() -> None:
     one = b'{"jsonrpc":"2.0","id":7,"result":{}}'
     assert rules.json_body(one, 7) == ([one], None)  # as it came
+    # The shape the Upstream cuts unparsed is not parsed here either (a large
+    # result costs no JSON read): what is inside it passes as on stdio.
+    cut = b'{"jsonrpc":"2.0","id":7,"result":{"x":' + b"1" * 100_000 + b"}}"
+    assert rules.json_body(cut, 7) == ([cut], None)
+    unread = b'{"jsonrpc":"2.0","id":7,"result":{"x":nope}}'
+    assert rules.json_body(unread, 7) == ([unread], None)
+    assert "not JSON" in (rules.json_body(unread, 8)[1] or "")  # (another id: parsed)
     lines = b'{"jsonrpc":"2.0","method":"n"}\r\n' + one + b"\n"
     assert rules.json_body(lines, 7) == ([b'{"jsonrpc":"2.0","method":"n"}', one], None)
     batch = b'[{"jsonrpc":"2.0","method":"n"}, ' + one + b"]"

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from broker.wire.envelope import split_answer
+
 STREAMABLE = "streamable-http"
 SSE = "sse"
 DETECT = "detect"  # no type given: Streamable HTTP, falling back to HTTP+SSE
@@ -140,7 +142,15 @@ def json_body(body: bytes, request: int | str | None) -> tuple[list[bytes], str 
     that does not parse, a notification alone, another request's answer,
     an error for no request) leaves the request with no answer to come:
     the link fails it at once rather than leave its caller to wait out the
-    timeout."""
+    timeout.
+
+    An answer to ``request`` in the shape the Upstream cuts unparsed
+    (:func:`~broker.wire.envelope.split_answer`) is taken as it is, unparsed
+    here too (a large result costs no parse on the way, as on stdio)."""
+    if type(request) is int:
+        cut = split_answer(body)
+        if cut is not None and cut.id == request:
+            return [body], None
     messages: list[Any]
     try:
         message = orjson.loads(body)
