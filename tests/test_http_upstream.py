@@ -52,12 +52,19 @@ def test_what_a_posts_answer_means(
     assert outcome(status, content_type, **flags) == expected
 
 
+NULL_ERROR_THEN_ANSWER = (
+    b'[{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}},'
+    b'{"jsonrpc":"2.0","id":7,"result":{}}]'
+)
+
+
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
         (b'{"jsonrpc":"2.0","id":7,"result":{}}', None),
         (b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no"}}', None),
         (b'[{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":7,"result":{}}]', None),
+        (NULL_ERROR_THEN_ANSWER, None),
         (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","id":7,"result":{}}\n', None),
         (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","method":"m"}', "holds no answer"),
         (b'{"jsonrpc":"2.0","method":"n"}\n{"jsonrpc":"2.0","id":7,"res', "not JSON"),

@@ -172,14 +172,13 @@ def json_body(body: bytes, request: int | str | None) -> tuple[list[bytes], str 
 
 
 def _not_its_answer(messages: list[Any], request: int | str) -> str | None:
-    for item in messages:
-        if isinstance(item, dict) and ("result" in item or "error" in item):
-            if item.get("id") == request:
-                return None
-            error = item.get("error")
-            if item.get("id") is None and isinstance(error, dict):
-                return f"an error for no request: {error.get('code')} {error.get('message')}"
     answers = [m for m in messages if isinstance(m, dict) and ("result" in m or "error" in m)]
+    if any(answer.get("id") == request for answer in answers):
+        return None
+    for answer in answers:
+        error = answer.get("error")
+        if answer.get("id") is None and isinstance(error, dict):
+            return f"an error for no request: {error.get('code')} {error.get('message')}"
     if answers:
         return f"the answer to another request (id {answers[0].get('id')!r})"
     return "a JSON body that holds no answer"
