@@ -66,6 +66,9 @@ def calls_of(scenario: str, tools: list[Any]) -> list[tuple[str, dict[str, Any]]
         return [(call["name"], call.get("arguments") or {}) for call in context["toolCalls"]]
     if scenario == "sep-2322-client-request-state":
         return [(name, {}) for name in MRTR_TOOLS]
+    if scenario == "json-schema-2020-12-preservation":  # (the schema seen, sent back)
+        seen = next(t.input_schema for t in tools if t.name == "json_schema_2020_12_tool")
+        return [("json_schema_echo", {"schema": seen})]
     if scenario == "json-schema-ref-no-deref" or not tools:
         return []
     return [(tools[0].name, {"a": 2, "b": 3})]

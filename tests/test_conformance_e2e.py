@@ -35,9 +35,16 @@ MODERN = [
     "http-custom-headers",
     "http-invalid-tool-headers",
     "json-schema-ref-no-deref",
+    "json-schema-2020-12-preservation",
 ]
 BRIDGED = ["tools_call", "sep-2322-client-request-state", "http-custom-headers"]
-LEGACY = ["initialize", "tools_call", "elicitation-sep1034-client-defaults", "sse-retry"]
+LEGACY = [
+    "initialize",
+    "tools_call",
+    "elicitation-sep1034-client-defaults",
+    "sse-retry",
+    "json-schema-2020-12-preservation",
+]
 AUTH_LEGACY = [
     "auth/metadata-default",
     "auth/pre-registration",
