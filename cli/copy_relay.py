@@ -34,6 +34,10 @@ def exit_code(stdin_open: bool) -> int:
     return 0
 
 
+class HostGone(Exception):
+    """The host closed its end of stdout: the shim has nothing left to do."""
+
+
 class CopyRelay:
     """The relay for any stdin and stdout (a file, a terminal, a socket).
 
@@ -60,7 +64,10 @@ class CopyRelay:
         self._steady = False
 
     def run(self) -> int:
-        code = self._poll()
+        try:
+            code = self._poll()
+        except HostGone:
+            return 0  # the host stopped reading: it is going away
         assert code is not None  # (here the daemon's close is the end: no gap)
         return code
 
@@ -121,7 +128,8 @@ class CopyRelay:
         drain_to_daemon(self.sock, self.to_daemon, self.stdin_open)
 
     def _read_socket(self) -> bool:
-        """Take what the daemon sent; False once it has closed."""
+        """Take what the daemon sent; False once it has closed (:class:`HostGone`
+        if the host has)."""
         try:
             data = self.sock.recv(CHUNK)
         except (BlockingIOError, InterruptedError):
@@ -134,8 +142,11 @@ class CopyRelay:
         return self._from_daemon(data)
 
     def _from_daemon(self, data: bytes) -> bool:
-        """Bytes the daemon sent, for the host; False if the host is gone."""
-        return write_to_host(self.to_host, data)
+        """Bytes the daemon sent, for the host (:class:`HostGone` if it is
+        gone: not to be taken for the daemon's close)."""
+        if not write_to_host(self.to_host, data):
+            raise HostGone
+        return True
 
     def _lost(self, exc: OSError) -> None:
         print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)

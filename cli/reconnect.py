@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from cli.copy_relay import CopyRelay
+from cli.copy_relay import CopyRelay, HostGone
 from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
 from cli.host_pipes import (
     CHUNK,
@@ -34,7 +34,6 @@ from cli.host_pipes import (
     STDOUT,
     flush_to_host,
     send_to_daemon,
-    write_to_host,
 )
 from cli.resume import HostState, scan
 
@@ -117,10 +116,6 @@ class _Lines:
         self.long = self.skipping = False
 
 
-class _HostGone(Exception):
-    """The host closed its end of stdout: the shim has nothing left to do."""
-
-
 class ResumingRelay(CopyRelay):
     """The shim's relay: poll, whole lines both ways, a new daemon at each gap."""
 
@@ -163,7 +158,7 @@ class ResumingRelay(CopyRelay):
         """Relay until the end (an exit code) or a gap (None)."""
         try:
             return self._poll()
-        except _HostGone:
+        except HostGone:
             return 0  # the host stopped reading: it is going away
 
     def _daemon_closed(self) -> int | None:
@@ -184,9 +179,7 @@ class ResumingRelay(CopyRelay):
     # sent is in flight and gets its error then.)
 
     def _from_daemon(self, data: bytes) -> bool:
-        if not write_to_host(self.to_host, self.down.feed(data)):
-            raise _HostGone
-        return True
+        return super()._from_daemon(self.down.feed(data))
 
     def _lost(self, exc: OSError) -> None:
         """(Said by the gap that follows.)"""

@@ -367,6 +367,10 @@ async def test_the_shim_leaves_when_the_host_stops_reading(
             for _ in range(64):  # more than any pipe or socket buffer holds
                 await conn.send(b"x" * 65536 + b"\n")
         assert await shim.wait() == 0
+        said = b""
+        while chunk := await shim.stderr.receive_some():
+            said += chunk
+        assert b"the daemon closed" not in said  # (the host left, not the daemon)
         conn.close()
     listener.close()
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 
 from broker.hello import Hello, read_hello
 from cli.shim import ShowHelp, UsageError, hello_line, parse_args
+from tests.conftest import REPO
 
 
 @given(st.lists(st.text(min_size=1), min_size=1, max_size=5))
@@ -44,3 +48,35 @@ def test_parse_args_rejects(argv: list[str]) -> None:
 def test_help_is_asked_for(argv: list[str]) -> None:
     with pytest.raises(ShowHelp):
         parse_args(argv)
+
+
+RELAY_TO_A_GONE_HOST = """
+import socket, sys
+from cli.copy_relay import CopyRelay
+ours, daemon = socket.socketpair()
+daemon.sendall(b'{"jsonrpc":"2.0","method":"notifications/message"}\\n')
+sys.exit(CopyRelay(ours).run())
+"""
+
+
+def test_the_copying_relay_leaves_quietly_when_the_host_closed_its_stdout() -> None:
+    """The daemon's bytes meet a stdout whose reader is gone (the host left
+    while its stdin is still open): exit 0, not taken for the daemon's close
+    (which would exit 1 saying so)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # (the host has gone)
+    stdin_read, stdin_write = os.pipe()  # (and its stdin is still open)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", RELAY_TO_A_GONE_HOST],
+            stdin=stdin_read,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=20,
+        )
+    finally:
+        for fd in (write_end, stdin_read, stdin_write):
+            os.close(fd)
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"daemon closed" not in done.stderr
