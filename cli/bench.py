@@ -310,14 +310,16 @@ def _measure(
         edges: dict[str, dict[str, dict[int, float | None]]] = {}
 
         def on_window(edge: str) -> None:
-            seen = {name: dict.fromkeys(find()) for name, find in watch.items()}
-            if edge == "stop":  # also those that started since: counted from nothing
-                for name, pids in edges.get("start", {}).items():
-                    seen[name] = {**dict.fromkeys(pids), **seen[name]}
-            edges[edge] = {
-                name: {pid: bench_proc.cpu_seconds(pid) for pid in pids}
-                for name, pids in seen.items()
-            }
+            # At the end, the processes read at the start are read first (the
+            # daemon's answer to the status that finds the others is not
+            # counted), then those that started since, counted from nothing.
+            cpu = bench_proc.cpu_seconds
+            known = edges.get("start", {}) if edge == "stop" else {}
+            read = {name: {pid: cpu(pid) for pid in pids} for name, pids in known.items()}
+            for name, find in watch.items():
+                seen = read.setdefault(name, {})
+                seen.update((pid, cpu(pid)) for pid in find() if pid not in seen)
+            edges[edge] = read
 
         result = engine.run(load, progress=progress, on_window=on_window)
         if progress is not None:
