@@ -78,7 +78,8 @@ class Answer:
         self.id = id  # the upstream id, then (matched) the client's
         self.tail = tail  # the line after the id's value
         # Written by a 2026-07-28 server (the Upstream says so): a modern
-        # client gets it as it is, its result already in that era's terms.
+        # client gets it as it is when it carries that era's keys
+        # (broker/eras/modern.py, complete_modern_answer).
         self.modern = False
         # The method of the request it answers, once the Upstream matched it.
         self.method: str | None = None
