@@ -68,6 +68,7 @@ class ServerGroup:
         self._catalog = self._instance(0)
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[Upstream, trio.CancelScope] = {}
+        self._retired = False  # (no instance starts after retire(): see there)
         self._log = get_logger(server=name)
 
     def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
@@ -172,7 +173,11 @@ class ServerGroup:
 
     def retire(self, reason: str) -> None:
         """Stop for good (see Upstream.retire): every instance answers what it
-        has in flight or waiting; the caller then cancels :meth:`run`."""
+        has in flight or waiting; the caller then cancels :meth:`run`. What
+        comes later (a session that raced the reload) goes to the retired
+        catalog instance, which answers its requests with the same error:
+        no instance starts in a group about to stop."""
+        self._retired = True
         for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
             instance.retire(reason)
 
@@ -190,7 +195,7 @@ class PerSessionServer(ServerGroup):
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
-        if session.internal:
+        if session.internal or self._retired:
             await self._catalog.send(item)
             return
         instance = self._mine.get(session)
@@ -255,6 +260,7 @@ class EraServer(ServerGroup):
         if (
             isinstance(item, Attach)
             and item.modern
+            and not self._retired
             and not (identity is not None and identity.modern)
         ):
             self._modern_sessions.add(session)

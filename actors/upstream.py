@@ -183,12 +183,16 @@ class Upstream:
         self._random = random.Random()  # the jitter of restarts (tests may seed it)
         self._ready_for: float | None = None  # how long the last connection was ready
         self._retry = trio.Event()  # set by retry(): a failed server is tried again
+        self._retired: str | None = None  # why retire() stopped it for good
         self._heard = False  # the server sent something since the last ping (liveness)
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
 
     # -- the actor's public face -------------------------------------------
 
     async def send(self, item: InboxItem) -> None:
+        if self._retired is not None:  # (a session that raced the reload)
+            self._refuse_retired(item)
+            return
         while self._queued_bytes >= INBOX_BYTES:
             await self._inbox_room.wait()
         count, size = _count(item), _size(item)
@@ -293,6 +297,7 @@ class Upstream:
         answered now with an error naming the server and ``reason``; requests
         that come later are never read. The caller then cancels :meth:`run`,
         which stops the server the way the spec says."""
+        self._retired = reason
         if self._protocol.state is ServerState.STOPPED:
             return
         failed = self._protocol.server_gone(reason, ServerTrigger.STOP)
@@ -301,25 +306,32 @@ class Upstream:
         self._log.info("server.retired", reason=reason, failed_requests=len(failed))
         for delivery in failed:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
-        waiting, self._parked, self._parked_bytes = self._parked, [], 0
+        waiting: list[InboxItem] = [*self._parked]
+        self._parked, self._parked_bytes = [], 0
         while True:
             try:
                 item = self._inbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
             self._taken(item)
-            if isinstance(item, ClientRequest):
-                waiting.append(item)
+            waiting.append(item)
         for item in waiting:
-            for request in item.messages:
-                item.session.deliver(
-                    jsonrpc.error_response(
-                        request["id"],
-                        CONNECTION_CLOSED,
-                        f"MCP server {self.name!r} {reason}",
-                        data={"server": self.name},
-                    )
+            self._refuse_retired(item)
+
+    def _refuse_retired(self, item: InboxItem) -> None:
+        """What reaches a retired server: its requests are answered with the
+        error :meth:`retire` gave, the rest dropped (the server is gone)."""
+        if not isinstance(item, ClientRequest):
+            return
+        for request in item.messages:
+            item.session.deliver(
+                jsonrpc.error_response(
+                    request["id"],
+                    CONNECTION_CLOSED,
+                    f"MCP server {self.name!r} {self._retired}",
+                    data={"server": self.name},
                 )
+            )
 
     # -- dispatcher ---------------------------------------------------------
 

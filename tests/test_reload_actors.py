@@ -15,9 +15,12 @@ import trio.testing
 
 import actors.upstream
 from actors.daemon import Daemon
+from actors.mailbox import SessionHandle
+from actors.server_actor import Attach, ClientRequest, Detach
 from actors.sharing import EraServer
 from broker import jsonrpc
 from broker.config import Config, parse_config
+from broker.states import ServerState
 from broker.wire import ndjson
 from broker.wire.ndjson import LineFramer
 from tests.scripted import ScriptedServer
@@ -324,3 +327,33 @@ async def test_a_live_change_reaches_a_per_client_server_in_its_own_era(
     report = daemon.reload(parse_config({"mcpServers": {"b": {**servers["b"], "timeout": 5}}}))
     assert report.updated == ("b",) and not report.restarted
     assert [(i.config.era, i.config.timeout) for i in group.instances()] == [("legacy", 5)]
+
+
+@pytest.mark.parametrize(
+    "sharing", [{}, {"pool": 2}, {"share": "per-session"}, {"era": "per-client"}]
+)
+async def test_a_session_that_raced_a_reload_to_a_retired_server_is_answered(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    """What reaches a server after a reload retired it (a session that was
+    attaching while the reload ran) gets the reload's error: no request is
+    left unread in its inbox, and no instance starts in a group whose
+    nursery has closed (which raised into the session)."""
+    servers = {"a": {"command": "a"}, "g": {"command": "g", **sharing}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    old = daemon.upstreams["g"]
+    daemon.reload(scripts.config("a"))
+    await settle()
+    outbox, inbox = trio.open_memory_channel[Any](10)
+    handle = SessionHandle(outbox, trio.CancelScope())
+    modern = sharing.get("era") == "per-client"
+    with trio.fail_after(5):
+        await old.send(Attach(handle, {}, modern=modern))
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "echo"}}
+        await old.send(ClientRequest(handle, [call], 100))
+        await old.send(Detach(handle))
+        (answer,), _size = await inbox.receive()
+    assert answer["id"] == 7
+    assert answer["error"]["message"] == "MCP server 'g' was removed from the configuration"
+    assert old.statistics().in_flight == 0
+    assert not [i for i in getattr(old, "instances", list)() if i.status is not ServerState.STOPPED]
