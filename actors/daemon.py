@@ -56,6 +56,7 @@ from actors.downstream.websocket import policy_for, serve_websocket
 from actors.logs import get_logger
 from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
 from actors.registry import Registry
+from actors.sdnotify import Notifier
 from actors.server_actor import ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
 from actors.sharing import EraServer, PerSessionServer, PooledServer
@@ -140,6 +141,7 @@ class Daemon:
         self._http_policy: Policy | None = None
         self.started_by = "hand"
         self.socket_activated = False
+        self.notifier = Notifier(None)  # (a service manager's, once run() reads it)
         # Metrics and the audit log (docs/observability.md): what each request
         # came to is counted only if one of them is on.
         self.metrics_url: str | None = None
@@ -230,6 +232,7 @@ class Daemon:
                     socket_activated=self.socket_activated,
                 )
                 task_status.started()
+                self.notifier.ready(self._ready_status())
 
     def reconfigure(self, new: Config) -> ConfigDiff:
         """Apply what of ``new`` applies live (broker/configdiff.py, LIVE):
@@ -344,16 +347,27 @@ class Daemon:
         report}``, or ``{"error": why}`` when the new configuration is refused
         (it cannot be read, is not valid, or a token file cannot be read): the
         old one then goes on, unchanged."""
+        if self._stopping is not None:
+            return self._refuse_reload(ConfigError(STOPPING))
+        self.notifier.reloading()
         try:
-            if self._stopping is not None:
-                raise ConfigError(STOPPING)
             if self._load is None:
                 raise ConfigError("this daemon was given no configuration file to read again")
             report = self.reload(self._load())
         except (ConfigError, StartError) as exc:
-            self._log.error("config.reload_refused", error=str(exc))
-            return {"error": str(exc)}
+            return self._refuse_reload(exc)
+        finally:
+            self.notifier.ready(self._ready_status())  # (the old configuration, if refused)
         return {"reloaded": attrs.asdict(report)}
+
+    def _refuse_reload(self, exc: Exception) -> dict[str, Any]:
+        self._log.error("config.reload_refused", error=str(exc))
+        return {"error": str(exc)}
+
+    def _ready_status(self) -> str:
+        """What ``systemctl status`` shows of a daemon that serves."""
+        count = len(self.upstreams)
+        return f"serving {count} MCP server{'' if count == 1 else 's'} on {self.socket_path}"
 
     def reload(self, new: Config) -> ReloadReport:
         """Turn the running daemon into one running ``new`` (see the module's
@@ -436,6 +450,7 @@ class Daemon:
         if self._stopping is not None:
             return
         self._stopping = STOPPING
+        self.notifier.stopping()
         timeout = self.config.broker.shutdown_timeout
         sessions = [s for s in self._sessions if not s.is_control]
         self._log.info(
@@ -471,6 +486,7 @@ class Daemon:
         inherited = take_inherited_listener(os.environ)
         self.socket_activated = inherited is not None
         self.started_by = take_start_mode(os.environ, self.socket_activated)
+        self.notifier = Notifier.take_from(os.environ)
         if inherited is not None:
             path = inherited.getsockname()
             if path != self.socket_path:

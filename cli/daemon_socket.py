@@ -14,6 +14,7 @@ import _socket
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 from actors.paths import (
     STARTED_BY_ENV,
@@ -25,6 +26,11 @@ from actors.paths import (
     prepare_socket_dir,
 )
 
+# What a service manager gave the host (systemd's sd_notify and sd_listen_fds):
+# the daemon a shim starts outlives the host and is not that manager's service.
+SERVICE_MANAGER_ENV = frozenset(
+    {"NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_PID", "WATCHDOG_USEC"}
+)
 DAEMON_START_TIMEOUT = 15.0
 POLL_INTERVAL = 0.01
 LOST_RACE_GRACE = 2.0
@@ -90,7 +96,7 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             stdout=subprocess.DEVNULL,
             stderr=log,
             start_new_session=True,
-            env={**os.environ, STARTED_BY_ENV: "shim"},  # (for `mcpbroker status`)
+            env=daemon_environ(os.environ),
         )
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     exited_at: float | None = None
@@ -118,3 +124,12 @@ def _tail(path: str, start: int = 0, lines: int = 10) -> str:
             return b"".join(f.readlines()[-lines:]).decode(errors="replace")
     except OSError:
         return f"(no log at {path})"
+
+
+def daemon_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a daemon a shim starts: the shim's, less what the
+    host's service manager gave it, and saying who started it (for
+    ``mcpbroker status``)."""
+    env = {key: value for key, value in environ.items() if key not in SERVICE_MANAGER_ENV}
+    env[STARTED_BY_ENV] = "shim"
+    return env

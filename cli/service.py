@@ -55,9 +55,15 @@ def serve_argv(command: list[str], config: str, socket_path: str, *extra: str) -
     return [*command, "serve", "--config", config, "--socket", socket_path, *extra]
 
 
-def systemd_service(argv: list[str], path_env: str) -> str:
+def reload_argv(command: list[str], socket_path: str) -> list[str]:
+    return [*command, "reload", "--socket", socket_path]
+
+
+def systemd_service(argv: list[str], path_env: str, reload: list[str]) -> str:
     """The text of ``mcpbroker.service``: ``argv`` (from :func:`serve_argv`) run
-    with ``PATH`` as it was at install, restarted on failure."""
+    with ``PATH`` as it was at install, ready once it says so (``sd_notify``:
+    actors/sdnotify.py), reloaded by ``reload`` (from :func:`reload_argv`:
+    ``systemctl reload`` waits for its answer), restarted on failure."""
     return "\n".join(
         [
             HEADER,
@@ -67,8 +73,10 @@ def systemd_service(argv: list[str], path_env: str) -> str:
             f"After={UNIT}.socket",
             "",
             "[Service]",
-            "Type=exec",
+            "# Started once it says READY=1 (on NOTIFY_SOCKET), when it serves its socket.",
+            "Type=notify",
             "ExecStart=" + " ".join(_systemd_word(arg) for arg in argv),
+            "ExecReload=" + " ".join(_systemd_word(arg) for arg in reload),
             f"Environment={STARTED_BY_ENV}=service",
             "# The servers' commands are looked up on the PATH of `mcpbroker service install`.",
             "Environment=" + _systemd_word(f"PATH={path_env}", dollars=False),
@@ -222,7 +230,7 @@ def install_plan(env: Environment, command: list[str], config: str, socket_path:
     directory = systemd_dir(env.home, env.xdg_config_home)
     # (The journal has its own timestamps and fields; lines read better than JSON there.)
     argv = serve_argv(command, config, socket_path, "--log-format", "console")
-    service = systemd_service(argv, env.path_env)
+    service = systemd_service(argv, env.path_env, reload_argv(command, socket_path))
     units = (f"{UNIT}.socket", f"{UNIT}.service")
     return [
         Write(os.path.join(directory, units[0]), systemd_socket(socket_path).encode()),

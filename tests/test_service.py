@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import trio
 
 from actors.downstream.unix import StartError, take_inherited_listener
+from actors.sdnotify import Notifier
 from cli import service
 from cli.service import (
     Environment,
@@ -30,6 +32,7 @@ from cli.service import (
     daemon_command,
     install_plan,
     launchd_plist,
+    reload_argv,
     serve_argv,
     systemd_service,
     systemd_socket,
@@ -40,6 +43,7 @@ from tests.conftest import MCPBROKER, REPO
 CONFIG = "/home/me/.config/mcpbroker/config.json"
 SOCKET = "/run/user/1000/mcpbroker/mcpbroker.sock"
 ARGV = ["/home/me/.venv/bin/mcpbroker", "serve", "--config", CONFIG, "--socket", SOCKET]
+RELOAD = ["/home/me/.venv/bin/mcpbroker", "reload", "--socket", SOCKET]
 BASE_ENV = {
     key: value
     for key, value in os.environ.items()
@@ -70,15 +74,16 @@ def unit_command_and_env(unit: str) -> tuple[list[str], dict[str, str]]:
 
 
 def test_the_service_unit_runs_serve_with_the_config_and_restarts_on_failure() -> None:
-    unit = systemd_service(ARGV, "/usr/local/bin:/usr/bin:/bin")
+    unit = systemd_service(ARGV, "/usr/local/bin:/usr/bin:/bin", RELOAD)
     assert lines_of(unit) == [
         "[Unit]",
         "Description=mcpbroker: MCP servers shared by every MCP host",
         "Requires=mcpbroker.socket",
         "After=mcpbroker.socket",
         "[Service]",
-        "Type=exec",
+        "Type=notify",
         f"ExecStart=/home/me/.venv/bin/mcpbroker serve --config {CONFIG} --socket {SOCKET}",
+        f"ExecReload=/home/me/.venv/bin/mcpbroker reload --socket {SOCKET}",
         "Environment=MCPBROKER_STARTED_BY=service",
         "Environment=PATH=/usr/local/bin:/usr/bin:/bin",
         "Restart=on-failure",
@@ -110,17 +115,20 @@ def test_the_socket_unit_holds_the_daemons_socket_for_the_user_alone() -> None:
 
 def test_odd_paths_are_quoted_so_systemd_reads_them_back_as_written() -> None:
     argv = ["/opt/my tools/mcpbroker", "serve", "--config", '/a "b"/100%$HOME\\x.json']
-    command, env = unit_command_and_env(systemd_service(argv, "/odd dir/bin:/100%"))
+    unit = systemd_service(argv, "/odd dir/bin:/100%", RELOAD)
+    command, env = unit_command_and_env(unit)
     assert command == argv
     assert env == {"MCPBROKER_STARTED_BY": "service", "PATH": "/odd dir/bin:/100%"}
     with pytest.raises(ServiceError, match="line break"):
-        systemd_service(["/a\nb", "serve"], "/bin")
+        systemd_service(["/a\nb", "serve"], "/bin", RELOAD)
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
 def test_systemd_finds_nothing_wrong_with_the_units(tmp_path: Path) -> None:
-    argv = serve_argv(daemon_command(), str(tmp_path / "config.json"), str(tmp_path / "s.sock"))
-    (tmp_path / "mcpbroker.service").write_text(systemd_service(argv, os.defpath))
+    sock = str(tmp_path / "s.sock")
+    argv = serve_argv(daemon_command(), str(tmp_path / "config.json"), sock)
+    reload = reload_argv(daemon_command(), sock)
+    (tmp_path / "mcpbroker.service").write_text(systemd_service(argv, os.defpath, reload))
     (tmp_path / "mcpbroker.socket").write_text(systemd_socket(str(tmp_path / "s.sock")))
     done = subprocess.run(
         ["systemd-analyze", "verify", *(str(p) for p in sorted(tmp_path.glob("mcpbroker.*")))],
@@ -455,3 +463,75 @@ async def test_status_tells_a_daemon_started_by_the_shim_from_one_started_by_han
         finally:
             by_hand.send_signal(signal.SIGTERM)
             assert await by_hand.wait() == 0
+
+
+# -- readiness (sd_notify) ------------------------------------------------------------------
+
+
+def notified(datagram: bytes) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in datagram.decode().splitlines())
+
+
+def test_a_notifier_speaks_to_a_path_or_an_abstract_name_and_never_raises(tmp_path: Path) -> None:
+    environ = {"NOTIFY_SOCKET": f"@mcpbroker-test-{os.getpid()}", "OTHER": "1"}
+    notifier = Notifier.take_from(environ)
+    assert environ == {"OTHER": "1"}  # (the servers it starts must not inherit it)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(f"\0mcpbroker-test-{os.getpid()}")
+        notifier.ready("serving")
+        assert notified(manager.recv(4096)) == {"READY": "1", "STATUS": "serving"}
+    nobody = Notifier(str(tmp_path / "nobody-listens"))
+    nobody.stopping()  # (logged once, not raised)
+    assert Notifier.take_from({}).address is None
+    assert Notifier("relative/path").address is None  # (not an address systemd gives)
+
+
+async def test_a_daemon_run_by_the_unit_tells_systemd_it_is_ready_reloading_and_stopping(
+    home: Home,
+) -> None:
+    """``Type=notify``: READY=1 once the socket serves (a status is answered
+    then), RELOADING=1 with MONOTONIC_USEC and READY=1 again around the unit's
+    ``ExecReload``, STOPPING=1 on SIGTERM; the servers it starts do not see
+    ``NOTIFY_SOCKET``."""
+    seen = home.root / "server-saw"
+    script = 'printf %s "${NOTIFY_SOCKET-unset}" > "$0"; exec "$1" -m tools.demo_server'
+    home.write_config(
+        {
+            "demo": {
+                "command": "sh",
+                "args": ["-c", script, str(seen), sys.executable],
+                "cwd": str(REPO),
+            }
+        }
+    )
+    linux = Environment("systemd", str(home.home), None, os.getuid(), os.environ["PATH"])
+    unit = install_plan(linux, daemon_command(), str(home.config), home.socket)[1]
+    assert isinstance(unit, Write)
+    command, unit_env = unit_command_and_env(unit.content.decode())
+    (reload_line,) = [line for line in unit.content.decode().splitlines() if "ExecReload=" in line]
+    reload = shlex.split(reload_line.partition("=")[2])
+    path = str(home.root / "notify")
+    with trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager, trio.fail_after(30):
+        await manager.bind(path)
+        env = {**BASE_ENV, **unit_env, "PYTHONPATH": str(REPO), "HOME": str(home.home)}
+        daemon = await trio.lowlevel.open_process(
+            command, env={**env, "NOTIFY_SOCKET": path}, stderr=subprocess.DEVNULL
+        )
+        try:
+            ready = notified(await manager.recv(4096))
+            assert ready == {"READY": "1", "STATUS": f"serving 1 MCP server on {home.socket}"}
+            assert (await trio.to_thread.run_sync(fetch_status, home.socket))["pid"] == daemon.pid
+            done = await trio.run_process(reload, env=env, capture_stdout=True)
+            assert done.returncode == 0
+            reloading = notified(await manager.recv(4096))
+            assert reloading["RELOADING"] == "1"
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+            assert 0 <= now - int(reloading["MONOTONIC_USEC"]) < 30_000_000
+            assert notified(await manager.recv(4096))["READY"] == "1"
+            while not seen.exists() or not seen.read_text():
+                await trio.sleep(0.05)
+            assert seen.read_text() == "unset"
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+        assert notified(await manager.recv(4096)) == {"STOPPING": "1", "STATUS": "stopping"}
+        assert await daemon.wait() == 0

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.hello import Hello, read_hello
+from cli.daemon_socket import daemon_environ
 from cli.shim import ShowHelp, UsageError, hello_line, parse_args
 from tests.conftest import REPO
 
@@ -80,3 +81,11 @@ def test_the_copying_relay_leaves_quietly_when_the_host_closed_its_stdout() -> N
             os.close(fd)
     assert done.returncode == 0, done.stderr.decode()
     assert b"daemon closed" not in done.stderr
+
+
+def test_a_daemon_the_shim_starts_is_not_its_hosts_service_managers() -> None:
+    """A host run as a systemd service passes its notify socket to the shim;
+    the daemon the shim starts outlives the host, and must not tell that
+    manager it is ready or stopping (actors/sdnotify.py)."""
+    host = {"PATH": "/bin", "NOTIFY_SOCKET": "/run/user/1/systemd/notify", "LISTEN_FDS": "1"}
+    assert daemon_environ(host) == {"PATH": "/bin", "MCPBROKER_STARTED_BY": "shim"}
