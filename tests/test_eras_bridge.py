@@ -15,6 +15,7 @@ from broker.eras.bridge import (
     AskClient,
     AskingClients,
     CancelCall,
+    Finish,
     Rebind,
     SendServer,
     ends_round,
@@ -321,7 +322,7 @@ def test_the_call_answered_while_the_client_is_away_waits_for_the_retry() -> Non
     assert bridge.call_answered(5, final) is True  # kept, not delivered
     assert bridge.retry("s1", retry_of(token, 2, {"elicitation-1": {"action": "cancel"}})) == [
         SendServer(result(100, {"action": "cancel"})),
-        AnswerClient("s1", {**final, "id": 2}),
+        Finish(5, "s1", {**final, "id": 2}),  # (the call, 5, is over)
     ]
     assert bridge.parked == {}
 

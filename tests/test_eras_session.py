@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from broker.calls import CallStats, CallTracker
 from broker.catalog import Catalog
 from broker.eras.session import ModernSessionProtocol, become_modern
 from broker.eras.versions import (
@@ -407,3 +408,59 @@ def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None
                           "method": "resources/unsubscribe", "params": {"uri": readme}})
     ]  # fmt: skip
     assert written(proto, updated) == []
+
+
+def replied(proto: ModernSessionProtocol, actions: list[Any]) -> list[Any]:
+    """The session's own replies among ``actions``, as its client reads them
+    (they cross take_outgoing, as the actor writes them)."""
+    return written(proto, *(a.message for a in actions if isinstance(a, Reply)))
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_call_answered_while_its_client_was_away_ends_on_the_retry(rounds: int) -> None:
+    """The server answers the parked call before the client comes back (it
+    did not wait for its question, or timed out, or died): the retry gets
+    that answer, and the call is over in the session too. It was kept
+    (in flight for good, and each later question refused: 'one call')."""
+    proto = opened(session())
+    proto.calls = CallTracker(CallStats())
+    caps = meta({"elicitation": {}})
+    proto.receive(request(1, "tools/call", _meta=caps, name="files__read"))
+    (asked,) = written(proto, question())
+    for id in range(2, rounds + 1):  # (a retry, and the server asks again)
+        answers = {f"elicitation-{id - 1}": {"action": "decline"}}
+        retry = request(id, "tools/call", _meta=caps, name="files__read", inputResponses=answers,
+                        requestState=asked["result"]["requestState"])  # fmt: skip
+        assert replied(proto, proto.receive(retry)) == []
+        (asked,) = written(proto, question(f"mcpbroker:files:{id}"))
+        assert asked["id"] == id and asked["result"]["resultType"] == "input_required"
+    assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == []
+    last = rounds + 1
+    retry = request(last, "tools/call", _meta=caps, name="files__read", inputResponses={},
+                    requestState=asked["result"]["requestState"])  # fmt: skip
+    assert replied(proto, proto.receive(retry)) == [
+        {"jsonrpc": "2.0", "id": last, "result": {"content": [], "resultType": "complete"}}
+    ]
+    assert proto.inflight == set() and proto.open_calls == {} and proto.aliases == {}
+    assert proto.calls.pending == {}
+    # The next call at that server is asked its questions (not refused: 'one call').
+    proto.receive(request(9, "tools/call", _meta=caps, name="files__read"))
+    (asked,) = written(proto, question("mcpbroker:files:9"))
+    assert asked["id"] == 9 and asked["result"]["resultType"] == "input_required"
+    assert proto.take_upstream_answers() == []
+
+
+def test_a_bridged_call_leaves_no_request_pending_in_its_counts() -> None:
+    """Every request of a parked call's exchange ends in the counts (metrics,
+    the audit log): the first, answered input_required, and its retry."""
+    proto = opened(session())
+    proto.calls = CallTracker(CallStats())
+    caps = meta({"elicitation": {}})
+    proto.receive(request(1, "tools/call", _meta=caps, name="files__read"))
+    (asked,) = written(proto, question())
+    retry = request(2, "tools/call", _meta=caps, name="files__read",
+                    inputResponses={"elicitation-1": {"action": "decline"}},
+                    requestState=asked["result"]["requestState"])  # fmt: skip
+    proto.receive(retry)
+    assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}})[0]["id"] == 2
+    assert proto.calls.pending == {}

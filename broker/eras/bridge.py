@@ -127,7 +127,17 @@ class CancelCall:
     call: Hashable
 
 
-Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall
+@attrs.frozen
+class Finish:
+    """The call ended while its client was away: its answer (in the id of the
+    retry it answers) goes to the client, and the call is over."""
+
+    call: Hashable
+    session: Hashable
+    message: Message
+
+
+Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall | Finish
 
 
 # -- translation of single messages --------------------------------------------
@@ -496,7 +506,7 @@ class AnsweringServers:
                 )
         if parked.final is not None:  # answered while the client was away
             del self.parked[parked.call]
-            return [*actions, AnswerClient(session, {**parked.final, "id": request["id"]})]
+            return [*actions, Finish(parked.call, session, {**parked.final, "id": request["id"]})]
         actions.append(Rebind(parked.call, session, request["id"]))
         if parked.asking or parked.waiting:
             actions.extend(self._ask(parked))

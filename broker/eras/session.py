@@ -393,9 +393,23 @@ class ModernSessionProtocol(SessionProtocol):
                 method, server, _ = self.open_calls.get(first, (request["method"], "", {}))
                 self.open_calls[first] = (method, server, capabilities)
                 self.inflight.add(action.client_id)
+            elif isinstance(action, bridge.Finish):
+                self._finish(action.call)
+                out.append(Reply(self._answer_of(action.message, request["method"])))
             elif isinstance(action, bridge.AnswerClient):
                 out.append(Reply(self._answer_of(action.message, request["method"])))
         return out
+
+    def _finish(self, first: Any) -> None:
+        """A call answered while its client was away ends with the retry that
+        takes its answer: forgotten by its first id, and by an earlier
+        retry's (the retry itself is answered as the session's own reply)."""
+        assert type(first) is int or type(first) is str  # a call is named by its first id
+        earlier = self.aliases.pop(first, first)
+        for id in {first, earlier}:
+            self.inflight.discard(id)
+            self.log_levels.close(id)
+        self._forget(first)
 
     def bridge_pending(self) -> bool:
         """Whether the bridge left the actor work after a read or write: calls
@@ -599,7 +613,10 @@ class ModernSessionProtocol(SessionProtocol):
             if isinstance(action, bridge.AnswerClient):
                 if current != first:
                     self.inflight.discard(current)
-                out.append(self._answer_of(action.message, call[2]))
+                message = self._answer_of(action.message, call[2])
+                if self.calls is not None:  # (the request is answered; the call goes on)
+                    self.calls.answered(current, message)
+                out.append(message)
             elif isinstance(action, bridge.SendServer):
                 self.upstream_answers.append((server, action.message))
         return out
