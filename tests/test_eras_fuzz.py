@@ -13,6 +13,7 @@ from benchmarks.fuzz import MODERN_META, MODERN_SEEDS, check_modern
 from broker import jsonrpc
 from broker.eras.session import become_modern
 from broker.eras.subscriptions import ACKNOWLEDGED
+from broker.eras.tokens import OWN_PREFIX
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     LOG_LEVEL_KEY,
@@ -64,7 +65,8 @@ modern_params = st.fixed_dictionaries(
             ),
         ),
         "inputResponses": json_values,
-        "requestState": st.one_of(st.just("mcpbroker.x"), json_values),
+        # (this daemon's shape, another broker's, anything)
+        "requestState": st.one_of(st.sampled_from([OWN_PREFIX + "x", "mcpbroker.x"]), json_values),
     },
 )
 modern_requests = st.fixed_dictionaries(

@@ -21,11 +21,13 @@ and that two legacy clients at once are each asked only their own question.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,8 @@ from mcp.shared.exceptions import MCPError
 
 from broker.lifecycle import BROKER_NAME
 from tests.conftest import REPO, running_daemon, shim_parameters, text_of
+from tests.test_http_upstream_e2e import listening_process
+from tests.test_websocket_upstream_e2e import free_port
 from tests.ws_transport import websocket_transport
 
 # (a legacy client's resources/subscribe: the SDK warns that 2026-07-28 lacks it)
@@ -168,6 +172,30 @@ async def test_every_client_mode_gets_its_questions_over_websocket(
                 transport = websocket_transport(daemon.websocket_url + "/s")
                 async with Client(transport, mode=mode, **callbacks) as session:  # type: ignore[arg-type]
                     await asks_every_kind(session, mode, user, kind)
+
+
+async def test_every_client_mode_gets_its_questions_through_two_brokers(socket_path: str) -> None:
+    """A broker whose server is another broker (its ``--http``, which it
+    opens in the 2026-07-28 era) with a legacy server behind it: the inner
+    one's input_required, and its requestState, pass through the outer one
+    to a modern client, whose retry takes the state back as it is (the
+    outer broker took a token of the same shape for its own, and refused
+    it), and the outer one asks a legacy client."""
+    config = Path(socket_path).parent / "inner.json"
+    config.write_text(json.dumps({"mcpServers": {"s": era_server("legacy")}}))
+    port = free_port()
+    inner = ["cli.main", "serve", "--config", str(config), "--socket", socket_path + ".inner",
+             "--http", f"127.0.0.1:{port}"]  # fmt: skip
+    with trio.fail_after(90):
+        # (a process of its own, as a broker behind another is: tokens of its own)
+        async with listening_process(inner, port, dict(os.environ)):
+            url = f"http://127.0.0.1:{port}/mcp/s"
+            async with running_daemon({"s": {"url": url}}, socket_path) as outer:
+                assert outer.upstreams["s"].identity.protocol_version == MODERN
+                for mode in ("legacy", "auto"):
+                    user = User()
+                    async with client(socket_path, mode, user) as session:
+                        await asks_every_kind(session, mode, user, "legacy")
 
 
 @pytest.mark.parametrize(("kind", "era"), [("modern", None), ("dual", None)])

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from broker import jsonrpc
 from broker.eras.metacache import MARKER_BYTES, MAX_REMEMBERED, MetaCache
 from broker.eras.session import become_modern
+from broker.eras.tokens import OWN_PREFIX
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
@@ -279,7 +280,7 @@ odd_calls = st.builds(
     st.integers(0, 6),
     st.just(META),
     method=st.sampled_from(["tools/call", "tools/list", ["tools/call"], None, {}, 1]),
-    requestState=st.sampled_from(["mcpbroker.x", 1]),
+    requestState=st.sampled_from([OWN_PREFIX + "x", "mcpbroker.x", 1]),
 )
 session_lines = st.lists(
     st.one_of(calls, good_calls, good_calls, odd_calls, modern_requests.map(_json), lines),

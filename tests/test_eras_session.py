@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from broker.calls import CallStats, CallTracker
-from broker.catalog import Catalog
+from broker.catalog import Catalog, ServerEntry
 from broker.eras.session import ModernSessionProtocol, become_modern
+from broker.eras.tokens import OWN_PREFIX
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     LOG_LEVEL_KEY,
@@ -17,7 +19,7 @@ from broker.eras.versions import (
     SUBSCRIPTION_ID_KEY,
     SUPPORTED_VERSIONS,
 )
-from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
+from broker.lifecycle import BROKER_CLIENT_CAPABILITIES, ServerIdentity
 from broker.session import (
     Attach,
     CancelUpstream,
@@ -28,7 +30,7 @@ from broker.session import (
     SessionProtocol,
     SetLogLevel,
 )
-from broker.states import SessionState
+from broker.states import ServerState, SessionState
 from broker.wire.envelope import Answer, split_answer
 from tests.test_session_protocol import FILES, GITHUB, LOADING, Catalogs, server
 
@@ -464,3 +466,26 @@ def test_a_bridged_call_leaves_no_request_pending_in_its_counts() -> None:
     proto.receive(retry)
     assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}})[0]["id"] == 2
     assert proto.calls.pending == {}
+
+
+def test_another_brokers_request_state_goes_to_its_server_and_no_legacy_one() -> None:
+    """A token of some other mcpbroker (one behind this one, as its 2026-07-28
+    server, whose input_required passed through) is that server's: the
+    retry carries it there as it is. At a legacy server, which keeps no
+    state, it names nothing (a token of this daemon before a restart): -32602."""
+    identity = ServerIdentity("2026-07-28", {"tools": {}}, {"name": "inner"})
+    inner = ServerEntry("inner", ServerState.READY, identity, {"tools": ({"name": "ask"},)})
+    proto = opened(session(FILES, inner, view=("files", "inner")))
+    theirs = "mcpbroker.Zm9vYmFy.c3RhdGU"
+    assert not theirs.startswith(OWN_PREFIX)
+    retry = request(3, "tools/call", name="inner__ask", inputResponses={"x": {}},
+                    requestState=theirs)  # fmt: skip
+    ((forward,),) = [proto.receive(retry)]
+    assert isinstance(forward, Forward) and forward.server == "inner"
+    assert forward.message["params"]["requestState"] == theirs
+    assert proto.take_forwards([orjson.dumps({**retry, "id": 4})], 0, {}) == 0  # (not fast)
+    stale = request(5, "tools/call", name="files__read", inputResponses={}, requestState=theirs)
+    (refused,) = proto.receive(stale)
+    assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+    assert refused.message["id"] == 5 and refused.message["error"]["code"] == -32602
+    assert proto.inflight == {3}

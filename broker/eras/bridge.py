@@ -137,6 +137,8 @@ class Finish:
     message: Message
 
 
+UNKNOWN_STATE: Final = "requestState is unknown, expired, or not this client's"
+
 Action = AskClient | AnswerClient | SendServer | Rebind | CancelCall | Finish
 
 
@@ -570,7 +572,7 @@ class AnsweringServers:
         """Why a retry's ``requestState`` names no parked call."""
         expired = self._expired.get(token) if isinstance(token, str) else None
         if expired is None or expired[0] != session:
-            return "requestState is unknown, expired, or not this client's"
+            return UNKNOWN_STATE
         del self._expired[token]
         return (
             f"requestState expired: no retry came within {expired[1]:g} s, so mcpbroker "

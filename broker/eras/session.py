@@ -54,7 +54,7 @@ from broker.eras.subscriptions import (
     RequestLogLevels,
     offer_of,
 )
-from broker.eras.tokens import is_ours
+from broker.eras.tokens import is_brokers, is_ours
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
@@ -64,7 +64,14 @@ from broker.eras.versions import (
     PROTOCOL_VERSION_KEY,
     UNSUPPORTED_PROTOCOL_VERSION,
 )
-from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
+from broker.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+    Message,
+    RequestId,
+)
 from broker.lifecycle import BROKER_CLIENT_CAPABILITIES
 from broker.related import Related
 from broker.server_requests import server_of
@@ -86,7 +93,7 @@ from broker.session import (
 )
 from broker.states import SessionState, SessionTrigger
 from broker.tasks import TASK_METHODS
-from broker.views import initialize_for
+from broker.views import initialize_for, route
 from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 
@@ -187,9 +194,9 @@ class ModernSessionProtocol(SessionProtocol):
             "requestState" in params
             and type(method) is str  # (any JSON value: a list is unhashable)
             and method in INPUT_METHODS
-            and is_ours(params["requestState"])
+            and is_brokers(params["requestState"])
         ):
-            return None  # a retry: the bridge's
+            return None  # a retry: the bridge's, or receive() says whose
         # (with its _meta, as receive() forwards it: a modern server reads it,
         # the Upstream strips it for a legacy one)
         forward = super().forward_fast(message)
@@ -241,9 +248,9 @@ class ModernSessionProtocol(SessionProtocol):
                     if (
                         "requestState" in params
                         and method in INPUT_METHODS
-                        and is_ours(params["requestState"])
+                        and is_brokers(params["requestState"])
                     ):
-                        return i  # a retry: the bridge's
+                        return i  # a retry: the bridge's, or receive() says whose
                     forward = self.route_fast(message, id)
                     if forward is None:
                         return i
@@ -294,8 +301,16 @@ class ModernSessionProtocol(SessionProtocol):
             return [*actions, *self._stamped(method, self._list(request, settled))]
         if method in MODERN_ROUTED:
             params = request.get("params") or {}
-            if method in INPUT_METHODS and is_ours(params.get("requestState")):
+            state = params.get("requestState") if method in INPUT_METHODS else None
+            if is_ours(state):
                 return [*actions, *self._retry(request, meta.capabilities)]
+            if is_brokers(state) and self._at_legacy_server(request):
+                # Some other mcpbroker's (one before a restart): a legacy
+                # server keeps no state, so it names nothing there.
+                self._admit(id)
+                error = jsonrpc.error_response(id, INVALID_PARAMS, bridge.UNKNOWN_STATE)
+                return [*actions, Reply(error)]
+            # (a server's own, a broker's behind this one too: the server's to read)
             return [*actions, *self._forward_modern(request, meta, settled)]
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
@@ -320,6 +335,15 @@ class ModernSessionProtocol(SessionProtocol):
             self.listeners = Listeners(offer)
         acks, changes = self.listeners.listen(request, self._subscribable)
         return [*(Reply(ack) for ack in acks), *self._subscriptions(changes)]
+
+    def _at_legacy_server(self, request: Message) -> bool:
+        """Whether ``request`` goes to a server opened in the legacy era."""
+        catalog = self.catalogs.current
+        try:
+            server, _ = route(catalog, self.view, self.transparent, request)
+        except JsonRpcError:
+            return False  # (forwarding it says why)
+        return server not in catalog.modern
 
     def _subscribable(self, uri: str) -> bool:
         """Whether a server of the view owns ``uri`` and takes subscriptions."""

@@ -7,6 +7,14 @@ a name for it: the HMAC-SHA256 of a counter under a key the actor draws at
 random (``secrets.token_bytes``; this module does no I/O), cut to 144 bits.
 A token is redeemed once, only by the session it was minted for; anything
 else (another session's token, a spent one, a guess) finds nothing.
+
+Every token starts ``mcpbroker.`` (:data:`PREFIX`: some broker's), then a
+tag drawn once per process (:data:`OWN_PREFIX`: this daemon's). A client may
+hold another broker's token: one behind this one, as its 2026-07-28 server
+(``url`` at its ``--http``), answers ``input_required`` with its own, which
+its retry must carry to it as it is; and a daemon that restarted never
+minted the token of the one before it. Only this daemon's are its own
+(:func:`is_ours`).
 """
 
 from __future__ import annotations
@@ -14,10 +22,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Final
 
-PREFIX = "mcpbroker."
+PREFIX: Final = "mcpbroker."
+# (drawn at import, the module's one call out: 48 random bits, this process's)
+OWN_PREFIX: Final = f"{PREFIX}{secrets.token_urlsafe(6)}."
 DEFAULT_LIMIT = 4096
 
 
@@ -43,7 +54,7 @@ class RequestStates:
             raise TooManyStates(f"{self.limit} requestStates are outstanding")
         self._counter += 1
         digest = hmac.new(self._key, str(self._counter).encode(), hashlib.sha256).digest()
-        token = PREFIX + base64.urlsafe_b64encode(digest[:18]).decode("ascii")
+        token = OWN_PREFIX + base64.urlsafe_b64encode(digest[:18]).decode("ascii")
         self._held[token] = (session, value)
         return token
 
@@ -72,5 +83,11 @@ class RequestStates:
 
 
 def is_ours(token: Any) -> bool:
-    """Whether a ``requestState`` has the shape of the broker's own tokens."""
+    """Whether a ``requestState`` has the shape of this daemon's tokens."""
+    return isinstance(token, str) and token.startswith(OWN_PREFIX)
+
+
+def is_brokers(token: Any) -> bool:
+    """Whether a ``requestState`` has the shape of some mcpbroker's tokens
+    (this daemon's, one before a restart, or one this daemon reaches)."""
     return isinstance(token, str) and token.startswith(PREFIX)
