@@ -81,11 +81,29 @@ class _Pending:
     method: str
 
 
-class ServerRequests:
+class ClientIds:
+    """The ids of what the broker asks clients for one server instance,
+    ``mcpbroker:SERVER:N``: its own requests (:class:`ServerRequests`) and,
+    in the 2026-07-28 era, the questions of its ``input_required`` answers
+    (broker/eras/bridge.py, ``AskingClients``), from one sequence, so no two
+    are alike (a client answering one is never taken to answer the other).
+    ``numbering`` (first, step) keeps them apart between instances of a pool."""
+
     def __init__(self, server: str, numbering: tuple[int, int] = (1, 1)) -> None:
-        """``numbering`` (first, step) keeps ids apart between instances of a pool."""
-        self.server = server
+        self._prefix = f"{ID_PREFIX}{server}:"
         self._next, self._step = numbering
+
+    def take(self) -> str:
+        id = f"{self._prefix}{self._next}"
+        self._next += self._step
+        return id
+
+
+class ServerRequests:
+    def __init__(self, server: str, ids: ClientIds | tuple[int, int] = (1, 1)) -> None:
+        """``ids``: the instance's (or a pool's numbering for new ones)."""
+        self.server = server
+        self.ids = ids if isinstance(ids, ClientIds) else ClientIds(server, ids)
         self._pending: dict[str, _Pending] = {}
         self._elicitations: dict[str, Hashable] = {}  # URL-mode elicitationId -> session
 
@@ -135,8 +153,7 @@ class ServerRequests:
                 f"the {needs!r} capability",
                 "not capable",
             )
-        downstream_id = f"{ID_PREFIX}{self.server}:{self._next}"
-        self._next += self._step
+        downstream_id = self.ids.take()
         self._pending[downstream_id] = _Pending(cause, request["id"], method)
         if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
             self._elicitations[params["elicitationId"]] = cause

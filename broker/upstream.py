@@ -269,7 +269,7 @@ class UpstreamProtocol:
         self.modern_server = ModernServer(
             identity,
             self.name,
-            self.numbering,
+            self.server_requests.ids,
             sessions=self.sessions,
             modern_sessions=self.modern_sessions,
             client_infos=self.client_infos,

@@ -446,3 +446,28 @@ def test_a_fast_call_asked_keeps_the_clients_progress_token_for_its_retry() -> N
     (delivered,) = proto.server_message(jsonrpc.notification("notifications/progress", progress))
     assert isinstance(delivered, Deliver) and delivered.session == "a"
     assert delivered.message["params"]["progressToken"] == "p"
+
+
+def test_a_modern_servers_questions_and_its_own_requests_never_share_an_id() -> None:
+    """A server opened modern that also sends a request of the legacy kind
+    (roots/list, outside the 2026-07-28 spec, routed all the same): its id
+    and those of its input_required questions come from one sequence. They
+    came from two, both from mcpbroker:m:1, so the client had two requests
+    of one id, and its answer to the second was taken for the first's."""
+    proto, _ = modern_server()
+    proto.attach("a", {**ASKS, "roots": {}})
+    first = sent(proto.client_request("a", call(7)))
+    (ask,) = proto.server_message(input_required(first["id"], colour=QUESTION))
+    assert isinstance(ask, Deliver) and ask.session == "a"
+    sent(proto.client_request("a", call(8)))  # (in flight: the request's cause)
+    roots = {"jsonrpc": "2.0", "id": 99, "method": "roots/list"}
+    (request,) = proto.server_message(roots)
+    assert isinstance(request, Deliver) and request.session == "a"
+    assert request.message["method"] == "roots/list"
+    assert request.message["id"] != ask.message["id"]
+    # Each answer reaches what asked it: the roots go to the server's request.
+    (answered,) = proto.client_answer(
+        "a", jsonrpc.result_response(request.message["id"], {"roots": []})
+    )
+    assert sent([answered]) == {"jsonrpc": "2.0", "id": 99, "result": {"roots": []}}
+    assert proto.modern_server is not None and len(proto.modern_server.asking) == 1

@@ -66,7 +66,7 @@ from broker.jsonrpc import (
     RequestId,
 )
 from broker.requestmap import InputRound
-from broker.server_requests import CAPABILITY_OF, ID_PREFIX, supports
+from broker.server_requests import CAPABILITY_OF, ClientIds, supports
 from broker.wire.envelope import COPIED, Answer
 
 MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
@@ -249,13 +249,13 @@ class AskingClients:
     """The questions a modern server's ``input_required`` results put to legacy clients."""
 
     def __init__(
-        self, server: str, numbering: tuple[int, int] = (1, 1), max_rounds: int = MAX_ROUNDS
+        self, server: str, ids: ClientIds | tuple[int, int] = (1, 1), max_rounds: int = MAX_ROUNDS
     ) -> None:
-        """``numbering`` (first, step) keeps the ids of the questions apart
-        between the instances of a pool, as broker/server_requests.py's."""
+        """``ids``: the server instance's, shared with its own requests
+        (broker/server_requests.py, ``ClientIds``)."""
         self.server = server
         self.max_rounds = max_rounds
-        self._next, self._step = numbering
+        self.ids = ids if isinstance(ids, ClientIds) else ClientIds(server, ids)
         self._by_ask: dict[str, _Exchange] = {}
         self._by_call: dict[tuple[Hashable, RequestId], _Exchange] = {}
 
@@ -294,8 +294,7 @@ class AskingClients:
             return [self._retry(exchange)]
         actions: list[Action] = []
         for key, request in requests.items():
-            ask_id = f"{ID_PREFIX}{self.server}:{self._next}"
-            self._next += self._step
+            ask_id = self.ids.take()
             exchange.asks[ask_id] = key
             self._by_ask[ask_id] = exchange
             message = {"jsonrpc": "2.0", "id": ask_id, "method": request["method"]}

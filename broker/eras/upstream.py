@@ -65,6 +65,7 @@ from broker.lifecycle import (
     initialize_request,
 )
 from broker.requestmap import InputRound, RequestMap
+from broker.server_requests import ClientIds
 from broker.upstream_actions import Action, Deliver, ListChanged, SendUpstream, Speak, Warn
 
 HANDSHAKE_ID = "mcpbroker-initialize"
@@ -167,7 +168,7 @@ class ModernServer:
         self,
         identity: ServerIdentity,
         name: str,
-        numbering: tuple[int, int],
+        ids: ClientIds,
         *,
         sessions: dict[Hashable, dict[str, Any]],
         modern_sessions: set[Hashable],
@@ -192,7 +193,7 @@ class ModernServer:
         # :meth:`forget_stamp`).
         self.stamps: dict[Hashable, orjson.Fragment] = {}
         # Its questions put to legacy clients (docs/eras.md).
-        self.asking = AskingClients(name, numbering)
+        self.asking = AskingClients(name, ids)  # (ids: the instance's, its requests' too)
         # The broker's one subscriptions/listen at the server.
         self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
         self._listens = 0
