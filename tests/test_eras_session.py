@@ -489,3 +489,29 @@ def test_another_brokers_request_state_goes_to_its_server_and_no_legacy_one() ->
     assert isinstance(refused, Reply) and isinstance(refused.message, dict)
     assert refused.message["id"] == 5 and refused.message["error"]["code"] == -32602
     assert proto.inflight == {3}
+
+
+def test_a_question_the_retry_does_not_declare_goes_back_to_the_server() -> None:
+    """Capabilities are per request: a question that waited for the retry
+    (the server asked two at once) is put to it only if the retry declares
+    what it needs; else the server gets -32601, as for the first request."""
+    proto = opened(session())
+    both = meta({"elicitation": {}, "sampling": {}})
+    proto.receive(request(1, "tools/call", _meta=both, name="files__read"))
+    (asked,) = written(proto, question())
+    sample = {"messages": [], "maxTokens": 5}
+    assert written(proto, {**question("mcpbroker:files:2", "sampling/createMessage"),
+                           "params": sample}) == []  # fmt: skip
+    answer = {"action": "accept", "content": {"colour": "blue"}}
+    retry = request(2, "tools/call", _meta=meta({"elicitation": {}}), name="files__read",
+                    inputResponses={"elicitation-1": answer},
+                    requestState=asked["result"]["requestState"])  # fmt: skip
+    answered, refused = proto.receive(retry)
+    assert answered == RespondUpstream(
+        "files", {"jsonrpc": "2.0", "id": "mcpbroker:files:1", "result": answer}
+    )
+    assert isinstance(refused, RespondUpstream) and refused.server == "files"
+    assert refused.message["id"] == "mcpbroker:files:2"
+    assert refused.message["error"]["code"] == -32601
+    assert "'sampling'" in refused.message["error"]["message"]
+    assert proto.inflight == {1, 2}  # (the retry waits for the call's answer)

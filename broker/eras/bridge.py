@@ -479,8 +479,13 @@ class AnsweringServers:
             return []  # the client is away: it hears this on its retry
         return self._ask(parked)
 
-    def retry(self, session: Hashable, request: Message) -> list[Action]:
-        """A modern client's request carrying one of the broker's ``requestState``s."""
+    def retry(
+        self, session: Hashable, request: Message, capabilities: dict[str, Any] | None = None
+    ) -> list[Action]:
+        """A modern client's request carrying one of the broker's
+        ``requestState``s, declaring ``capabilities`` (per request in
+        2026-07-28: a question the retry does not declare is not put to it,
+        but goes back to the server as an error; None: not checked again)."""
         params = request.get("params") or {}
         token = params.get("requestState")
         parked = self.states.peek(session, token)
@@ -505,6 +510,8 @@ class AnsweringServers:
                 actions.append(
                     SendServer(jsonrpc.result_response(question.server_id, responses[key]))
                 )
+        if capabilities is not None:
+            actions.extend(self._undeclared(parked, capabilities))
         if parked.final is not None:  # answered while the client was away
             del self.parked[parked.call]
             return [*actions, Finish(parked.call, session, {**parked.final, "id": request["id"]})]
@@ -512,6 +519,28 @@ class AnsweringServers:
         if parked.asking or parked.waiting:
             actions.extend(self._ask(parked))
         return actions
+
+    def _undeclared(self, parked: _Parked, capabilities: dict[str, Any]) -> list[Action]:
+        """The questions of ``parked`` the retry's ``capabilities`` do not
+        cover, taken out and answered with errors (as :meth:`server_asked`
+        answers one the call did not declare)."""
+        refused = [q for q in [*parked.asking.values(), *parked.waiting]
+                   if not supports(capabilities, q.method, q.params)]  # fmt: skip
+        if not refused:
+            return []
+        parked.asking = {k: q for k, q in parked.asking.items() if q not in refused}
+        parked.waiting = [q for q in parked.waiting if q not in refused]
+        return [
+            SendServer(
+                jsonrpc.error_response(
+                    q.server_id,
+                    -32601,
+                    f"mcpbroker: the client's retry of the request that caused {q.method} "
+                    f"did not declare the {CAPABILITY_OF[q.method]!r} capability",
+                )
+            )
+            for q in refused
+        ]
 
     def call_answered(self, call: Hashable, response: Message) -> bool:
         """The call itself was answered. True: the client is away, the answer is

@@ -407,7 +407,7 @@ class ModernSessionProtocol(SessionProtocol):
         server, and the call waiting there now answers this request."""
         self._admit(request["id"])
         out: list[Action] = []
-        for action in self.questions.retry(SELF, request):
+        for action in self.questions.retry(SELF, request, capabilities):
             if isinstance(action, bridge.SendServer):
                 out.append(RespondUpstream(server_of(action.message["id"]) or "", action.message))
             elif isinstance(action, bridge.Rebind):
