@@ -316,6 +316,40 @@ async def test_a_retry_with_a_token_nobody_holds_is_refused(socket_path: str) ->
             assert answer.json()["error"]["code"] == -32602
 
 
+async def test_a_refused_retry_leaves_the_call_parked_as_on_a_socket(socket_path: str) -> None:
+    """A retry refused before it takes the call over (its token on another
+    method) spends nothing: the right retry then completes the call. The
+    parked call went with the refused POST (cancelled at the server, and
+    the right retry told its token was unknown), where a socket kept it."""
+    asks = {**META, "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    json_only = {"accept": "application/json"}
+    with trio.fail_after(60):
+        async with http_daemon(socket_path) as d, httpx2.AsyncClient(timeout=30) as http:
+            call = request("tools/call", 1, asks, name="s__ask_user",
+                           arguments={"question": "Colour?"})  # fmt: skip
+            first = await http.post(d.http_url, content=orjson.dumps(call),
+                                    headers=post_headers("tools/call", "s__ask_user",
+                                                         **json_only))  # fmt: skip
+            result = first.json()["result"]
+            assert result["resultType"] == "input_required"
+            (key,) = result["inputRequests"]
+            state = result["requestState"]
+            answer = {key: {"action": "accept", "content": {"answer": "blue"}}}
+            wrong = request("prompts/get", 2, asks, name="s__greet", inputResponses=answer,
+                            requestState=state)  # fmt: skip
+            refused = await http.post(d.http_url, content=orjson.dumps(wrong),
+                                      headers=post_headers("prompts/get", "s__greet",
+                                                           **json_only))  # fmt: skip
+            assert refused.json()["error"]["code"] == -32602
+            assert "belongs to a tools/call request" in refused.json()["error"]["message"]
+            retry = {**call, "id": 3}
+            retry["params"] = {**call["params"], "inputResponses": answer, "requestState": state}
+            done = await http.post(d.http_url, content=orjson.dumps(retry),
+                                   headers=post_headers("tools/call", "s__ask_user",
+                                                        **json_only))  # fmt: skip
+            assert done.json()["result"]["content"][0]["text"] == "accept: blue"
+
+
 async def test_progress_comes_on_an_sse_stream_before_the_answer(socket_path: str) -> None:
     with trio.fail_after(60):
         async with http_daemon(socket_path) as d, httpx2.AsyncClient(timeout=30) as http:

@@ -269,6 +269,13 @@ class ModernHttp:
             await watch.stop()
             context.waiting = None
             token = http_modern.parked_token(answer)
+            if token is None and parked and answer is not None and "error" in answer:
+                # A retry refused (another method, a bad _meta, ...) may have
+                # left its requestState unspent, as it does on a socket: the
+                # call is parked again under it. (Spent, by an error that
+                # ended the call, it names nothing there: the next retry is
+                # told so, and the context goes at its time.)
+                token = post.request_state
             if token is not None and not context.closed:
                 self._park(context, token)
             elif answer is None or parked or post.method == LISTEN or not self._keep(context):
