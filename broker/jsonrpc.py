@@ -38,6 +38,9 @@ LIMIT_REACHED = -32005  # a configured limit (in flight, queued bytes) would be 
 # as one level. Well below the 254 levels orjson writes, so whatever the broker
 # builds around a message (a batch, a list result) can still be written.
 MAX_DEPTH: Final = 128
+# The longest string id the broker keeps in its tables (MCP sets no limit; real
+# clients use numbers or UUIDs). A longer one is refused, not stored.
+MAX_ID_LENGTH: Final = 256
 
 
 class JsonRpcError(Exception):
@@ -209,6 +212,18 @@ def encode(message: Any) -> bytes:
 
 def is_valid_id(value: Any) -> TypeGuard[RequestId]:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def long_id(id: Any) -> JsonRpcError | None:
+    """The error for a request whose id is longer than the broker keeps
+    (:data:`MAX_ID_LENGTH`), answered with id null (the id is not echoed);
+    None for any other."""
+    if type(id) is not str or len(id) <= MAX_ID_LENGTH:
+        return None
+    return JsonRpcError(
+        INVALID_REQUEST,
+        f"Invalid Request: an id of {len(id)} characters (the limit is {MAX_ID_LENGTH})",
+    )
 
 
 def id_key(value: RequestId) -> tuple[type, RequestId]:

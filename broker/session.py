@@ -42,6 +42,7 @@ from broker.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     LIMIT_REACHED,
+    MAX_ID_LENGTH,
     METHOD_NOT_FOUND,
     JsonRpcError,
     Kind,
@@ -58,9 +59,6 @@ from broker.views import initialize_for, route
 from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 
-# The longest string id the broker keeps in its tables (MCP sets no limit; real
-# clients use numbers or UUIDs). A longer one is refused, not stored.
-MAX_ID_LENGTH = 256
 DEFAULT_MAX_IN_FLIGHT = 4096
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
@@ -410,11 +408,9 @@ class SessionProtocol:
                 f"Invalid Request: id {id!r} is already in use by a request in flight",
                 data={"id": id},
             )
-        if type(id) is str and len(id) > MAX_ID_LENGTH:
-            raise AnonymousError(
-                INVALID_REQUEST,
-                f"Invalid Request: an id of {len(id)} characters (the limit is {MAX_ID_LENGTH})",
-            )
+        too_long = jsonrpc.long_id(id)
+        if too_long is not None:
+            raise AnonymousError(too_long.code, too_long.message)
         if len(self.inflight) >= self.max_in_flight:
             raise JsonRpcError(
                 LIMIT_REACHED,

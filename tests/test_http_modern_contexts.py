@@ -16,6 +16,7 @@ import trio.testing
 
 from actors.downstream.http_modern import ModernContext, ModernHttp
 from actors.errors import TransportClosed
+from broker.eras.tokens import OWN_PREFIX
 from broker.wire import http
 from broker.wire.http_modern import LISTEN, ModernPost
 
@@ -42,7 +43,10 @@ class Script:
                 message = orjson.loads(frames[0])
                 state = message["params"].get("requestState")
                 if state is None and message["method"] == "tools/call":
-                    result = {"resultType": "input_required", "requestState": f"mcpbroker.{number}"}
+                    result = {
+                        "resultType": "input_required",
+                        "requestState": f"{OWN_PREFIX}{number}",
+                    }
                 else:
                     self.retries.append((number, message["id"]))
                     result = {"resultType": "complete", "content": []}
@@ -91,15 +95,15 @@ async def test_a_retry_finds_its_parked_call_and_ends_it(autojump_clock: Any) ->
     async with trio.open_nursery() as nursery:
         await nursery.start(contexts.run)
         first = await ask(contexts, 1)
-        assert first.answer()["result"]["requestState"] == "mcpbroker.1"
-        assert list(contexts.parked) == ["mcpbroker.1"] and script.ended == []
-        retry = await ask(contexts, 2, requestState="mcpbroker.1")
+        assert first.answer()["result"]["requestState"] == OWN_PREFIX + "1"
+        assert list(contexts.parked) == [OWN_PREFIX + "1"] and script.ended == []
+        retry = await ask(contexts, 2, requestState=OWN_PREFIX + "1")
         assert retry.answer()["result"]["resultType"] == "complete"
         assert script.retries == [(1, 2)]  # the same session took the retry
         await trio.testing.wait_all_tasks_blocked()
         assert script.ended == [1] and not contexts.parked and not contexts.contexts
         # The token is spent: the same retry again opens a context of its own.
-        await ask(contexts, 3, requestState="mcpbroker.1")
+        await ask(contexts, 3, requestState=OWN_PREFIX + "1")
         assert script.retries[-1] == (2, 3)
         nursery.cancel_scope.cancel()
 
@@ -125,7 +129,7 @@ async def test_past_the_bound_the_oldest_parked_call_ends(autojump_clock: Any) -
         for id in (1, 2, 3):
             await ask(contexts, id)
         await trio.testing.wait_all_tasks_blocked()
-        assert list(contexts.parked) == ["mcpbroker.2", "mcpbroker.3"]
+        assert list(contexts.parked) == [OWN_PREFIX + "2", OWN_PREFIX + "3"]
         assert script.ended == [1]
         nursery.cancel_scope.cancel()
 
@@ -204,11 +208,11 @@ async def test_a_retry_at_another_url_does_not_find_the_call(autojump_clock: Any
         await ask(contexts, 1)
         elsewhere = http.Target("POST", ("s",), True, {}, modern=True)
         exchange = Exchange()
-        post, body = call(2, requestState="mcpbroker.1")
+        post, body = call(2, requestState=OWN_PREFIX + "1")
         await contexts.answer(elsewhere, post, body, True, exchange.receive, exchange.send)
         assert script.retries == [(2, 2)]  # a context of its own (the broker's: -32602)
-        assert list(contexts.parked) == ["mcpbroker.1"]  # still waiting for its retry
-        await ask(contexts, 3, requestState="mcpbroker.1")
+        assert list(contexts.parked) == [OWN_PREFIX + "1"]  # still waiting for its retry
+        await ask(contexts, 3, requestState=OWN_PREFIX + "1")
         assert script.retries[-1] == (1, 3)
         nursery.cancel_scope.cancel()
 

@@ -163,6 +163,12 @@ def test_read_post_takes_a_legacy_meta_version(said: Any) -> None:
         (b'[{"jsonrpc":"2.0","id":1,"method":"initialize"}]', "2025-03-26", 400, None),
         (b'[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":1,"method":"b"}]',
          "2025-03-26", 400, None),
+        # An id longer than the broker keeps: no stream could be matched to
+        # its id-less error (the POST got no answer at all).
+        (b'{"jsonrpc":"2.0","id":"%s","method":"ping"}' % (b"x" * 257), "2025-11-25", 400,
+         jsonrpc.INVALID_REQUEST),
+        (b'[{"jsonrpc":"2.0","id":"%s","method":"ping"}]' % (b"x" * 257), "2025-03-26", 400,
+         jsonrpc.INVALID_REQUEST),
     ],
 )  # fmt: skip
 def test_bad_bodies(data: bytes, version: str | None, status: int, code: int | None) -> None:

@@ -172,6 +172,14 @@ def test_bodies_that_are_no_single_request() -> None:
     assert isinstance(accepted, ModernPost) and not accepted.request
 
 
+def test_an_id_longer_than_the_broker_keeps_is_refused_before_any_stream() -> None:
+    """(Its error has no id: a stream would wait for an answer in its id forever.)"""
+    long = {**request(), "id": "x" * 257}
+    body = refused(post(long), 400, -32600)
+    assert body["id"] is None and "257 characters" in body["error"]["message"]
+    assert isinstance(post({**request(), "id": "x" * 256}), ModernPost)
+
+
 def test_a_retry_says_its_request_state() -> None:
     message = request("tools/call", name="a", requestState="mcpbroker.abc", inputResponses={})
     answer = post(message)
@@ -209,6 +217,8 @@ def test_only_the_brokers_own_input_required_parks_a_call() -> None:
     assert parked_token({"jsonrpc": "2.0", "id": 1, "result": result}) == ours
     server_state = {**result, "requestState": "a server's own"}  # (the client retries it)
     assert parked_token({"jsonrpc": "2.0", "id": 1, "result": server_state}) is None
+    brokers = {**result, "requestState": "mcpbroker.Zm9vYmFy.c3RhdGU"}  # (one behind this one)
+    assert parked_token({"jsonrpc": "2.0", "id": 1, "result": brokers}) is None
     complete = {"resultType": "complete", "requestState": ours}
     assert parked_token({"jsonrpc": "2.0", "id": 1, "result": complete}) is None
     assert parked_token(None) is None

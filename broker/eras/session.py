@@ -67,6 +67,7 @@ from broker.eras.versions import (
 from broker.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    MAX_ID_LENGTH,
     METHOD_NOT_FOUND,
     JsonRpcError,
     Message,
@@ -78,7 +79,6 @@ from broker.server_requests import server_of
 from broker.session import (
     DEFAULT_MAX_IN_FLIGHT,
     LIST_METHODS,
-    MAX_ID_LENGTH,
     ROUTED_METHODS,
     Action,
     Attach,

@@ -239,6 +239,9 @@ def read_post(
         except JsonRpcError as exc:
             return Refuse(400, exc.message, code=exc.code, id=exc.id)
         if kind is Kind.REQUEST:
+            too_long = jsonrpc.long_id(item["id"])
+            if too_long is not None:  # (no stream is keyed to it: refused here)
+                return Refuse(400, too_long.message, code=too_long.code)
             if item["method"] == "initialize":
                 if batch:
                     return Refuse(400, "initialize must not be part of a batch", id=item["id"])

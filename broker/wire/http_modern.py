@@ -162,6 +162,9 @@ def read_post(
         return _refuse(refused)
     if kind is Kind.NOTIFICATION:
         return ModernPost(message, False)
+    too_long = jsonrpc.long_id(message.get("id"))
+    if too_long is not None:  # (no answer could be matched to it: refused here)
+        return _refuse(too_long)
     if kind is not Kind.REQUEST:
         return _refuse(
             JsonRpcError(INVALID_REQUEST, "Invalid Request: a 2026-07-28 client POSTs no responses")
