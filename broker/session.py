@@ -202,6 +202,10 @@ class SessionProtocol:
         # table). Only valid ids (int, str) enter it, so the ids themselves are
         # keys: 1 and "1" stay apart, and no bool or float can alias an int.
         self.inflight: set[RequestId] = set()
+        # Ids of requests open with no server (a 2026-07-28 session's
+        # subscriptions/listen streams): in use as in flight ones are, but
+        # no answer is waited for (a drain or a client's leaving ends them).
+        self.streams: set[RequestId] = set()
         self.protocol_version: str | None = None
         self.client_capabilities: dict[str, Any] = {}
         self.client_info: Any = None
@@ -276,7 +280,11 @@ class SessionProtocol:
         """:meth:`forward_fast` once the message is known to be a request it
         takes (a modern session's own read knows more of it, and checks the
         rest itself): routed and counted in flight, or None."""
-        if id in self.inflight or len(self.inflight) >= self.max_in_flight:
+        if (
+            id in self.inflight
+            or len(self.inflight) >= self.max_in_flight
+            or (self.streams and id in self.streams)
+        ):
             return None  # receive() refuses it
         try:
             server, rewritten = route(self.catalogs.current, self.view, self.transparent, message)
@@ -402,7 +410,7 @@ class SessionProtocol:
 
     def _admit(self, id: RequestId) -> None:
         """Refuse a request the session's in-flight table cannot take."""
-        if id in self.inflight:
+        if id in self.inflight or id in self.streams:
             raise AnonymousError(
                 INVALID_REQUEST,
                 f"Invalid Request: id {id!r} is already in use by a request in flight",

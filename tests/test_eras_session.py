@@ -515,3 +515,48 @@ def test_a_question_the_retry_does_not_declare_goes_back_to_the_server() -> None
     assert refused.message["error"]["code"] == -32601
     assert "'sampling'" in refused.message["error"]["message"]
     assert proto.inflight == {1, 2}  # (the retry waits for the call's answer)
+
+
+def test_a_listen_streams_id_is_in_use_while_it_is_open() -> None:
+    """A stream is a request that stays open: a call with its id (or another
+    stream) is refused with id null, as any id in use is, so the client has
+    one answer per id; and the reverse. Cancelled, the id is free again.
+    (The call was taken, the stream's duplicate refused with the call's id,
+    and a cancellation of that id ended the stream, not the call.)"""
+    proto = opened(session())
+    proto.receive(request(20, "subscriptions/listen", notifications={"toolsListChanged": True}))
+    call = request(20, "tools/call", name="files__read")
+    for again in (call, request(20, "subscriptions/listen")):
+        (refused,) = proto.receive(again)
+        assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+        assert refused.message["id"] is None and refused.message["error"]["code"] == -32600
+        assert refused.message["error"]["data"] == {"id": 20}
+    line = orjson.dumps(request(20, "tools/call", name="files__read"))
+    assert proto.take_forwards([line], 0, {}) == 0  # (the fast path leaves it to receive())
+    proto.receive(request(30, "tools/call", name="files__read"))
+    (refused,) = proto.receive(request(30, "subscriptions/listen"))
+    assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+    assert refused.message["id"] is None and refused.message["error"]["data"] == {"id": 30}
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 20}}
+    assert proto.receive(cancel) == []
+    (forward,) = proto.receive(request(20, "tools/call", name="files__read"))
+    assert isinstance(forward, Forward)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        request(1, "ping"),
+        request(1, "tools/call", name="nobody__tool"),
+        request(1, "subscriptions/listen", notifications=7),
+    ],
+)
+def test_a_session_whose_first_request_is_refused_attaches_on_the_next(first: Any) -> None:
+    """Its attachment (hearing from its servers: their questions, its
+    streams' notifications) went with the refused request's actions."""
+    proto = session()
+    (refused,) = proto.receive(first)
+    assert isinstance(refused, Reply)
+    assert Attach(("files", "github"), BROKER_CLIENT_CAPABILITIES) in proto.receive(
+        request(2, "tools/list")
+    )

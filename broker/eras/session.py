@@ -275,7 +275,7 @@ class ModernSessionProtocol(SessionProtocol):
         return len(frames)
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
-        method, id = request["method"], request["id"]
+        method = request["method"]
         if self.refusal is not None:
             raise JsonRpcError(self.refusal_code, f"mcpbroker: {self.refusal}")
         if method == "initialize":
@@ -287,31 +287,42 @@ class ModernSessionProtocol(SessionProtocol):
         meta = read_meta(request)
         actions = self._attach()
         self.client_info = meta.client_info
+        try:
+            return [*actions, *self._answer(request, meta, settled)]
+        except BaseException:
+            # (the first request's refusal: the next one attaches; the
+            # attachment went with the actions, and the session never
+            # heard from its servers)
+            if actions:
+                self.attached = False
+            raise
+
+    def _answer(self, request: Message, meta: RequestMeta, settled: bool) -> list[Action]:
+        method, id = request["method"], request["id"]
         if method == "server/discover":
             catalog = self.catalogs.current
             if not settled and not catalog.settled(self.view):
-                return [*actions, Defer(request)]
+                return [Defer(request)]
             result = discover_result(catalog, self.view, self.transparent)
-            return [*actions, Reply(jsonrpc.result_response(id, result))]
+            return [Reply(jsonrpc.result_response(id, result))]
         if method in GONE:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method} (not in 2026-07-28)")
         if method == "subscriptions/listen":
-            return [*actions, *self._listen(request)]
+            return self._listen(request)
         if method in LIST_METHODS:
-            return [*actions, *self._stamped(method, self._list(request, settled))]
+            return self._stamped(method, self._list(request, settled))
         if method in MODERN_ROUTED:
             params = request.get("params") or {}
             state = params.get("requestState") if method in INPUT_METHODS else None
             if is_ours(state):
-                return [*actions, *self._retry(request, meta.capabilities)]
+                return self._retry(request, meta.capabilities)
             if is_brokers(state) and self._at_legacy_server(request):
                 # Some other mcpbroker's (one before a restart): a legacy
                 # server keeps no state, so it names nothing there.
                 self._admit(id)
-                error = jsonrpc.error_response(id, INVALID_PARAMS, bridge.UNKNOWN_STATE)
-                return [*actions, Reply(error)]
+                raise JsonRpcError(INVALID_PARAMS, bridge.UNKNOWN_STATE)
             # (a server's own, a broker's behind this one too: the server's to read)
-            return [*actions, *self._forward_modern(request, meta, settled)]
+            return self._forward_modern(request, meta, settled)
         raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
 
     def _attach(self) -> list[Action]:
@@ -333,7 +344,9 @@ class ModernSessionProtocol(SessionProtocol):
             )
             offer = offer_of(told["capabilities"])
             self.listeners = Listeners(offer)
+        self._admit(request["id"])  # (an id in use, by a call or a stream: refused, id null)
         acks, changes = self.listeners.listen(request, self._subscribable)
+        self.streams.add(request["id"])
         return [*(Reply(ack) for ack in acks), *self._subscriptions(changes)]
 
     def _at_legacy_server(self, request: Message) -> bool:
@@ -489,6 +502,7 @@ class ModernSessionProtocol(SessionProtocol):
             return []  # names no request: ignored, as the legacy session does
         ended = self.listeners.cancel(request_id) if self.listeners is not None else None
         if ended is not None:  # a stream: the broker's own (its URIs may be let go)
+            self.streams.discard(request_id)
             return self._subscriptions(ended)
         first = self._first(request_id)
         cancel = {**params, "requestId": first}
