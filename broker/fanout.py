@@ -6,11 +6,16 @@ sessions wants, and each session then receives ``notifications/message`` only
 at or above its own level. A session that never set a level receives what the
 server sends.
 
-Subscriptions: ``resources/subscribe`` is reference-counted per URI. The first
-session to subscribe is forwarded to the server; later ones are answered by the
-broker. The server is unsubscribed when the last subscriber leaves (by
-``resources/unsubscribe`` or by disconnecting). ``notifications/resources/updated``
-goes only to the sessions subscribed to that URI.
+Subscriptions: ``resources/subscribe`` is reference-counted per URI. Until the
+server has accepted a subscribe of the URI, each session's goes to it (and
+that session hears the server's own answer: one refused, by the server or by
+a limit of the broker's, leaves no subscriber); once one was accepted, later
+ones are answered by the broker. The server is unsubscribed when the last
+subscriber leaves (by ``resources/unsubscribe`` or by disconnecting).
+``notifications/resources/updated`` goes only to the sessions subscribed to
+that URI. (Until 2026-11-27 only the first subscribe went up, the others were
+answered at once, even while it was on its way: its refusal left them told
+success, and the URI subscribed for nobody.)
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class Fanout:
     def __init__(self) -> None:
         self._levels: dict[Hashable, int] = {}
         self._sent_level: int | None = None
-        self._subscribers: dict[str, set[Hashable]] = {}
+        self._subscribers: dict[str, set[Hashable]] = {}  # subscribed, or asking
+        self._accepted: set[str] = set()  # URIs the server took a subscribe of
 
     # -- logging --------------------------------------------------------------
 
@@ -65,11 +71,32 @@ class Fanout:
     # -- subscriptions --------------------------------------------------------
 
     def subscribe(self, session: Hashable, uri: str) -> bool:
-        """Add a subscriber; True if the server must be asked (the first one)."""
-        subscribers = self._subscribers.setdefault(uri, set())
-        first = not subscribers
-        subscribers.add(session)
-        return first
+        """Add a subscriber; True if the server must be asked (it has not
+        accepted a subscribe of ``uri`` yet: :meth:`accepted`, :meth:`refused`)."""
+        self._subscribers.setdefault(uri, set()).add(session)
+        return uri not in self._accepted
+
+    def accepted(self, uri: str) -> None:
+        """The server took a subscribe of ``uri`` (unless all its subscribers
+        left meanwhile: the server is then told to drop it, after)."""
+        if uri in self._subscribers:
+            self._accepted.add(uri)
+
+    def refused(self, session: Hashable, uri: str) -> bool:
+        """The session's subscribe was refused (by the server, or before it
+        went): it is no subscriber. True if the server must be told to drop
+        ``uri`` all the same (it took another session's, who has left)."""
+        subscribers = self._subscribers.get(uri)
+        if not subscribers or session not in subscribers:
+            return False
+        subscribers.discard(session)
+        if subscribers:
+            return False
+        del self._subscribers[uri]
+        if uri in self._accepted:
+            self._accepted.discard(uri)
+            return True
+        return False
 
     def unsubscribe(self, session: Hashable, uri: str) -> bool:
         """Remove a subscriber; True if the server must be told (the last one left)."""
@@ -80,6 +107,7 @@ class Fanout:
         if subscribers:
             return False
         del self._subscribers[uri]
+        self._accepted.discard(uri)
         return True
 
     def subscribers(self, uri: Any) -> set[Hashable]:

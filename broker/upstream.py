@@ -325,7 +325,12 @@ class UpstreamProtocol:
         modern = self.modern_server
         if note is None and modern is not None and modern.asks_legacy(session, method):
             note = InputRound(_as_sent(request))
-        upstream_id = self._open(session, request, now)
+        try:
+            upstream_id = self._open(session, request, now)
+        except JsonRpcError:
+            if isinstance(note, Subscribing):  # (refused before it went: no subscriber)
+                self.fanout.refused(session, note.uri)  # (never accepted: nothing to drop)
+            raise
         if note is not None:
             self.requests.note(upstream_id, note)
         if self.turns.on:
@@ -819,8 +824,11 @@ class UpstreamProtocol:
         if note is None:  # nearly every response
             return [Deliver(entry.session, message)]
         if isinstance(note, Subscribing):
-            if "error" in message:
-                self.fanout.unsubscribe(entry.session, note.uri)  # the server refused it
+            if "error" not in message:
+                self.fanout.accepted(note.uri)
+            elif self.fanout.refused(entry.session, note.uri):
+                drop = self._own_request("resources/unsubscribe", {"uri": note.uri})
+                return [SendUpstream(drop), Deliver(entry.session, message)]
         elif isinstance(note, CreatesTask):
             self.tasks.created(entry.session, message.get("result"))
         elif isinstance(note, TaskQuery):

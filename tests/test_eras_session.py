@@ -394,19 +394,19 @@ def test_a_streams_resource_subscriptions_are_counted_at_their_servers() -> None
     assert isinstance(ack, Reply) and isinstance(ack.message, dict)
     assert ack.message["params"]["notifications"] == {"resourceSubscriptions": [readme]}
     assert subscribe == Forward("files", {
-        "jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "method": "resources/subscribe",
+        "jsonrpc": "2.0", "id": proto.own_prefix + "1", "method": "resources/subscribe",
         "params": {"uri": readme}})  # fmt: skip
     # A second stream on the same URI needs nothing more upstream.
     assert [type(a) for a in proto.receive(request(2, "subscriptions/listen", notifications={
         "resourceSubscriptions": [readme]}))] == [Reply]  # fmt: skip
-    assert written(proto, {"jsonrpc": "2.0", "id": "mcpbroker:subscription:1", "result": {}}) == []
+    assert written(proto, {"jsonrpc": "2.0", "id": proto.own_prefix + "1", "result": {}}) == []
     updated = {"jsonrpc": "2.0", "method": "notifications/resources/updated",
                "params": {"uri": readme}}  # fmt: skip
     assert [m["params"]["_meta"][SUBSCRIPTION_ID_KEY] for m in written(proto, updated)] == [1, 2]
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
     assert proto.receive({**cancel, "params": {"requestId": 1}}) == []
     assert proto.receive({**cancel, "params": {"requestId": 2}}) == [
-        Forward("files", {"jsonrpc": "2.0", "id": "mcpbroker:subscription:2",
+        Forward("files", {"jsonrpc": "2.0", "id": proto.own_prefix + "2",
                           "method": "resources/unsubscribe", "params": {"uri": readme}})
     ]  # fmt: skip
     assert written(proto, updated) == []
@@ -560,3 +560,20 @@ def test_a_session_whose_first_request_is_refused_attaches_on_the_next(first: An
     assert Attach(("files", "github"), BROKER_CLIENT_CAPABILITIES) in proto.receive(
         request(2, "tools/list")
     )
+
+
+def test_a_clients_id_of_the_shape_of_the_sessions_own_is_answered() -> None:
+    """The session's own requests (its streams' subscriptions) have ids of a
+    tag of its own, and only their answers are its own: a client's request
+    whose id starts as they do is answered. (Every answer whose id started
+    'mcpbroker:subscription:' was taken for the session's own: dropped, and
+    the request in flight for good; and the session's own id could be the
+    client's, refused upstream as in use.)"""
+    proto = opened(session())
+    assert proto.own_prefix.startswith("mcpbroker:subscription:")
+    for id in ("mcpbroker:subscription:1", proto.own_prefix + "x"):
+        (forward,) = proto.receive(request(id, "tools/call", name="files__read"))
+        assert isinstance(forward, Forward)
+        answer = {"jsonrpc": "2.0", "id": id, "result": {"content": []}}
+        assert [m["id"] for m in written(proto, answer)] == [id]
+    assert proto.inflight == set()

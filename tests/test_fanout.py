@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from broker import jsonrpc
 from broker.fanout import Fanout
 from broker.states import ServerTrigger
@@ -54,12 +56,59 @@ def unsubscribe(
     )
 
 
-def test_only_the_first_subscriber_reaches_the_server() -> None:
+def test_once_the_server_took_a_subscribe_later_ones_are_answered_by_the_broker() -> None:
     proto = ready()
-    first = subscribe(proto, A, 1)
-    assert [m["method"] for m in sent(first)] == ["resources/subscribe"]
+    (request,) = sent(subscribe(proto, A, 1))
+    assert request["method"] == "resources/subscribe"
+    assert delivered(proto.server_message(jsonrpc.result_response(request["id"], {}))) == [
+        (A, jsonrpc.result_response(1, {}))
+    ]
     second = subscribe(proto, B, 1)
     assert sent(second) == [] and delivered(second) == [(B, jsonrpc.result_response(1, {}))]
+
+
+def test_a_subscribe_while_the_first_is_on_its_way_hears_the_servers_own_answer() -> None:
+    """(It was answered {} at once; the first's refusal then left it told
+    success, and the URI subscribed for nobody: later ones answered {} too.)"""
+    proto = ready()
+    (first,) = sent(subscribe(proto, A, 1))
+    (second,) = sent(subscribe(proto, B, 1))
+    refusal = jsonrpc.error_response(first["id"], -32603, "not yet")
+    assert delivered(proto.server_message(refusal)) == [(A, {**refusal, "id": 1})]
+    assert delivered(proto.server_message(jsonrpc.result_response(second["id"], {}))) == [
+        (B, jsonrpc.result_response(1, {}))
+    ]
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": "file:///x"})
+    assert delivered(proto.server_message(updated)) == [(B, updated)]
+
+
+def test_a_subscribe_refused_before_it_went_leaves_no_subscriber() -> None:
+    """Refused by a rule of the broker's (here its id is in use by a call of
+    the session's: -32600; the same at maxServerInFlight, -32005): the next
+    subscribe goes to the server. (It was counted: the server was never
+    asked, and every later subscriber was answered {} by the broker.)"""
+    proto = ready()
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
+    assert sent(proto.client_request(A, call))
+    with pytest.raises(jsonrpc.JsonRpcError):
+        subscribe(proto, A, 1)
+    assert [m["method"] for m in sent(subscribe(proto, B, 2))] == ["resources/subscribe"]
+
+
+def test_a_refusal_after_another_took_and_left_drops_the_uri() -> None:
+    """A's subscribe is taken and A leaves while B's is on its way (B still
+    counts: nothing goes); B's is refused: nobody is subscribed, and the
+    server, which holds A's, is told to drop it."""
+    proto = ready()
+    (first,) = sent(subscribe(proto, A, 1))
+    (second,) = sent(subscribe(proto, B, 1))
+    proto.server_message(jsonrpc.result_response(first["id"], {}))
+    assert sent(unsubscribe(proto, A, 2)) == []
+    actions = proto.server_message(jsonrpc.error_response(second["id"], -32603, "no"))
+    assert [(m["method"], m["params"]) for m in sent(actions)] == [
+        ("resources/unsubscribe", {"uri": "file:///x"})
+    ]
+    assert delivered(actions)[0][1]["error"]["message"] == "no"
 
 
 def test_the_server_is_unsubscribed_when_the_last_subscriber_leaves() -> None:

@@ -31,6 +31,8 @@ routing, limits and in-flight table, and changes what the eras differ in:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 from typing import Any, Final
 
@@ -111,7 +113,8 @@ FAST_METHODS: Final = (
 # request decoded to (a new str per request, out of the CPU's cache by the
 # time the answer reads it back: 40% of that read's time, perf, 2026-11-27).
 _FAST_METHOD: Final = {method: method for method in FAST_METHODS}
-# The ids of the session's own requests (subscriptions for its streams).
+# The ids of the session's own requests (subscriptions for its streams), a
+# tag of the session's own after it (from its key: no client guesses it).
 OWN_PREFIX = "mcpbroker:subscription:"
 # The session's own name for itself in the bridge (a session has one bridge).
 SELF = "session"
@@ -161,6 +164,11 @@ class ModernSessionProtocol(SessionProtocol):
         self.meta_cache = MetaCache()  # the _meta bytes its client sends on every call
         self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
         self.own_requests = 0
+        tag = base64.urlsafe_b64encode(hashlib.sha256(b"own ids" + key).digest()[:9]).decode()
+        self.own_prefix = f"{OWN_PREFIX}{tag}:"
+        # The ids of its own requests not answered yet: their answers are
+        # its own (a client's request of any other id is answered as sent).
+        self.own_pending: set[str] = set()
         # Answers to servers' questions that the writer decided: the actor sends them.
         self.upstream_answers: list[tuple[str, Message]] = []
 
@@ -384,7 +392,8 @@ class ModernSessionProtocol(SessionProtocol):
 
     def _own(self, method: str, uri: str) -> Message:
         self.own_requests += 1
-        id = f"{OWN_PREFIX}{self.own_requests}"
+        id = f"{self.own_prefix}{self.own_requests}"
+        self.own_pending.add(id)
         return {"jsonrpc": "2.0", "id": id, "method": method, "params": {"uri": uri}}
 
     def _stamped(self, method: str, actions: list[Action]) -> list[Action]:
@@ -602,7 +611,8 @@ class ModernSessionProtocol(SessionProtocol):
         id = message.get("id")
         if type(id) is not int and type(id) is not str:
             return [message]
-        if type(id) is str and id.startswith(OWN_PREFIX):
+        if self.own_pending and id in self.own_pending:
+            self.own_pending.discard(id)
             return []  # the answer to a subscribe of the session's streams
         call = self.open_calls.get(id)
         if (
