@@ -543,10 +543,12 @@ class Session:
             await self._say_goodbye(self._stopping)
 
     async def _say_goodbye(self, reason: str) -> None:
-        """The daemon ends the session: what is still in flight gets an error,
+        """The daemon ends the session: its open streams end (2026-07-28
+        listens get their results), what is still in flight gets an error,
         and an initialized client a last log message saying why. (Only once the
         outbox is closed and drained, so no answer can follow.)"""
-        last: list[Outgoing] = [
+        last: list[Outgoing] = [*self._protocol.end_streams()]
+        last += [
             error_response(id, CONNECTION_CLOSED, f"mcpbroker: {self._unfinished}")
             for id in sorted({*self._protocol.inflight, *self._deferred}, key=str)
         ]

@@ -408,6 +408,11 @@ class SessionProtocol:
             self.calls.routed(request["id"], server, rewritten)
         return [Forward(server, rewritten)]
 
+    def end_streams(self) -> list[Message]:
+        """The daemon ends the session: the graceful end of each request it
+        holds open with no server (none in the legacy era)."""
+        return []
+
     def _admit(self, id: RequestId) -> None:
         """Refuse a request the session's in-flight table cannot take."""
         if id in self.inflight or id in self.streams:

@@ -577,3 +577,16 @@ def test_a_clients_id_of_the_shape_of_the_sessions_own_is_answered() -> None:
         answer = {"jsonrpc": "2.0", "id": id, "result": {"content": []}}
         assert [m["id"] for m in written(proto, answer)] == [id]
     assert proto.inflight == set()
+
+
+def test_the_daemon_ending_a_session_ends_its_streams_gracefully() -> None:
+    """Each open listen gets its result (SubscriptionsListenResult: "the
+    subscription has ended gracefully, for example, during server shutdown"),
+    as the session's last words before its in-flight requests' errors."""
+    proto = opened(session())
+    proto.receive(request("L", "subscriptions/listen", notifications={"toolsListChanged": True}))
+    assert proto.end_streams() == [
+        {"jsonrpc": "2.0", "id": "L",
+         "result": {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: "L"}}}
+    ]  # fmt: skip
+    assert proto.streams == set() and proto.end_streams() == []

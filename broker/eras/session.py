@@ -357,6 +357,16 @@ class ModernSessionProtocol(SessionProtocol):
         self.streams.add(request["id"])
         return [*(Reply(ack) for ack in acks), *self._subscriptions(changes)]
 
+    def end_streams(self) -> list[Message]:
+        """Each open ``subscriptions/listen`` stream's result, which ends it
+        gracefully (the schema's ``SubscriptionsListenResult``: "for example,
+        during server shutdown")."""
+        if self.listeners is None:
+            return []
+        results, _ = self.listeners.close_all()  # (the session detaches: no unsubscribe)
+        self.streams.clear()
+        return results
+
     def _at_legacy_server(self, request: Message) -> bool:
         """Whether ``request`` goes to a server opened in the legacy era."""
         catalog = self.catalogs.current
