@@ -56,7 +56,7 @@ class ClientResponse:
 @attrs.frozen
 class ClientLogLevel:
     session: SessionHandle
-    level: str
+    level: str | None  # None: it wants none now (a 2026-07-28 session's requests ended)
 
 
 @attrs.frozen

@@ -284,8 +284,7 @@ class Session:
                     )
                 for action in self._protocol.receive(message):
                     await self._execute(action)
-                if isinstance(self._protocol, ModernSessionProtocol):  # (a retry parks again)
-                    self._arm_parked()
+                await self._after_rules()  # (a retry parks again; a cancel lowers a level)
             if forwards:
                 await self._send_forwards(forwards, size)
             self._write_audit()  # (calls the client cancelled)
@@ -560,6 +559,24 @@ class Session:
         with contextlib.suppress(TransportClosed):
             await self._connection.send(out)
 
+    async def _after_rules(self) -> None:
+        """What a modern session's rules left the actor after a read or a
+        write: the clocks of calls parked since, answers to servers'
+        questions, and its log level, if an answer or a cancel lowered it
+        (nearly always nothing: one test)."""
+        protocol = self._protocol
+        if not isinstance(protocol, ModernSessionProtocol) or not protocol.bridge_pending():
+            return
+        self._arm_parked()
+        for server, answer in protocol.take_upstream_answers():
+            upstream = self._upstreams.get(server)
+            if upstream is not None:
+                await upstream.send(ClientResponse(self._handle, answer))
+        changed, level = protocol.take_level_change()
+        if changed:
+            for upstream in self._attached or ():
+                await upstream.send(ClientLogLevel(self._handle, level))
+
     async def _write_out(self, delivery: Delivery) -> bool:
         """Write a delivery and whatever else is ready; False once the client is gone."""
         out: list[Outgoing] = []
@@ -575,14 +592,7 @@ class Session:
                 break
             self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
-        protocol = self._protocol
-        if isinstance(protocol, ModernSessionProtocol) and protocol.bridge_pending():
-            self._arm_parked()  # (an answer input_required parks its call)
-            # Answers to servers' questions the rules gave while reading this.
-            for server, answer in protocol.take_upstream_answers():
-                upstream = self._upstreams.get(server)
-                if upstream is not None:
-                    await upstream.send(ClientResponse(self._handle, answer))
+        await self._after_rules()  # (an answer input_required parks its call)
         if out:
             try:
                 await self._connection.send(out)

@@ -45,6 +45,12 @@ class Fanout:
         self._levels[session] = _RANK[level]
         return self._upstream_level_change()
 
+    def clear_level(self, session: Hashable) -> str | None:
+        """A session wants no log messages now; the level to ask the server
+        for, if the others want a less verbose one."""
+        self._levels.pop(session, None)
+        return self._upstream_level_change()
+
     def admits(self, session: Hashable, level: Any) -> bool:
         wanted = self._levels.get(session)
         rank = level_rank(level)

@@ -482,10 +482,13 @@ class UpstreamProtocol:
             return None
         return self.modern_server.listen_failed(detail)
 
-    def client_log_level(self, session: Hashable, level: str) -> list[Action]:
-        """A session set its log level; ask the server for the most verbose one wanted."""
+    def client_log_level(self, session: Hashable, level: str | None) -> list[Action]:
+        """A session set its log level (None: it wants none now); ask the
+        server for the most verbose one wanted."""
         if self.modern_server is not None:  # (a modern server is told it in each request's stamp)
             self.modern_server.forget_stamp(session)
+        if level is None:
+            return self._log_level_actions(self.fanout.clear_level(session))
         return self._log_level_actions(self.fanout.set_level(session, level))
 
     def _log_level_actions(self, level: str | None) -> list[Action]:

@@ -52,6 +52,13 @@ class ScriptedServer:
         self.silent = False
         # Answer server/discover as a 2026-07-28 server (its one version).
         self.modern = modern
+        # What its initialize says it offers (a test may add to it first).
+        self.capabilities: dict[str, Any] = {
+            "tools": {},
+            "prompts": {},
+            "resources": {},
+            "completions": {},
+        }
         self.tools: list[dict[str, Any]] = [
             {"name": name, "inputSchema": {"type": "object"}} for name in TOOL_NAMES
         ]
@@ -140,7 +147,7 @@ class MemoryLink:
             await trio.sleep(self.script.initialize_delay)
             result: Any = {
                 "protocolVersion": "2025-11-25",
-                "capabilities": {"tools": {}, "prompts": {}, "resources": {}, "completions": {}},
+                "capabilities": self.script.capabilities,
                 "serverInfo": {"name": self.script.label, "version": "1"},
                 "instructions": f"I am {self.script.label}.",
             }

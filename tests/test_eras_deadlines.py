@@ -21,7 +21,7 @@ import trio.testing
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from broker.eras.versions import CLIENT_CAPABILITIES_KEY, LOG_LEVEL_KEY, PROTOCOL_VERSION_KEY
 from tests.scripted import ScriptedServer
 from tests.test_actors import Broker, open_client, start_broker
 
@@ -191,3 +191,25 @@ async def test_a_legacy_client_has_the_calls_timeout_to_answer_a_modern_servers_
         await client.send(jsonrpc.result_response(asked["id"], {"action": "accept"}))
         await trio.sleep(1)
         assert len(script.requests("tools/call")) == 1
+
+
+async def test_a_level_a_modern_request_asked_for_is_lowered_at_the_server_once_it_ends(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """A legacy client asks for warnings, a modern one's call for debug: the
+    server logs at debug for that call, then at warning again. (The actor
+    told the servers nothing when an answer lowered a session's level.)"""
+    with trio.fail_after(60):
+        script = ScriptedServer(nursery)
+        script.capabilities["logging"] = {}
+        broker = await start_broker(nursery, {"s": script}, settings=SETTINGS)
+        legacy = await open_client(nursery, broker, settings=SETTINGS)
+        await legacy.initialize()
+        assert "result" in await legacy.request("logging/setLevel", {"level": "warning"})
+        modern = await open_client(nursery, broker, settings=SETTINGS)
+        meta = {PROTOCOL_VERSION_KEY: MODERN, CLIENT_CAPABILITIES_KEY: {}, LOG_LEVEL_KEY: "debug"}
+        params = {"name": "echo", "arguments": {}, "_meta": meta}
+        assert "result" in await modern.request("tools/call", params, id=1)
+        await trio.sleep(1)
+        levels = [m["params"]["level"] for m in script.requests("logging/setLevel")]
+        assert levels == ["warning", "debug", "warning"]

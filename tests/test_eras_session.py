@@ -241,6 +241,22 @@ def test_log_messages_reach_the_client_only_while_a_request_asked_for_them() -> 
     assert written(proto, log) == []
 
 
+def test_the_servers_hear_a_level_lowered_when_the_request_that_asked_ends() -> None:
+    """(It was never lowered: a server kept logging at the most verbose
+    level a request of the session had ever asked for.)"""
+    proto = opened(session())
+    for id, level in ((1, "debug"), (2, "warning")):
+        proto.receive(request(id, "tools/call", _meta=meta(**{LOG_LEVEL_KEY: level}),
+                              name="files__read"))  # fmt: skip
+    assert proto.take_level_change() == (False, "debug")
+    written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    assert proto.bridge_pending() and proto.take_level_change() == (True, "warning")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+    proto.receive(cancel)
+    assert proto.take_level_change() == (True, None)
+    assert not proto.bridge_pending()
+
+
 def test_list_changed_reaches_only_the_streams_that_asked() -> None:
     proto = opened(session())
     changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}

@@ -158,6 +158,15 @@ def test_the_server_logs_at_the_most_verbose_level_any_session_wants() -> None:
     assert message["params"] == {"level": "warning"}
 
 
+def test_a_session_that_wants_no_level_now_leaves_the_others_level() -> None:
+    """(A 2026-07-28 session whose requests that asked for logs ended.)"""
+    proto = ready()
+    sent(proto.client_log_level(A, "warning"))
+    assert [m["params"] for m in sent(proto.client_log_level(B, "debug"))] == [{"level": "debug"}]
+    assert [m["params"] for m in sent(proto.client_log_level(B, None))] == [{"level": "warning"}]
+    assert sent(proto.client_log_level(A, None)) == []  # (MCP has no "unset": kept)
+
+
 def test_each_session_gets_log_messages_at_or_above_its_level() -> None:
     proto = ready()
     proto.client_log_level(A, "error")

@@ -158,6 +158,7 @@ class ModernSessionProtocol(SessionProtocol):
         self.attached = False
         self.listeners: Listeners | None = None  # made on the first listen
         self.log_levels = RequestLogLevels()
+        self.level_changed = False  # (lowered by an answer: take_level_change)
         self.open_calls: dict[RequestId, Call] = {}  # forwarded and unanswered, by first id
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
         self.questions = bridge.AnsweringServers("", key, timeout=input_timeout)
@@ -464,8 +465,21 @@ class ModernSessionProtocol(SessionProtocol):
         earlier = self.aliases.pop(first, first)
         for id in {first, earlier}:
             self.inflight.discard(id)
-            self.log_levels.close(id)
+            self._close_level(id)
         self._forget(first)
+
+    def _close_level(self, id: Any) -> None:
+        """A request ended: if it was the one that asked for the most verbose
+        log level, the servers are told the session's new one (the actor
+        asks :meth:`take_level_change` after its write)."""
+        if self.log_levels.close(id):
+            self.level_changed = True
+
+    def take_level_change(self) -> tuple[bool, str | None]:
+        """Whether the session's log level changed since the last call, and
+        the level it is now (None: no request in flight asks for one)."""
+        changed, self.level_changed = self.level_changed, False
+        return changed, self.log_levels.level()
 
     def bridge_pending(self) -> bool:
         """Whether the bridge left the actor work after a read or write: calls
@@ -474,7 +488,7 @@ class ModernSessionProtocol(SessionProtocol):
         (:meth:`take_upstream_answers`). Nearly always False: one test, where
         reading the clock on every write cost a modern session's writer a
         share of each call."""
-        return bool(self.questions.unarmed) or bool(self.upstream_answers)
+        return bool(self.questions.unarmed) or bool(self.upstream_answers) or self.level_changed
 
     def arm_parked(self, now: float) -> float | None:
         """Start the clock of the calls parked since the last call (the actor
@@ -496,7 +510,7 @@ class ModernSessionProtocol(SessionProtocol):
                 current = self.aliases.pop(first, first)
                 for id in {first, current}:
                     self.inflight.discard(id)
-                    self.log_levels.close(id)
+                    self._close_level(id)
                     if self.calls is not None:
                         self.calls.cancelled(id)
                 self._forget(first)
@@ -598,7 +612,7 @@ class ModernSessionProtocol(SessionProtocol):
                 return False
         self.inflight.discard(id)
         if self.log_levels.ranks:
-            self.log_levels.close(id)
+            self._close_level(id)
         if self.calls is not None:
             self.calls.answered(id, answer)
         return True
@@ -637,7 +651,7 @@ class ModernSessionProtocol(SessionProtocol):
         if call is not None:
             method = call[0]  # (else the Upstream's, given: a call with no record)
         self._forget(id)
-        self.log_levels.close(current)
+        self._close_level(current)
         if current != id:
             message = {**message, "id": current}
         if self.calls is not None:
@@ -697,7 +711,7 @@ class ModernSessionProtocol(SessionProtocol):
         if type(first) is not int and type(first) is not str:
             return
         self.open_calls.pop(first, None)
-        self.log_levels.close(first)
+        self._close_level(first)
 
 
 def become_modern(
