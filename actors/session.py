@@ -561,9 +561,9 @@ class Session:
 
     async def _after_rules(self) -> None:
         """What a modern session's rules left the actor after a read or a
-        write: the clocks of calls parked since, answers to servers'
-        questions, and its log level, if an answer or a cancel lowered it
-        (nearly always nothing: one test)."""
+        write (``bridge_pending``: nearly always nothing): the clocks of calls
+        parked since, answers to servers' questions, and its log level, if an
+        answer or a cancel lowered it."""
         protocol = self._protocol
         if not isinstance(protocol, ModernSessionProtocol) or not protocol.bridge_pending():
             return
@@ -592,7 +592,9 @@ class Session:
                 break
             self._protocol.take_outgoing(delivery[0], out)
             counted += delivery[1]
-        await self._after_rules()  # (an answer input_required parks its call)
+        protocol = self._protocol  # (the test in line: no coroutine per write)
+        if isinstance(protocol, ModernSessionProtocol) and protocol.bridge_pending():
+            await self._after_rules()  # (an answer input_required parks its call)
         if out:
             try:
                 await self._connection.send(out)
