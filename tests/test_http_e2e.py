@@ -369,6 +369,12 @@ async def test_batches_on_2025_03_26_only(socket_path: str) -> None:
         assert streamed.headers["content-type"] == "text/event-stream"
         (only,) = [orjson.loads(e["data"]) for e in events(streamed.text) if e.get("data")]
         assert len(only) == 2 and all(a["result"] == {} for a in only)
+        # An item that is no message gets its error in the answer, beside the others'.
+        mixed = await old.post([old.request("ping"), 5], accept="application/json")
+        assert mixed.status_code == 200
+        ((error,), (ok,)) = ([a for a in mixed.json() if a["id"] is None],
+                             [a for a in mixed.json() if a["id"] is not None])  # fmt: skip
+        assert error["error"]["code"] == -32600 and ok["result"] == {}
 
         new = Raw(http, url + "/s")
         await new.initialize()

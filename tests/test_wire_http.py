@@ -184,6 +184,17 @@ def test_a_batch_on_2025_03_26() -> None:
     assert post == http.Post((1, "2"), (), (), False, True)
 
 
+def test_a_batchs_items_that_are_no_messages_are_left_to_the_session() -> None:
+    """(JSON-RPC 2.0, section 6: each gets its error in the batch's answer,
+    as the session writes it on every transport; the whole batch was
+    refused, its good requests never run.) A batch of nothing else: 400."""
+    long = {**request(3), "id": "x" * 257}
+    post = http.read_post(body([request(7), 5, long]), 10_000, "2025-03-26")
+    assert post == http.Post((7,), (), (), False, True)
+    refused = http.read_post(body([5, long]), 10_000, "2025-03-26")
+    assert isinstance(refused, http.Refuse) and refused.code == jsonrpc.INVALID_REQUEST
+
+
 # -- streams -----------------------------------------------------------------
 
 

@@ -233,15 +233,22 @@ def read_post(
     answers: list[RequestId] = []
     tokens: list[Any] = []
     initialize = False
+    invalid: JsonRpcError | None = None  # (a batch's first item that is no message)
     for item in items:
         try:
             kind = jsonrpc.classify(item)
+            if kind is Kind.REQUEST:
+                too_long = jsonrpc.long_id(item["id"])
+                if too_long is not None:  # (no stream could be keyed to it)
+                    raise too_long
         except JsonRpcError as exc:
-            return Refuse(400, exc.message, code=exc.code, id=exc.id)
+            if not batch:
+                return Refuse(400, exc.message, code=exc.code, id=exc.id)
+            # The session answers it in the batch's answer, beside the
+            # others' (JSON-RPC 2.0, section 6), as on every transport.
+            invalid = invalid or exc
+            continue
         if kind is Kind.REQUEST:
-            too_long = jsonrpc.long_id(item["id"])
-            if too_long is not None:  # (no stream is keyed to it: refused here)
-                return Refuse(400, too_long.message, code=too_long.code)
             if item["method"] == "initialize":
                 if batch:
                     return Refuse(400, "initialize must not be part of a batch", id=item["id"])
@@ -258,6 +265,8 @@ def read_post(
                 tokens.append(token)
         elif kind is Kind.RESPONSE and jsonrpc.is_valid_id(item.get("id")):
             answers.append(item["id"])
+    if invalid is not None and not requests:  # (no answer's stream to carry its error)
+        return Refuse(400, invalid.message, code=invalid.code, id=invalid.id)
     return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch)
 
 
