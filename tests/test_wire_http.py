@@ -55,6 +55,13 @@ def test_a_foreign_host_is_refused_even_on_loopback() -> None:
     assert isinstance(refused, http.Refuse) and refused.status == 403
 
 
+def test_two_host_headers_are_400() -> None:
+    """(RFC 9112 section 3.2; only the first was checked.)"""
+    headers = [(b"host", b"localhost"), (b"Host", b"rebound.example")]
+    refused = http.check_request("GET", "/mcp", "localhost", headers, SERVERS, Policy())
+    assert isinstance(refused, http.Refuse) and refused.status == 400
+
+
 def test_the_right_token_and_listed_origin_pass() -> None:
     headers = [(b"authorization", b"Bearer right"), (b"origin", b"http://localhost:6274")]
     target = check(

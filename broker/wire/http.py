@@ -120,6 +120,9 @@ def check_request(
     A request whose ``MCP-Protocol-Version`` is not a legacy one is ``modern``:
     broker/wire/http_modern.py's rules decide the rest."""
     fields = fields_of(headers)
+    if sum(name.lower() == b"host" for name, _ in headers) > 1:
+        # (RFC 9112 section 3.2: a MUST; readers of the first and of the last disagree)
+        return Refuse(400, "Bad Request: more than one Host header")
     refused = check_access(host, fields, policy)
     if refused is not None:
         return _refuse(refused)
