@@ -572,6 +572,12 @@ class Upstream:
 
     def _set_status(self, trigger: ServerTrigger | None = None) -> None:
         """The server's state moves on ``trigger`` (None: it moved in the protocol)."""
+        if self._retired is not None and trigger is not None:
+            # STOPPED for good (retire()): what its supervisor meets before
+            # the cancel that follows lands (a launch, a retry a reload
+            # asked for) moves it nowhere. (It raised LifecycleError, out of
+            # the daemon's nursery: the daemon ended.)
+            return
         status = self._protocol.state if trigger is None else self._protocol.move(trigger)
         self._status_changed.set()
         self._status_changed = trio.Event()
@@ -638,6 +644,8 @@ class Upstream:
         """A failed server waits for :meth:`retry` (a reload), or ``seconds``."""
         with trio.move_on_after(math.inf if seconds is None else seconds):
             await self._retry.wait()
+        if self._retired is not None:
+            await trio.sleep_forever()  # (a reload retried it, then retired it: cancelled next)
         self._retry = trio.Event()
         self._backoff.reset()
         self._log.info("server.retrying")
@@ -646,7 +654,7 @@ class Upstream:
     def retry(self) -> None:
         """Try a failed server again now (a reload does, docs/rules/restarts.md).
         Harmless for a server that is not failed."""
-        if self._protocol.state is ServerState.FAILED:
+        if self._protocol.state is ServerState.FAILED and self._retired is None:
             self._retry.set()
 
     async def _connect_once(self) -> None:

@@ -184,6 +184,32 @@ async def test_a_crash_loop_backs_off_with_jitter_then_fails(
     assert len(crashing.launched_at) > 6
 
 
+@pytest.mark.parametrize("steps", [0, 1, 5])
+async def test_a_failed_server_a_reload_retries_then_retires_stops_quietly(
+    nursery: trio.Nursery, autojump_clock: Any, steps: int
+) -> None:
+    """What a reload does to a failed server it removes or restarts: every
+    failed server is retried, then this one retired and cancelled. Its
+    supervisor, woken by the retry (and ``steps`` scheduling steps into a
+    new launch), moves it nowhere: it raised LifecycleError out of the
+    daemon's nursery (STOPPED cannot retry, or be launched), and the daemon
+    ended."""
+    crashing = Crashing(nursery)
+    broker = settings(restart_delay=0.1, restart_max_delay=0.1, restart_attempts=2,
+                      retry_failed_after=0.0)  # fmt: skip
+    upstream = Upstream("s", ServerConfig(command="scripted"), broker, launch=crashing.launch)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as own:
+            await own.start(upstream.run)
+            await wait_state(upstream, ServerState.FAILED)
+            upstream.retry()
+            for _ in range(steps):
+                await trio.lowlevel.checkpoint()
+            upstream.retire("was removed from the configuration")
+            own.cancel_scope.cancel()
+    assert upstream.status is ServerState.STOPPED
+
+
 async def test_a_failed_server_is_retried_at_once_on_request(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
