@@ -445,7 +445,11 @@ class Session:
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
         elif isinstance(action, RespondUpstream):
-            await self._upstreams[action.server].send(ClientResponse(self._handle, action.message))
+            # (None: a reload removed the server that asked, and answered its
+            # calls: a parked one's retry gets that answer)
+            asker = self._upstreams.get(action.server)
+            if asker is not None:
+                await asker.send(ClientResponse(self._handle, action.message))
         elif isinstance(action, SetLogLevel):
             for upstream in self._attached or ():
                 await upstream.send(ClientLogLevel(self._handle, action.level))
@@ -470,7 +474,8 @@ class Session:
             transport=self._connection.transport,
         )
         self._capabilities = action.capabilities
-        self._attached = [self._upstreams[name] for name in action.view]
+        # (a server a reload removed meanwhile is no longer there to hear)
+        self._attached = [self._upstreams[name] for name in action.view if name in self._upstreams]
         info = self._protocol.client_info
         for upstream in self._attached:
             await upstream.send(Attach(self._handle, action.capabilities, self._modern, info))

@@ -67,6 +67,7 @@ class ServerGroup:
         self.settings = settings
         self._catalog = self._instance(0)
         self._nursery: trio.Nursery | None = None
+        self._running = trio.Event()  # (set once run() has its nursery: see _start)
         self._scopes: dict[Upstream, trio.CancelScope] = {}
         self._retired = False  # (no instance starts after retire(): see there)
         self._log = get_logger(server=name)
@@ -145,6 +146,7 @@ class ServerGroup:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._running.set()
             await self._start(self._catalog)
             await self._started()
             task_status.started()
@@ -158,6 +160,9 @@ class ServerGroup:
     # -- instances --------------------------------------------------------------
 
     async def _start(self, instance: Upstream) -> None:
+        # A session may reach a group a reload just made before the daemon's
+        # task runs it (its Attach raced the start): it waits for that.
+        await self._running.wait()
         assert self._nursery is not None
         await self._nursery.start(self._run_instance, instance)
 

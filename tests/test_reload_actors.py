@@ -20,6 +20,7 @@ from actors.server_actor import Attach, ClientRequest, Detach
 from actors.sharing import EraServer
 from broker import jsonrpc
 from broker.config import Config, parse_config
+from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from broker.states import ServerState
 from broker.wire import ndjson
 from broker.wire.ndjson import LineFramer
@@ -357,3 +358,63 @@ async def test_a_session_that_raced_a_reload_to_a_retired_server_is_answered(
     assert answer["error"]["message"] == "MCP server 'g' was removed from the configuration"
     assert old.statistics().in_flight == 0
     assert not [i for i in getattr(old, "instances", list)() if i.status is not ServerState.STOPPED]
+
+
+async def test_a_session_that_reaches_a_new_group_before_it_runs_waits_for_it(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A reload makes a per-session (or per-client) actor and tells each
+    session to attach before the daemon's task runs it: the session's Attach
+    waits for the group to run. (It raised AssertionError in the group's
+    _start, which ended the session: its calls on every server lost.)"""
+    from actors.sharing import PerSessionServer
+
+    config = scripts.config("g", broker={})
+    group = PerSessionServer("g", config.servers["g"], config.broker)
+    outbox, _ = trio.open_memory_channel[Any](10)
+    handle = SessionHandle(outbox, trio.CancelScope())
+    attached = trio.Event()
+
+    async def attach() -> None:
+        await group.send(Attach(handle, {}))
+        attached.set()
+
+    nursery.start_soon(attach)
+    await trio.sleep(1)
+    assert not attached.is_set()  # (waiting for the group to run)
+    await nursery.start(group.run)
+    with trio.fail_after(5):
+        await attached.wait()
+    assert len(group.instances()) == 2  # the catalog's instance and the session's
+
+
+async def test_a_parked_calls_retry_after_a_reload_removed_its_server_is_answered(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A 2026-07-28 client's call parked at a legacy server (it asked a
+    question) that a reload removes: the call is answered while the client is
+    away, and its retry gets that answer; the session goes on. (The retry's
+    answers to the server's questions went to a server no longer in the
+    daemon's table: KeyError, and the session ended.)"""
+    daemon = await start(nursery, scripts.config("a", "s"))
+    ours, theirs = trio.testing.memory_stream_pair()
+    nursery.start_soon(daemon._serve_client, theirs)
+    client = Client(ours)
+    nursery.start_soon(client.read_forever)
+    meta = {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: {"elicitation": {}}}
+    assert "result" in await client.request("l", "tools/list", {"_meta": meta})
+    form = {"mode": "form", "message": "Colour?", "requestedSchema": {"type": "object"}}
+    question = {"jsonrpc": "2.0", "id": "q1", "method": "elicitation/create", "params": form}
+    line = jsonrpc.encode(question).decode()
+    call = {"name": "s__raw", "arguments": {"line": line}, "_meta": meta}
+    parked = await client.request(1, "tools/call", call)
+    assert parked["result"]["resultType"] == "input_required"
+    daemon.reload(scripts.config("a"))
+    await settle()
+    (key,) = parked["result"]["inputRequests"]
+    retry = {**call, "requestState": parked["result"]["requestState"],
+             "inputResponses": {key: {"action": "accept", "content": {}}}}  # fmt: skip
+    answer = await client.request(2, "tools/call", retry)
+    assert answer["error"]["message"] == "MCP server 's' was removed from the configuration"
+    echo = {"name": "a__echo", "arguments": {}, "_meta": meta}
+    assert "result" in await client.request(3, "tools/call", echo)
