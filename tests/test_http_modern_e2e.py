@@ -344,6 +344,14 @@ async def test_a_refused_retry_leaves_the_call_parked_as_on_a_socket(socket_path
             assert "belongs to a tools/call request" in refused.json()["error"]["message"]
             retry = {**call, "id": 3}
             retry["params"] = {**call["params"], "inputResponses": answer, "requestState": state}
+            # The first request's id again (in use: the call is still in flight
+            # upstream under it): the POST ends with the id-null refusal, where
+            # it waited for an answer in an id nothing would answer.
+            same = await http.post(d.http_url, content=orjson.dumps({**retry, "id": 1}),
+                                   headers=post_headers("tools/call", "s__ask_user",
+                                                        **json_only))  # fmt: skip
+            assert same.json()["id"] is None and same.json()["error"]["code"] == -32600
+            assert same.json()["error"]["data"] == {"id": 1}
             done = await http.post(d.http_url, content=orjson.dumps(retry),
                                    headers=post_headers("tools/call", "s__ask_user",
                                                         **json_only))  # fmt: skip

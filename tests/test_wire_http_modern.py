@@ -223,5 +223,9 @@ def test_only_the_brokers_own_input_required_parks_a_call() -> None:
     assert parked_token({"jsonrpc": "2.0", "id": 1, "result": complete}) is None
     assert parked_token(None) is None
     assert answers({"jsonrpc": "2.0", "id": 1, "result": {}}, id_key(1))
+    in_use = {"code": -32600, "message": "in use", "data": {"id": 1}}  # (the session's refusal)
+    assert answers({"jsonrpc": "2.0", "id": None, "error": in_use}, id_key(1))
+    assert not answers({"jsonrpc": "2.0", "id": None, "error": in_use}, id_key("1"))
+    assert not answers({"jsonrpc": "2.0", "id": None, "error": {"code": -32700}}, id_key(1))
     assert not answers({"jsonrpc": "2.0", "id": "1", "result": {}}, id_key(1))
     assert not answers({"jsonrpc": "2.0", "id": 1, "method": "x"}, id_key(1))

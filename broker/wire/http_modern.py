@@ -269,13 +269,19 @@ def parked_token(answer: dict[str, Any] | None) -> str | None:
 
 
 def answers(message: Any, wanted: tuple[type, Any]) -> bool:
-    """Whether ``message`` is the answer to the request whose ``id_key`` is ``wanted``."""
-    return (
-        type(message) is dict
-        and "method" not in message
-        and jsonrpc.is_valid_id(message.get("id"))
-        and id_key(message["id"]) == wanted
-    )
+    """Whether ``message`` is the answer to the request whose ``id_key`` is
+    ``wanted``: in its id, or an error with id null that names it in its
+    ``data`` (the session's refusal of an id in use, docs/protocol.md: the
+    POST that carried it ends with it, where it waited for an answer in an
+    id nothing would answer)."""
+    if type(message) is not dict or "method" in message:
+        return False
+    id = message.get("id")
+    if id is None:
+        error = message.get("error")
+        data = error.get("data") if isinstance(error, dict) else None
+        id = data.get("id") if isinstance(data, dict) else None
+    return jsonrpc.is_valid_id(id) and id_key(id) == wanted
 
 
 def _refuse(error: JsonRpcError) -> Refuse:
