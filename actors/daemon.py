@@ -394,6 +394,10 @@ class Daemon:
             stranded[name] = [s for s in self._sessions if s.drop_server(name)]
         for name in change.restarted:
             old[name].events = None
+            fresh, before = actors[name], old[name]
+            if isinstance(fresh, Upstream) and isinstance(before, Upstream):
+                # (a group's instances are per session or era: theirs start anew)
+                fresh.inherit(before)
             self.registry.replace_server(name)
             for session in self._sessions:
                 session.replace_server(name)

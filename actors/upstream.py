@@ -270,6 +270,13 @@ class Upstream:
         if config.startup == "eager":
             self.request_start()
 
+    def inherit(self, old: Upstream) -> None:
+        """A reload restarted the server with this actor in ``old``'s place
+        (before it runs): the subscriptions and log levels its sessions asked
+        of the old one are asked of the new process at its handshake, as a
+        crash's restart asks them (docs/configuration.md)."""
+        self._protocol.fanout = old._protocol.fanout.for_new_server()
+
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""
         if self._protocol.state is ServerState.IDLE:

@@ -122,6 +122,17 @@ class Fanout:
     def subscribed_uris(self) -> list[str]:
         return list(self._subscribers)
 
+    def for_new_server(self) -> Fanout:
+        """What the sessions asked of this server, for the process a reload
+        starts in its place: the same subscribers and levels, which it is
+        asked for at its handshake (``UpstreamProtocol.renewed``), as a
+        restarted process is."""
+        fresh = Fanout()
+        fresh._levels = dict(self._levels)
+        fresh._subscribers = {uri: set(sessions) for uri, sessions in self._subscribers.items()}
+        fresh._sent_level = min(self._levels.values()) if self._levels else None
+        return fresh
+
     # -- sessions -------------------------------------------------------------
 
     def session_gone(self, session: Hashable) -> tuple[list[str], str | None]:

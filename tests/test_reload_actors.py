@@ -418,3 +418,32 @@ async def test_a_parked_calls_retry_after_a_reload_removed_its_server_is_answere
     assert answer["error"]["message"] == "MCP server 's' was removed from the configuration"
     echo = {"name": "a__echo", "arguments": {}, "_meta": meta}
     assert "result" in await client.request(3, "tools/call", echo)
+
+
+async def test_a_restart_by_reload_asks_the_new_process_what_its_sessions_asked(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A session's subscription and log level at the server a reload
+    restarts are asked of the new process at its handshake, as a crash's
+    restart asks them. (The new actor started with none: no update reached
+    the session again, and the server logged at its default.)"""
+    scripts["s"] = script = ScriptedServer(nursery, label="s")
+    script.capabilities.update(resources={"subscribe": True}, logging={})
+    daemon = await start(nursery, scripts.config("s"))
+    client = await connect(nursery, daemon)
+    assert "result" in await client.request(1, "resources/subscribe", {"uri": "mem://s/readme"})
+    assert "result" in await client.request(2, "logging/setLevel", {"level": "debug"})
+    servers = {"s": {"command": "s", "env": {"CHANGED": "1"}}}
+    assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("s",)
+    await settle()
+    link = script.links[-1]
+    assert len(script.links) == 2 and not link.exited.is_set()  # (the new process)
+    starts = [i for i, m in enumerate(script.received) if m.get("method") == "initialize"]
+    since = script.received[starts[-1] :]  # (what the new process was asked)
+    asked = [(m["method"], m.get("params")) for m in since if "id" in m and "method" in m]
+    assert ("resources/subscribe", {"uri": "mem://s/readme"}) in asked
+    assert ("logging/setLevel", {"level": "debug"}) in asked
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": "mem://s/readme"})
+    await link.send(updated)
+    await settle()
+    assert updated in client.messages
