@@ -85,6 +85,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
+from broker.upstream_actions import ListenLater
 from broker.wire.frames import Failed, LinkFrame, OnStream, Oversize, Renewed
 
 INBOX_SIZE = 256
@@ -934,7 +935,7 @@ class Upstream:
         probe = self._protocol.probe_failed(request, failed.detail)
         if probe is not None:  # the server/discover probe: the server is legacy
             return probe
-        listen = self._protocol.listen_failed(request, failed.detail)
+        listen = self._protocol.listen_failed(request, failed.detail, trio.current_time())
         if listen is not None:  # the broker's subscriptions/listen (a modern server)
             return listen
         actions = self._protocol.fail_now(request, failed.detail) if type(request) is int else []
@@ -958,6 +959,9 @@ class Upstream:
                 self._write_soon(action.message)
             elif isinstance(action, Warn):
                 self._log.warning(action.event, detail=action.detail)
+            elif isinstance(action, ListenLater):
+                if self._link_nursery is not None:
+                    self._link_nursery.start_soon(self._listen_later, action.delay)
             elif isinstance(action, Speak):  # (before the requests it concerns)
                 if self._link is not None:
                     self._link.speak(action.version)
@@ -970,6 +974,15 @@ class Upstream:
                 self._ready_since = trio.current_time()
                 self._set_status()  # (the protocol moved it to READY)
                 self._unpark()
+
+    async def _listen_later(self, delay: float) -> None:
+        """The modern server's listen again, ``delay`` seconds from now, if
+        the connection it was for is still the one there (the link's task:
+        it ends with the connection)."""
+        server = self._protocol.modern_server
+        await trio.sleep(delay)
+        if server is not None and self._protocol.modern_server is server:
+            self._apply(server.listen_now())
 
 
 def _count(item: InboxItem) -> int:

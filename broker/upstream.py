@@ -474,13 +474,15 @@ class UpstreamProtocol:
             return [SendUpstream(self._own_request("resources/unsubscribe", {"uri": uri})), done]
         return [done]
 
-    def listen_failed(self, request: RequestId, detail: str) -> list[Action] | None:
+    def listen_failed(
+        self, request: RequestId, detail: str, now: float = 0.0
+    ) -> list[Action] | None:
         """The link lost the answer to ``request`` (HTTP: its stream broke):
         if it was a modern server's listen, what to do (listen again if it
         had worked, and fetch the lists again); None: not the listen."""
         if self.modern_server is None or not self.modern_server.is_listen(request):
             return None
-        return self.modern_server.listen_failed(detail)
+        return self.modern_server.listen_failed(detail, now)
 
     def client_log_level(self, session: Hashable, level: str | None) -> list[Action]:
         """A session set its log level (None: it wants none now); ask the
@@ -816,7 +818,7 @@ class UpstreamProtocol:
         if upstream_id == self.warming.listing and upstream_id is not None:
             return self._tools_listed(message)
         if self.modern_server is not None and self.modern_server.is_listen(upstream_id):
-            return self.modern_server.listen_ended(message)
+            return self.modern_server.listen_ended(message, now)
         entry = self.requests.close(message)
         if entry is None:
             return []

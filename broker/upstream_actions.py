@@ -93,4 +93,12 @@ class Speak:
     version: str | None
 
 
-Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn | Speak
+@attrs.frozen
+class ListenLater:
+    """Open the modern server's listen again in ``delay`` seconds (its
+    listens end as soon as they are opened: not at once, again and again)."""
+
+    delay: float
+
+
+Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn | Speak | ListenLater

@@ -33,6 +33,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
+from broker.upstream_actions import ListenLater
 from broker.wire.envelope import split_answer
 
 MODERN = "2026-07-28"
@@ -291,6 +292,32 @@ def test_a_stream_ended_is_opened_again_and_its_lists_fetched_again() -> None:
     refused = jsonrpc.error_response(again.message["id"], -32603, "Subscription limit reached")
     (warn,) = proto.server_message(refused)
     assert isinstance(warn, Warn) and "Subscription limit reached" in warn.detail
+
+
+def test_a_stream_the_server_ends_again_and_again_is_opened_again_later_each_time() -> None:
+    """Ended within LISTEN_SETTLE of its opening, again: the next listen
+    waits 0.5 s, then twice as long each time (up to 30 s), the lists it
+    missed fetched with it; one that lasted opens again at once. (A server
+    that ended every listen at once had the broker listen, and list its
+    tools, hundreds of times a second.)"""
+    proto, listen = modern_server()
+    now, delays = 100.0, []
+    for _ in range(9):
+        actions = proto.server_message(jsonrpc.result_response(listen["id"], {}), now)
+        if isinstance(actions[0], ListenLater):
+            (later,) = actions
+            delays.append(later.delay)
+            now += later.delay
+            assert proto.modern_server is not None
+            actions = proto.modern_server.listen_now()
+        again, *changed = actions
+        assert isinstance(again, SendUpstream) and again.message["method"] == "subscriptions/listen"
+        assert [type(c) for c in changed] == [ListChanged, ListChanged]  # (what it missed)
+        listen = again.message
+        now += 0.1  # (it ends 0.1 s after it opened)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    lasted = proto.server_message(jsonrpc.result_response(listen["id"], {}), now + 60)
+    assert isinstance(lasted[0], SendUpstream)  # (it lasted a minute: at once)
 
 
 def test_a_listen_the_link_lost_is_opened_again_only_if_it_had_worked() -> None:

@@ -229,3 +229,16 @@ def test_a_renewed_session_is_asked_again_for_what_the_old_one_held() -> None:
         ("logging/setLevel", {"level": "debug"}),
     ]
     assert all(isinstance(m["id"], str) for m in again)  # the broker's own requests
+
+
+def test_an_answer_on_a_posts_stream_is_its_requests_or_named() -> None:
+    """(Any answer was taken for the request's: its caller waited out the
+    timeout for the one that never came.)"""
+    assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":7,"result":{}}', 7) is None
+    assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":"a","result":{}}', "a") is None
+    other = rules.not_its_answer(b'{"jsonrpc":"2.0","id":8,"result":{}}', 7)
+    assert other == "the answer to another request (id 8) on its stream"
+    assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":"7","result":{}}', 7) is not None
+    assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":true,"result":{}}', 1) is not None
+    assert rules.not_its_answer(b"not json", 7) == "a message on its stream that is not JSON"
+    assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":8,"result":{}}', None) is None

@@ -79,6 +79,9 @@ CONNECT_TIMEOUT = 10.0
 WRITE_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
 RECONNECT_DELAY = 1.0  # before polling a stream again when the server gave no retry
+# The least wait before a poll, whatever ``retry`` the server gave (0: the
+# daemon polled a thousand times a second).
+MIN_RETRY = 0.25
 MAX_RESUMES = 100  # polls in a row that bring nothing new before a POST's stream is failed
 HARD_LIMIT_FACTOR = 4  # past this many times maxMessageBytes, a message is not read at all
 ERROR_BODY = 200  # characters of an error answer's body kept for the message
@@ -423,7 +426,7 @@ class HttpLink:
                 await self._failed(unit, "a stream that ended before its answer")
                 return
             resumes += 1
-            await trio.sleep(retry)
+            await trio.sleep(max(retry, MIN_RETRY))
             assert self._client is not None
             headers = self._request_headers(rules.ACCEPT_STREAM)
             headers[rules.LAST_EVENT_HEADER] = last_id
@@ -450,7 +453,6 @@ class HttpLink:
         """Hand on a POST stream's messages; whether its answer came, the last
         event id (``last_id`` until one comes), the delay the server asked for
         before polling again."""
-        answered = False
         try:
             async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                 if event.id:
@@ -463,17 +465,27 @@ class HttpLink:
                 if rules.may_be_request(data):
                     related = unit.id is not None and len(data) <= self._max
                     await self._emit([OnStream(data, unit.id) if related else self._frame(data)])
-                else:
-                    answered = True
-                    if version := self._version_of(unit, data):
-                        self._version = version
-                    await self._emit([self._frame(data)])
+                    continue
+                if version := self._version_of(unit, data):
+                    self._version = version
+                await self._emit([self._frame(data)])  # (another's: the rules say so)
+                problem = rules.not_its_answer(data, unit.id)
+                if problem is not None:
+                    await self._failed(unit, problem)
+                    return True, last_id, retry  # (its caller is told: no poll)
+                # Its answer: the stream is done with (the server SHOULD close
+                # it; one left open held one of the link's request tasks for
+                # good, and past MAX_STREAMS nothing was sent any more).
+                return True, last_id, retry
+        except httpx2.SSEError as exc:  # (an event past the limit: this request's alone)
+            await self._failed(unit, f"its stream broke ({_describe(exc)})")
+            return True, last_id, retry
         except httpx2.TransportError as exc:
             if last_id is None:
                 if unit.id is None:
                     raise
                 raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
-        return answered, last_id, retry
+        return False, last_id, retry
 
     # -- the 2026-07-28 revision ----------------------------------------------------
 
@@ -604,9 +616,12 @@ class HttpLink:
                 if not modern_rules.is_answer(data):
                     await self._emit([self._frame(data)])
                     continue
-                if unit.lists_tools is not None and len(data) <= self._max:
+                problem = rules.not_its_answer(data, unit.id)
+                if problem is None and unit.lists_tools is not None and len(data) <= self._max:
                     data = self._learnt(data, unit.lists_tools)
                 await self._emit([self._frame(data)])
+                if problem is not None:
+                    await self._failed(unit, problem)
                 return  # (the answer ends the stream: closing it is no cancellation now)
         except STREAM_ERRORS as exc:  # (this request's alone: there is no session)
             await self._failed(unit, f"its stream broke ({_describe(exc)})")
@@ -680,6 +695,7 @@ class HttpLink:
         request. Polled again when it ends (``Last-Event-ID``); none if the
         server offers none (405)."""
         assert self._client is not None
+        renewed = False  # (this GET's session was opened for it: a 404 again is no expiry)
         while True:
             headers = self._request_headers(rules.ACCEPT_STREAM)
             if self._last_event_id is not None:
@@ -688,14 +704,17 @@ class HttpLink:
             try:
                 async with self._client.stream("GET", self._endpoint, headers=headers) as response:
                     status = response.status_code
-                    if status == 404 and rules.SESSION_HEADER in headers:
+                    if status == 404 and rules.SESSION_HEADER in headers and not renewed:
                         await self._renew(headers[rules.SESSION_HEADER])
                         self._last_event_id = None  # (the old session's)
+                        renewed = True  # (a 404 to a new session's GET: it has none)
                         continue
-                    if not 200 <= status < 300:
+                    kind = response.headers.get("content-type", "")
+                    if not 200 <= status < 300 or not kind.startswith(rules.ACCEPT_STREAM):
                         if status != 405:
-                            self._log.info("server.no_get_stream", status=status)
+                            self._log.info("server.no_get_stream", status=status, type=kind)
                         return
+                    renewed = False
                     async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                         if event.id:
                             self._last_event_id = event.id
@@ -703,11 +722,11 @@ class HttpLink:
                             retry = event.retry / 1000
                         if event.event == "message" and event.data:
                             await self._emit([self._frame(event.data.encode())])
-            except (httpx2.ReadError, httpx2.RemoteProtocolError) as exc:
+            except STREAM_ERRORS as exc:  # (an event past the limit too: not the link's end)
                 self._log.info("server.get_stream_broken", error=_describe(exc))
             except HTTP_ERRORS as exc:
                 raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
-            await trio.sleep(retry)
+            await trio.sleep(max(retry, MIN_RETRY))
 
     async def _legacy_stream(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

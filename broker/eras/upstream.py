@@ -29,8 +29,9 @@ fan-out, the in-flight table), never the protocol itself:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -66,10 +67,23 @@ from broker.lifecycle import (
 )
 from broker.requestmap import InputRound, RequestMap
 from broker.server_requests import ClientIds
-from broker.upstream_actions import Action, Deliver, ListChanged, SendUpstream, Speak, Warn
+from broker.upstream_actions import (
+    Action,
+    Deliver,
+    ListChanged,
+    ListenLater,
+    SendUpstream,
+    Speak,
+    Warn,
+)
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 PROBE_ID = "mcpbroker-discover"
+# A listen the server ends within this many seconds of its opening counts as
+# ended at once: the next is opened after LISTEN_DELAY, doubled each time.
+LISTEN_SETTLE: Final = 5.0
+LISTEN_DELAY: Final = 0.5
+MAX_LISTEN_DELAY: Final = 30.0
 
 
 class EraProbe:
@@ -197,6 +211,9 @@ class ModernServer:
         # The broker's one subscriptions/listen at the server.
         self.listen = UpstreamListen(BROKER_CLIENT_CAPABILITIES)
         self._listens = 0
+        self._relistened = -math.inf  # when a listen was last opened again
+        self._quick_ends = 0  # listens in a row that ended soon after they were
+        self._lists_missed: frozenset[str] = frozenset()  # (to fetch on the next listen)
 
     def asks_legacy(self, session: Hashable, method: str) -> bool:
         """A legacy client's call, which the server may answer
@@ -280,14 +297,14 @@ class ModernServer:
         """Whether ``request`` is the id of the broker's listen."""
         return self.listen.id is not None and request == self.listen.id
 
-    def listen_failed(self, detail: str) -> list[Action]:
+    def listen_failed(self, detail: str, now: float = 0.0) -> list[Action]:
         """The link lost the answer to the listen (HTTP: its stream broke):
         listen again if it had worked, and fetch the lists again."""
         again = self.listen.dropped()
         warn = Warn("server.listen_lost", f"subscriptions/listen ended: {detail}")
-        return [warn] if again is None else [warn, *self._listen_again(again)]
+        return [warn] if again is None else [warn, *self._listen_again(again, now)]
 
-    def listen_ended(self, message: Message) -> list[Action]:
+    def listen_ended(self, message: Message, now: float = 0.0) -> list[Action]:
         """The server answered the listen: a refusal is said; a stream ended is
         opened again, and its lists are fetched again (what changed in the gap
         was not told: 2026-07-28 has no replay)."""
@@ -296,11 +313,34 @@ class ModernServer:
             error = message.get("error")
             said = error.get("message") if isinstance(error, dict) else error
             return [Warn("server.listen_refused", f"subscriptions/listen was refused: {said}")]
-        return self._listen_again(again)
+        return self._listen_again(again, now)
 
-    def _listen_again(self, ended: Filter) -> list[Action]:
-        """A stream that ended: listen again, and fetch its lists again."""
-        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(ended.lists)]
+    def _listen_again(self, ended: Filter, now: float) -> list[Action]:
+        """A stream that ended (at ``now``): listen again, and fetch its
+        lists again; at once, unless the last one was opened again less than
+        ``LISTEN_SETTLE`` seconds before, when it waits, twice as long each
+        time (up to ``MAX_LISTEN_DELAY``). (A server that ended every listen
+        at once had the broker listen, and list its tools, hundreds of
+        times a second.)"""
+        if now - self._relistened < LISTEN_SETTLE:
+            self._quick_ends += 1
+        else:
+            self._quick_ends = 0
+        delay = (
+            0.0
+            if not self._quick_ends
+            else min(LISTEN_DELAY * 2 ** (self._quick_ends - 1), MAX_LISTEN_DELAY)
+        )
+        self._relistened = now + delay
+        self._lists_missed |= ended.lists
+        if delay:
+            return [ListenLater(delay)]
+        return self.listen_now()
+
+    def listen_now(self) -> list[Action]:
+        """Listen again, and fetch the lists a stream that ended asked for."""
+        missed, self._lists_missed = self._lists_missed, frozenset()
+        changed = [ListChanged(jsonrpc.notification(LIST_FLAGS[f])) for f in sorted(missed)]
         return [*self.listen_actions(), *changed]
 
     # -- the bridge: a legacy client's input_required rounds ---------------------

@@ -171,6 +171,28 @@ def json_body(body: bytes, request: int | str | None) -> tuple[list[bytes], str 
     return frames, None if request is None else _not_its_answer(messages, request)
 
 
+def not_its_answer(data: bytes, request: int | str | None) -> str | None:
+    """Why a message on a POST's stream that is no request or notification
+    does not answer ``request`` (None: it does, or the POST carried no
+    request): cheap for the usual shape (:func:`split_answer`), parsed
+    else. A stream's answer to another request leaves the POST's own with
+    none to come, as a JSON body's does (:func:`json_body`)."""
+    if request is None:
+        return None
+    cut = split_answer(data) if type(request) is int else None
+    if cut is not None:
+        found: Any = cut.id
+    else:
+        try:
+            message = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return "a message on its stream that is not JSON"
+        found = message.get("id") if isinstance(message, dict) else None
+    if type(found) is type(request) and found == request:
+        return None
+    return f"the answer to another request (id {found!r}) on its stream"
+
+
 def _not_its_answer(messages: list[Any], request: int | str) -> str | None:
     answers = [m for m in messages if isinstance(m, dict) and ("result" in m or "error" in m)]
     if any(answer.get("id") == request for answer in answers):
