@@ -188,9 +188,16 @@ class ResumingRelay(CopyRelay):
         flush_to_host(self.to_host)
 
     def _finish(self) -> int:
-        """The daemon closed after the host did: hand the host the rest, then leave."""
+        """The daemon closed after the host did: hand the host the rest, then
+        leave. Requests still in flight get their errors, as at a gap (the
+        host closed its stdin, not its stdout: a daemon that died before it
+        answered them left them with nothing), and the exit is 1."""
+        lost = self.state.gap_errors() if self.state.pending else b""
+        if lost:
+            self.to_host += lost
+            _say("the daemon went away with requests in flight")
         self._flush_to_host()
-        return 0
+        return 1 if lost else 0
 
     # -- the gap --------------------------------------------------------------
 

@@ -42,7 +42,17 @@ def scan(line: bytes) -> tuple[bytes | None, bytes | None]:
     to a canonical form when it has any, so that the host's id and the
     daemon's copy of it compare equal. The compact shapes the SDKs write
     are recognised by their first and last bytes (:func:`_scan_compact`).
+    A line that cannot be read (a bad escape, a lone surrogate, nesting past
+    Python's recursion) is untracked, (None, None): it goes on, for the
+    daemon to answer with its error (it ended the shim with a traceback).
     """
+    try:
+        return _scan(line)
+    except (ValueError, UnicodeError, RecursionError):
+        return None, None
+
+
+def _scan(line: bytes) -> tuple[bytes | None, bytes | None]:
     found = _scan_compact(line)
     if found is not None:
         return found
@@ -192,7 +202,7 @@ def _param(line: bytes, name: bytes) -> bytes | None:
     try:
         params = json.loads(line).get("params") or {}
         value = params.get(name.decode())
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return value.encode() if isinstance(value, str) else None
 
@@ -202,10 +212,13 @@ def _cancelled_id(line: bytes) -> bytes | None:
 
     try:
         id = (json.loads(line).get("params") or {}).get("requestId")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     if isinstance(id, (int, str)) and not isinstance(id, bool):
-        return json.dumps(id, ensure_ascii=False).encode()
+        try:
+            return json.dumps(id, ensure_ascii=False).encode()
+        except UnicodeError:  # (a lone surrogate: no request of the host's has it)
+            return None
     return None
 
 
@@ -234,6 +247,7 @@ class HostState:
 
     def __init__(self) -> None:
         self.initialize: bytes | None = None
+        self.initialize_id: bytes | None = None
         self.initialized: bytes | None = None
         self.set_level: bytes | None = None
         self.subscriptions: dict[bytes, bytes] = {}  # uri -> the subscribe line
@@ -273,6 +287,9 @@ class HostState:
         if id is None:
             return True
         if method is not None:
+            # (a new daemon numbers its requests anew: an id a dead one used
+            # is this one's now, and the host's answer to it must go through)
+            self.stale.discard(id)
             self.daemon_pending[id] = None
             return True
         if self.replayed and id in self.replayed:
@@ -286,6 +303,7 @@ class HostState:
             return
         if method == b"initialize" and self.initialize is None:
             self.initialize = line
+            self.initialize_id = scan(line)[1]
         elif method == b"notifications/initialized":
             self.initialized = line
         elif method == b"logging/setLevel":
@@ -303,7 +321,12 @@ class HostState:
 
     def gap_errors(self) -> bytes:
         """The daemon is gone: an error for each host request in flight (and
-        forget them); the daemon's own requests become stale."""
+        forget them); the daemon's own requests become stale. An
+        ``initialize`` still in flight is forgotten too: the host, told to
+        try again, does (replayed by the shim, its retry was refused as a
+        second initialize, and the host never had its answer)."""
+        if self.initialize_id is not None and self.initialize_id in self.pending:
+            self.initialize = self.initialize_id = self.initialized = None
         errors = b"".join(error_line(id) for id in self.pending)
         self.pending.clear()
         self.stale |= self.daemon_pending.keys()

@@ -192,3 +192,45 @@ async def test_with_no_resume_the_shim_exits_as_before(socket_path: str, config_
                 with trio.fail_after(5):
                     await session.call_tool("pid", {})
         await wait_gone(daemon)
+
+
+async def test_a_host_that_closed_its_stdin_hears_of_a_call_the_daemon_took_with_it(
+    socket_path: str, config_file: str
+) -> None:
+    """``printf ... | mcpbroker connect``: the host's input ends after its
+    last request, and the daemon dies while that call runs. The call gets
+    its error, and the shim exits 1, saying so. (It wrote nothing for the
+    call and exited 0.)"""
+    params = shim_parameters(socket_path, "sub", config=config_file)
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+         "params": {"name": "slow", "arguments": {"seconds": 20}}},
+    ]  # fmt: skip
+    with trio.fail_after(60):
+        shim = await trio.lowlevel.open_process(
+            [params.command, *params.args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **(params.env or {})},
+        )
+        assert shim.stdin is not None and shim.stdout is not None
+        await shim.stdin.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+        await shim.stdin.aclose()
+        out = b""
+        while b'"id":1' not in out.replace(b" ", b""):
+            out += await shim.stdout.receive_some()
+        await trio.sleep(0.5)  # (the call is running)
+        daemon = daemon_pid(socket_path)
+        os.kill(daemon, signal.SIGKILL)
+        while chunk := await shim.stdout.receive_some():
+            out += chunk
+        assert await shim.wait() == 1
+        answers = [json.loads(line) for line in out.splitlines()]
+        (lost,) = [a for a in answers if a.get("id") == 2]
+        assert lost["error"]["code"] == -32000
+        await wait_gone(daemon)

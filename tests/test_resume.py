@@ -128,6 +128,44 @@ def test_answers_to_a_dead_daemon_s_requests_are_dropped() -> None:
     assert state.up(b'{"jsonrpc":"2.0","id":12,"result":{"roots":[]}}\n')  # a new daemon's
 
 
+def test_a_new_daemons_request_of_a_dead_ones_id_is_answered() -> None:
+    """The new daemon numbers its requests anew: its first may have the id
+    of one the dead daemon asked. The host's answer to it goes through (it
+    was taken for the late answer to the dead one's, and dropped: the tool
+    call that asked waited out its timeout)."""
+    state = HostState()
+    asked = b'{"jsonrpc":"2.0","id":"mcpbroker:s:1","method":"sampling/createMessage"}\n'
+    state.down(asked)
+    state.gap_errors()
+    assert state.down(asked)  # (the new daemon's)
+    assert state.up(b'{"jsonrpc":"2.0","id":"mcpbroker:s:1","result":{}}\n')
+
+
+def test_an_initialize_in_flight_at_a_gap_is_the_hosts_to_send_again() -> None:
+    """The host is told to try again: its retry goes to the new daemon (the
+    shim replayed it, so the retry was refused as a second initialize, and
+    the host never had an answer)."""
+    state = HostState()
+    state.up(b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}\n')
+    (error,) = state.gap_errors().splitlines()
+    assert json.loads(error)["id"] == 0
+    assert state.replay() == (None, b"")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","method":"ping","id":"a\\q"}\n',  # (a bad escape)
+        b'{"jsonrpc":"2.0","method":"ping","id":"\\ud800"}\n',  # (a lone surrogate)
+        b'{"jsonrpc":"2.0","x":{"method":1},"y":' + b"[" * 100_000 + b"\n",
+    ],
+)
+def test_a_line_the_shim_cannot_read_goes_on_untracked(line: bytes) -> None:
+    """(For the daemon to answer with its error: it ended the shim.)"""
+    assert scan(line) == (None, None)
+    assert HostState().up(line)
+
+
 def test_no_replay_before_the_host_initialized() -> None:
     assert HostState().replay() == (None, b"")
 
