@@ -690,7 +690,15 @@ class Upstream:
                 context = LinkContext(
                     nursery, self.settings.max_message_bytes, self._log, self._stderr_tail
                 )
-                link = await self._launch(context)
+                # (bounded: a launch that waits on the server, as HTTP+SSE's
+                # for its endpoint event, stayed "starting" for good)
+                with trio.fail_after(STARTUP_TIMEOUT):
+                    link = await self._launch(context)
+            except trio.TooSlowError:
+                why = f"did not open its connection within {STARTUP_TIMEOUT:g} s"
+                self._went_down(f"{why} ({self._target})")
+                nursery.cancel_scope.cancel()
+                return None
             except OSError as exc:
                 self._went_down(f"could not be started ({exc.strerror or exc}: {self._target})")
                 nursery.cancel_scope.cancel()

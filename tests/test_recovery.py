@@ -310,3 +310,24 @@ async def test_a_restart_with_other_tools_tells_sessions_once(
     assert "new" in names
     await trio.sleep(60)
     assert client.others == [] and client._pending == []  # once, and only for tools
+
+
+async def test_a_launch_that_never_opens_is_given_up_at_the_startup_timeout(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """A link whose launch waits on the server (HTTP+SSE waits for its
+    endpoint event) is bounded as a handshake is: down, said why, and
+    started again with backoff. (It stayed "starting" for good.)"""
+    launched: list[float] = []
+
+    async def never(context: LinkContext) -> StreamLink:
+        launched.append(trio.current_time())
+        await trio.sleep_forever()
+        raise AssertionError
+
+    upstream = await start(nursery, never, settings(restart_delay=1.0, restart_max_delay=1.0))
+    with trio.fail_after(120):
+        while len(launched) < 2:
+            await trio.sleep(1)
+    assert launched[1] - launched[0] >= 30
+    assert "did not open its connection within 30 s" in (upstream.statistics().last_error or "")
