@@ -325,8 +325,20 @@ def _has_aggregate(data: Any) -> bool:
     """Whether the file has an entry for every server already (an earlier
     ``install --aggregate``)."""
     return any(
-        is_broker_entry(entry) and entry["args"][-1] == "connect" for _, _, entry in entries(data)
+        is_broker_entry(entry) and not _view_of(entry["args"]) for _, _, entry in entries(data)
     )
+
+
+def _view_of(args: list[Any]) -> list[Any]:
+    """The server names a broker entry's ``connect`` names (none: every
+    server), its ``--config FILE`` aside (it follows them when the broker's
+    config is not the default one: such an aggregate entry was not found,
+    and a second one added)."""
+    rest = args[args.index("connect") + 1 :]
+    if "--config" in rest:
+        at = rest.index("--config")
+        rest = rest[:at] + rest[at + 2 :]
+    return rest
 
 
 def _aggregate_edit(host: Host, data: Any, target: Target, kept: list[Any]) -> Edit:

@@ -28,6 +28,7 @@ import platform
 import sys
 import tempfile
 from typing import Any
+from urllib.parse import urlsplit
 
 from actors.paths import default_config_path
 from cli import hosts
@@ -46,12 +47,22 @@ class InstallError(Exception):
 
 def read_text(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8") as file:
+        # (newline="": a file's CRLF line ends stay as they are when it is
+        # written back; they were all turned into LF)
+        with open(path, encoding="utf-8", newline="") as file:
             return file.read()
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise InstallError(f"cannot read {path}: {exc}") from None
+
+
+def same_line_ends(original: str, edited: str) -> str:
+    """``edited`` with the line ends of ``original``, a file of CRLF ones
+    (the edits write LF): a Windows user's file stays CRLF throughout."""
+    if "\r\n" not in original or original.count("\n") != original.count("\r\n"):
+        return edited
+    return edited.replace("\r\n", "\n").replace("\n", "\r\n")
 
 
 def decode(text: str, path: str, comments: bool) -> Any:
@@ -144,6 +155,14 @@ def load_records(config: str) -> dict[str, Any]:
     hosts_ = data.get("hosts") if isinstance(data, dict) else None
     if not isinstance(hosts_, dict):
         raise InstallError(f'{path} has no "hosts" object; move it away and install again')
+    for host_file, record in hosts_.items():
+        if not isinstance(record, dict) or not all(
+            isinstance(record.get(key), str) for key in ("backup", "sha256", "installed")
+        ):
+            raise InstallError(
+                f"{path}: the record of {host_file} is not one mcpbroker wrote (it needs "
+                '"backup", "sha256" and "installed"); mend it or move the file away'
+            )
     return hosts_
 
 
@@ -171,7 +190,9 @@ def add_to_broker_config(text: str, added: dict[str, Any], config: str) -> str:
     """The broker config's text with ``added`` servers, checked as the daemon checks it."""
     from broker.config import ConfigError, parse_config
 
-    new = apply_edits(text, [Set(("mcpServers", name), entry) for name, entry in added.items()])
+    new = same_line_ends(
+        text, apply_edits(text, [Set(("mcpServers", name), entry) for name, entry in added.items()])
+    )
     try:
         parse_config(json.loads(new))
     except ConfigError as exc:
@@ -199,6 +220,13 @@ def install(args: argparse.Namespace, out: Any) -> int:
         print(f"{path}: already installed ({record.get('installed')}); nothing to do", file=out)
         return 0
     broker_text, broker_servers = read_broker_config(config)
+    if args.url is not None:
+        parts = urlsplit(args.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InstallError(
+                f"--url needs the base URL of mcpbroker's HTTP listener, as "
+                f"http://HOST:PORT (e.g. http://127.0.0.1:8765), not {args.url!r}"
+            )
     target = hosts.Target(
         command=tuple(_mcpbroker_command()),
         config=hosts.shim_config_arg(config, home),
@@ -214,7 +242,7 @@ def install(args: argparse.Namespace, out: Any) -> int:
         print(f"{path}: no server to move; nothing changed", file=out)
         return 0
     try:
-        new_host = apply_edits(text, plan.host_edits)
+        new_host = same_line_ends(text, apply_edits(text, plan.host_edits))
     except EditError as exc:
         raise InstallError(f"{path}: {exc}") from None
     new_broker = add_to_broker_config(broker_text, plan.broker_added, config)
@@ -330,7 +358,7 @@ def _restore_servers(
         decode(text, path, comments=True), decode(before, record["backup"], comments=True)
     )
     try:
-        new = apply_edits(text, edits)
+        new = same_line_ends(text, apply_edits(text, edits))
     except EditError as exc:
         raise InstallError(f"{path}: {exc}") from None
     if args.dry_run:

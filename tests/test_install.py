@@ -373,6 +373,59 @@ def test_a_second_aggregate_install_adds_no_second_aggregate_entry(tmp_path: Pat
     assert "new" in json.loads(home.config.read_text())["mcpServers"]
 
 
+def test_a_second_aggregate_install_with_a_config_elsewhere_adds_no_second_entry(
+    tmp_path: Path,
+) -> None:
+    """(The aggregate entry ends with --config FILE then: it was not found,
+    and a second one, mcpbroker-2, added: every tool twice.)"""
+    home = Home(tmp_path, "cursor")
+    other = str(tmp_path / "elsewhere" / "broker.json")
+    home.run("install", "--client", "cursor", "--aggregate", "--config", other)
+    fresh = json.loads(home.host_file.read_text())
+    fresh["mcpServers"]["new"] = {"command": "uvx", "args": ["new-server"]}
+    home.host_file.write_text(json.dumps(fresh, indent=2))
+    home.run("install", "--client", "cursor", "--aggregate", "--config", other)
+    servers = json.loads(home.host_file.read_text())["mcpServers"]
+    assert sorted(servers) == ["mcpbroker", "notion", "stripe"]
+    assert servers["mcpbroker"]["args"] == ["connect", "--config", other]
+
+
+@pytest.mark.parametrize("base", ["127.0.0.1:8765", "not a url", "ftp://x/"])
+def test_a_url_that_is_not_http_is_refused_before_anything_is_written(
+    tmp_path: Path, base: str
+) -> None:
+    """(It was written into the host's file, its servers moved out of it.)"""
+    home = Home(tmp_path, "windsurf")
+    before = home.snapshot()
+    result = home.run("install", "--client", "windsurf", "--url", base, check=False)
+    assert result.returncode == 1 and "--url needs the base URL" in result.stderr
+    assert home.snapshot() == before
+
+
+def test_a_crlf_host_file_keeps_its_line_ends(tmp_path: Path) -> None:
+    """(Every CRLF was turned into LF, lines install had no reason to touch too.)"""
+    home = Home(tmp_path, "cursor")
+    home.host_file.write_bytes(home.original.replace(b"\n", b"\r\n"))
+    original = home.host_file.read_bytes()
+    home.run("install", "--client", "cursor")
+    installed = home.host_file.read_bytes()
+    assert installed.count(b"\n") == installed.count(b"\r\n") > 0  # (the new entries too)
+    home.run("uninstall", "--client", "cursor")
+    assert home.host_file.read_bytes() == original
+
+
+@pytest.mark.parametrize("record", ['"not an object"', '{"installed": "x"}'])
+def test_a_record_install_did_not_write_is_a_message_not_a_traceback(
+    tmp_path: Path, record: str
+) -> None:
+    home = Home(tmp_path, "cursor")
+    records = home.config.parent / "installs.json"
+    records.write_text(f'{{"hosts": {{"{home.host_file}": {record}}}}}')
+    result = home.run("uninstall", "--client", "cursor", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "is not one mcpbroker wrote" in result.stderr
+
+
 async def test_install_says_a_running_daemon_needs_a_restart(
     tmp_path: Path, socket_path: str
 ) -> None:

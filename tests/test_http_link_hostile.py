@@ -1,0 +1,265 @@
+"""The HTTP link (actors/links/http.py) against a legacy Streamable HTTP
+server that misbehaves (tests/hostile_http.py): each test is one way a
+server broke the link before 36ea9ec (found by probing a whole daemon; here
+the link alone, driven as the Upstream drives it: its initialize and
+``notifications/initialized``, then requests through ``link.send``, and
+what it hands up read from ``link.receive``).
+
+Two tests watch for a storm of requests over :data:`WATCH`; the others
+wait for an event, bounded by :data:`WITHIN` per answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import trio
+
+from actors.links.http import HARD_LIMIT_FACTOR, MAX_STREAMS, HttpLink, launch_http
+from actors.links.link import LinkContext
+from broker.config import ServerConfig
+from broker.lifecycle import initialize_request
+from broker.wire.frames import Failed, Renewed
+from tests.hostile_http import (
+    Reply,
+    Request,
+    event,
+    json_reply,
+    open_hostile_server,
+    sse_reply,
+    status_reply,
+    text_result,
+)
+
+LIMIT = 64 * 1024  # the link's maxMessageBytes (small: an event past 4x it is cheap to send)
+WATCH = 1.0  # seconds a test watches a storm it expects not to come
+WITHIN = 3.0  # seconds an answer may take (they take milliseconds)
+OTHER_ID = 987654  # the id of an answer to no request of the link's
+
+
+class Log:
+    """The link's log (``LinkContext.log``): the name of each event, in order."""
+
+    def __init__(self, changed: Callable[[], None]) -> None:
+        self.events: list[str] = []
+        self._changed = changed
+
+    def _record(self, event: str, **fields: Any) -> None:
+        self.events.append(event)
+        self._changed()
+
+    debug = info = warning = error = _record
+
+
+class Received:
+    """What the link handed up: answers (parsed) and ``Failed`` frames by
+    request id, ``Renewed`` frames, its log, and why it ended (None: it has not)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[Any, Any] = {}
+        self.renewed = 0
+        self.ended: str | None = None
+        self.log = Log(self._changed)
+        self._change = trio.Event()
+
+    def _changed(self) -> None:
+        self._change.set()
+        self._change = trio.Event()
+
+    async def read(self, link: HttpLink) -> None:
+        while frames := await link.receive():
+            for frame in frames:
+                if isinstance(frame, bytes):
+                    message = orjson.loads(frame)
+                    if "method" not in message:
+                        self.answers[message.get("id")] = message
+                elif isinstance(frame, Failed):
+                    self.answers[frame.request] = frame
+                elif isinstance(frame, Renewed):
+                    self.renewed += 1
+            self._changed()
+        self.ended = await link.ended() or "ended"
+        self._changed()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self._change.wait()
+
+    async def take(self, id: Any) -> Any:
+        """The answer to request ``id`` (or its ``Failed``), once it came."""
+        with trio.move_on_after(WITHIN):
+            await self.until(lambda: id in self.answers or self.ended is not None)
+            assert id in self.answers, f"the link ended{self.ended} with no answer to {id!r}"
+            return self.answers.pop(id)
+        raise AssertionError(f"no answer to request {id!r} within {WITHIN} s")
+
+
+@asynccontextmanager
+async def open_link(url: str) -> AsyncIterator[tuple[HttpLink, Received]]:
+    """A link to ``url`` past its handshake, as the Upstream opens one (the
+    initialize answered, ``notifications/initialized`` sent: the GET stream
+    follows), and what it hands up."""
+    received = Received()
+    async with trio.open_nursery() as nursery:
+        context = LinkContext(nursery, LIMIT, received.log)
+        link = await launch_http(ServerConfig(url=url), context)
+        nursery.start_soon(received.read, link)
+        try:
+            await link.send(link.encode([initialize_request("init")]))
+            assert "result" in await received.take("init")
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await link.send(link.encode([initialized]))
+            yield link, received
+        finally:
+            await link.close()
+            nursery.cancel_scope.cancel()
+
+
+async def call(link: HttpLink, id: int, name: str = "t") -> None:
+    request = {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": name, "arguments": {}}}  # fmt: skip
+    await link.send(link.encode([request]))
+
+
+def is_get(request: Request) -> bool:
+    return request.method == "GET"
+
+
+def answered_ok(answer: Any) -> bool:
+    return isinstance(answer, dict) and answer.get("result", {}).get("content") is not None
+
+
+async def test_a_get_answered_404_renews_the_session_once_not_for_ever() -> None:
+    """A server that answers the GET stream 404 (where it means 405): the
+    link takes it for an expired session once (a new session, its GET),
+    and a 404 to the new session's GET for no GET stream. Over a second at
+    most 3 GETs and 2 initializes (the first and one renewal), and calls go
+    on. (Before, every 404 renewed the session again at once: hundreds of
+    initializes and GETs a second, for as long as the link lived.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(404)
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await server.wait_for(is_get)
+            await trio.sleep(WATCH)
+            gets, initializes = server.count("GET"), server.count(rpc_method="initialize")
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+    assert gets <= 3 and initializes <= 2, (gets, initializes)
+    assert got.renewed <= 1
+
+
+async def test_a_get_stream_that_says_retry_0_is_polled_no_faster_than_the_floor() -> None:
+    """A GET stream that sends ``id: 1`` and ``retry: 0`` and ends, each
+    time: the link polls it again, but no sooner than its floor (0.25 s),
+    so at most 10 GETs in a second. (Before, ``retry: 0`` was taken as
+    it came: thousands of GETs a second.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return sse_reply(event(id="1", retry=0))
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url):
+            await server.wait_for(is_get)
+            await trio.sleep(WATCH)
+            gets = server.count("GET")
+    assert gets <= 10, gets
+
+
+async def test_a_get_answered_200_json_is_no_get_stream_and_the_link_goes_on() -> None:
+    """A GET answered 200 ``application/json`` (not an event stream, not
+    405) is no GET stream, said in the log (``server.no_get_stream``); the
+    link stays up, and a call after it is answered. (Before, httpx2's
+    SSEError for the content type ended the link: a restart, again and
+    again.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return json_reply({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await server.wait_for(is_get)
+            await got.until(
+                lambda: got.ended is not None or "server.no_get_stream" in got.log.events
+            )
+            assert got.ended is None, f"the link ended{got.ended}"
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            assert got.ended is None
+
+
+async def test_answers_on_streams_the_server_leaves_open_never_use_up_the_link() -> None:
+    """A server that answers each call on an SSE stream and leaves it open
+    (the spec says it SHOULD close it): each answer ends the reading of its
+    stream, so more calls than the link has request tasks (MAX_STREAMS, 64)
+    are all answered, one after another. (Before, each answered stream held
+    its task for good: the 65th call was never POSTed.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        return sse_reply(event(text_result(request.id, "ok")), hold=True)
+
+    calls = MAX_STREAMS + 6
+    with trio.fail_after(30):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            for id in range(1, calls + 1):
+                await call(link, id)
+                assert answered_ok(await got.take(id)), id
+            assert server.count(rpc_method="tools/call") == calls
+
+
+async def test_an_answer_to_another_request_on_a_stream_fails_the_call_at_once() -> None:
+    """A call whose SSE stream carries the answer to another id, then ends:
+    the call is ``Failed`` at once, naming the answer to another request,
+    as for the same answer in a JSON body. (Before, any answer on the
+    stream counted as the call's: nothing came for it until its timeout,
+    300 s by default.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        return sse_reply(event(text_result(OTHER_ID, "not yours")))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await call(link, 1)
+            failed = await got.take(1)
+            assert isinstance(failed, Failed), failed
+            assert "another request" in failed.detail and str(OTHER_ID) in failed.detail
+
+
+async def test_an_sse_event_past_the_hard_limit_fails_its_call_not_the_link() -> None:
+    """A call answered on an SSE stream with an event over 4x the link's
+    limit (~300 KiB against 64 KiB): that call is ``Failed`` (its stream
+    broke), the link goes on, and the next call is answered. (Before,
+    httpx2's SSEError for the size ended the link: every call in flight
+    failed, and the session was lost.)"""
+    padding = "x" * (LIMIT * HARD_LIMIT_FACTOR + 40 * 1024)
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        if request.body["params"]["name"] == "big":
+            return sse_reply(event(text_result(request.id, padding)))
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await call(link, 1, "big")
+            failed = await got.take(1)
+            assert isinstance(failed, Failed) and "stream broke" in failed.detail, failed
+            await call(link, 2)
+            assert answered_ok(await got.take(2))
+            assert got.ended is None
