@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 
 from actors.paths import (
+    MAX_SOCKET_PATH,
     STARTED_BY_ENV,
     UnsafePath,
     default_config_path,
@@ -43,6 +44,11 @@ class DaemonUnavailable(Exception):
 def connect(socket_path: str) -> _socket.socket | None:
     """A connection to the daemon listening on ``socket_path``; None if none
     listens there (no socket, or a stale one)."""
+    if len(socket_path.encode()) > MAX_SOCKET_PATH:  # (connect's OSError says None)
+        raise DaemonUnavailable(
+            f"the socket path {socket_path} is longer than a unix socket allows "
+            f"({MAX_SOCKET_PATH} bytes): set MCPBROKER_SOCKET to a shorter one"
+        )
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(socket_path)
@@ -51,7 +57,7 @@ def connect(socket_path: str) -> _socket.socket | None:
         return None
     except OSError as exc:
         sock.close()
-        raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror}") from None
+        raise DaemonUnavailable(f"cannot connect to {socket_path}: {exc.strerror or exc}") from None
     other = peer_uid(sock.fileno())
     if other is not None and other != os.getuid():
         sock.close()

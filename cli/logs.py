@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
     if not os.path.exists(path) and not args.follow:
         print(f"mcpbroker logs: no log at {path}", file=sys.stderr)
         return 1
+    if os.path.isdir(path):  # (read as empty: nothing said, exit 0)
+        print(f"mcpbroker logs: {path} is a directory, not a log file", file=sys.stderr)
+        return 1
     try:
         lines, position = last_lines(path, wanted, max(args.lines, 0))
         for line in lines:

@@ -203,3 +203,11 @@ async def test_a_crashed_session_is_logged_with_its_id(socket_path: str) -> None
     [crashed] = [e for e in captured if e["event"] == "session.crashed"]
     assert crashed["session"] == opened["session"]
     assert structlog.contextvars.get_contextvars() == {}  # (bound for the session only)
+
+
+def test_a_log_path_that_is_a_directory_is_said_and_exit_1(tmp_path: Path) -> None:
+    """(It was read as an empty log: nothing said, exit 0.)"""
+    done = subprocess.run(
+        [MCPBROKER, "logs", "--file", str(tmp_path)], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1 and "is a directory, not a log file" in done.stderr

@@ -89,3 +89,11 @@ def test_a_daemon_the_shim_starts_is_not_its_hosts_service_managers() -> None:
     manager it is ready or stopping (actors/sdnotify.py)."""
     host = {"PATH": "/bin", "NOTIFY_SOCKET": "/run/user/1/systemd/notify", "LISTEN_FDS": "1"}
     assert daemon_environ(host) == {"PATH": "/bin", "MCPBROKER_STARTED_BY": "shim"}
+
+
+def test_a_socket_path_too_long_is_said_as_the_daemon_says_it(tmp_path: object) -> None:
+    """(The shim said 'cannot connect to PATH: None'.)"""
+    from cli.daemon_socket import DaemonUnavailable, connect
+
+    with pytest.raises(DaemonUnavailable, match="longer than a unix socket allows"):
+        connect("/tmp/" + "x" * 200 + ".sock")
