@@ -195,6 +195,21 @@ def _scan_slowly(line: bytes) -> tuple[bytes | None, bytes | None]:
     return (method.encode() if isinstance(method, str) else None), id_bytes
 
 
+def _batch(line: bytes) -> list[tuple[bytes | None, bytes | None]]:
+    """Each item of a batch line, as :func:`scan` says it (none if unreadable)."""
+    import json
+
+    try:
+        items = json.loads(line)
+        return [
+            _scan(json.dumps(item, ensure_ascii=False).encode())
+            for item in items
+            if isinstance(item, dict)
+        ]
+    except (ValueError, UnicodeError, RecursionError, TypeError):
+        return []
+
+
 def _param(line: bytes, name: bytes) -> bytes | None:
     """A params string's value, parsed (only for the rare lines remembered)."""
     import json
@@ -261,6 +276,11 @@ class HostState:
     def up(self, line: bytes) -> bool:
         """Note a complete line from the host; False if it must not be sent on
         (the answer to a request of a daemon that is gone)."""
+        if line[:1] == b"[":  # a batch (2025-03-26): its requests are in flight too
+            for method, id in _batch(line):
+                if method is not None and id is not None and len(self.pending) < MAX_PENDING:
+                    self.pending[id] = None
+            return True
         method, id = scan(line)
         if method is None:  # an answer to the daemon, or nothing to track
             if id is not None and self.stale and id in self.stale:
@@ -283,6 +303,11 @@ class HostState:
     def down(self, line: bytes) -> bool:
         """Note a complete line from the daemon; False if it must not reach the
         host (the answer to a replayed request)."""
+        if line[:1] == b"[":  # a batch's answers
+            for method, id in _batch(line):
+                if method is None and id is not None:
+                    self.pending.pop(id, None)
+            return True
         method, id = scan(line)
         if id is None:
             return True
