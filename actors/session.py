@@ -77,6 +77,7 @@ from broker.session import (
     Attach as AttachServers,
 )
 from broker.states import SessionState, SessionTrigger
+from broker.wire.envelope import answer_id
 from broker.wire.frames import Oversize
 
 
@@ -255,7 +256,7 @@ class Session:
                     break
                 frame, i = frames[i], i + 1
                 if isinstance(frame, Oversize):
-                    await self._reply(frame.error_response(self._settings.max_message_bytes))
+                    await self._reply(self._too_large(frame))
                     continue
                 try:
                     message = jsonrpc.decode(frame)
@@ -288,6 +289,18 @@ class Session:
             if forwards:
                 await self._send_forwards(forwards, size)
             self._write_audit()  # (calls the client cancelled)
+
+    def _too_large(self, frame: Oversize) -> Message:
+        """The error for a message over the limit: in its id, where its ends
+        show one (as the SDKs write a request, ``{"jsonrpc":"2.0","id":N,``)
+        that no request in flight has; else with id null (a host waited for
+        an answer to its request until its own timeout)."""
+        error = frame.error_response(self._settings.max_message_bytes)
+        id = answer_id(frame.head, frame.tail)
+        protocol = self._protocol
+        if id is not None and id not in protocol.inflight and id not in protocol.streams:
+            error["id"] = id
+        return error
 
     async def _send_forwards(self, forwards: dict[str, list[Message]], size: int) -> None:
         for server, messages in forwards.items():

@@ -465,8 +465,11 @@ async def test_bad_input_gets_errors_and_the_session_goes_on(nursery: trio.Nurse
     await client.send({"jsonrpc": "2.0", "id": 3, "method": "no/such"})
     assert (await client.receive())["error"]["code"] == jsonrpc.METHOD_NOT_FOUND
     await client.stream.send_all(b'{"jsonrpc": "2.0", "id": 4, "pad": "' + b"x" * 70_000 + b'"}\n')
-    error = (await client.receive())["error"]
-    assert error["code"] == jsonrpc.INVALID_REQUEST and "too large" in error["message"]
+    answer = await client.receive()  # (in its id: it was null, and a host waited for it)
+    assert answer["id"] == 4 and answer["error"]["code"] == jsonrpc.INVALID_REQUEST
+    assert "too large" in answer["error"]["message"]
+    await client.stream.send_all(b'{"jsonrpc": "2.0", "pad": "' + b"x" * 70_000 + b'"}\n')
+    assert (await client.receive())["id"] is None  # (its ends show no id)
     assert (await client.request("tools/call", call("echo", ok=1)))["result"]["echo"] == {"ok": 1}
 
 
