@@ -792,7 +792,8 @@ class UpstreamProtocol:
         failed = [self._fail(entry, reason) for entry in self.requests.drain()]
         modern = self.modern_server
         if modern is not None:
-            for action in modern.bridged(modern.asking.server_gone(reason)):
+            retryable = self.state is ServerState.RESTARTING
+            for action in modern.bridged(modern.asking.server_gone(reason, retryable)):
                 assert isinstance(action, Deliver)  # (no call is sent again)
                 failed.append(action)
         return failed

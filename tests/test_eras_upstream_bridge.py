@@ -209,6 +209,8 @@ def test_a_server_gone_while_its_clients_answer_fails_their_calls() -> None:
     withdrawn, failed = proto.server_gone("exited")
     assert withdrawn.message["method"] == "notifications/cancelled"
     assert failed.message["id"] == 7 and failed.message["error"]["code"] == -32000
+    # (retryable as every request in flight there: it lacked the key)
+    assert failed.message["error"]["data"] == {"server": "m", "retryable": True}
 
 
 def test_a_modern_clients_call_passes_through_with_its_own_meta() -> None:

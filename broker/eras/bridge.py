@@ -365,18 +365,19 @@ class AskingClients:
             actions.append(AnswerClient(exchange.session, error))
         return actions
 
-    def server_gone(self, why: str) -> list[Action]:
+    def server_gone(self, why: str, retryable: bool = False) -> list[Action]:
         """The server went away: every call waiting for its clients' answers
-        fails (its questions withdrawn); a retry would find a new process that
-        knows nothing of its ``requestState``."""
+        fails (its questions withdrawn), ``retryable`` as every request in
+        flight there is (the call sent again from the start: a retry of the
+        round would find a new process that knows nothing of its
+        ``requestState``)."""
         actions: list[Action] = []
         for exchange in list(self._by_call.values()):
             actions += self._drop(exchange)
             client_id = exchange.round.request["id"]
             message = f"MCP server {self.server!r} {why}"
-            error = jsonrpc.error_response(
-                client_id, CONNECTION_CLOSED, message, data={"server": self.server}
-            )
+            data = {"server": self.server, "retryable": retryable}
+            error = jsonrpc.error_response(client_id, CONNECTION_CLOSED, message, data=data)
             actions.append(AnswerClient(exchange.session, error))
         return actions
 
