@@ -606,3 +606,24 @@ def test_the_daemon_ending_a_session_ends_its_streams_gracefully() -> None:
          "result": {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: "L"}}}
     ]  # fmt: skip
     assert proto.streams == set() and proto.end_streams() == []
+
+
+def test_a_retry_that_names_a_tool_of_another_server_is_refused_and_spends_nothing() -> None:
+    """(It was taken for the parked call's retry: the client got the call's
+    answer as its answer for a tool of another server.)"""
+    proto = opened(session())
+    caps = meta({"elicitation": {}})
+    proto.receive(request(1, "tools/call", _meta=caps, name="files__read"))
+    (asked,) = written(proto, question())
+    state = asked["result"]["requestState"]
+    answers = {"elicitation-1": {"action": "decline"}}
+    elsewhere = request(2, "tools/call", _meta=caps, name="github__search",
+                        inputResponses=answers, requestState=state)  # fmt: skip
+    (refused,) = proto.receive(elsewhere)
+    assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+    assert refused.message["error"]["code"] == -32602
+    assert "a call at MCP server 'files'" in refused.message["error"]["message"]
+    right = request(3, "tools/call", _meta=caps, name="files__read",
+                    inputResponses=answers, requestState=state)  # fmt: skip
+    (respond,) = proto.receive(right)
+    assert isinstance(respond, RespondUpstream) and respond.server == "files"

@@ -480,6 +480,11 @@ class AnsweringServers:
             return []  # the client is away: it hears this on its retry
         return self._ask(parked)
 
+    def call_of(self, session: Hashable, token: Any) -> Hashable | None:
+        """The call a token of this session's names (None: none)."""
+        parked = self.states.peek(session, token)
+        return parked.call if isinstance(parked, _Parked) else None
+
     def retry(
         self, session: Hashable, request: Message, capabilities: dict[str, Any] | None = None
     ) -> list[Action]:

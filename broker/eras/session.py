@@ -370,12 +370,17 @@ class ModernSessionProtocol(SessionProtocol):
 
     def _at_legacy_server(self, request: Message) -> bool:
         """Whether ``request`` goes to a server opened in the legacy era."""
-        catalog = self.catalogs.current
+        server = self._server_of(request)
+        return server is not None and server not in self.catalogs.current.modern
+
+    def _server_of(self, request: Message) -> str | None:
+        """The server ``request`` goes to (None: no server of the view has
+        what it names; forwarding it says why)."""
         try:
-            server, _ = route(catalog, self.view, self.transparent, request)
+            server, _ = route(self.catalogs.current, self.view, self.transparent, request)
         except JsonRpcError:
-            return False  # (forwarding it says why)
-        return server not in catalog.modern
+            return None
+        return server
 
     def _subscribable(self, uri: str) -> bool:
         """Whether a server of the view owns ``uri`` and takes subscriptions."""
@@ -439,6 +444,19 @@ class ModernSessionProtocol(SessionProtocol):
         """A retry carrying the broker's ``requestState``: the answers go to the
         server, and the call waiting there now answers this request."""
         self._admit(request["id"])
+        params = request.get("params") or {}
+        call = self.questions.call_of(SELF, params.get("requestState"))
+        at = self.open_calls.get(call) if type(call) is int or type(call) is str else None
+        if (
+            at is not None
+            and at[1]
+            and at[0] == request["method"]  # (another method: the bridge says so)
+            and self._server_of(request) != at[1]
+        ):
+            # (its answer would have come as this request's: another tool's)
+            raise JsonRpcError(
+                INVALID_PARAMS, f"requestState belongs to a call at MCP server {at[1]!r}"
+            )
         out: list[Action] = []
         for action in self.questions.retry(SELF, request, capabilities):
             if isinstance(action, bridge.SendServer):
