@@ -447,11 +447,12 @@ class ModernSessionProtocol(SessionProtocol):
         params = request.get("params") or {}
         call = self.questions.call_of(SELF, params.get("requestState"))
         at = self.open_calls.get(call) if type(call) is int or type(call) is str else None
+        server = self._server_of(request) if at is not None else None
         if (
             at is not None
-            and at[1]
             and at[0] == request["method"]  # (another method: the bridge says so)
-            and self._server_of(request) != at[1]
+            and server is not None  # (none: a reload removed the call's, say)
+            and server != at[1]
         ):
             # (its answer would have come as this request's: another tool's)
             raise JsonRpcError(
