@@ -92,20 +92,22 @@ class Fanout:
         """The session's subscribe was refused (by the server, or before it
         went): it is no subscriber. True if the server must be told to drop
         ``uri`` all the same (it took another session's, who has left)."""
-        subscribers = self._subscribers.get(uri)
-        if not subscribers or session not in subscribers:
+        if not self._leave(session, uri):
             return False
-        subscribers.discard(session)
-        if subscribers:
-            return False
-        del self._subscribers[uri]
-        if uri in self._accepted:
-            self._accepted.discard(uri)
-            return True
-        return False
+        accepted = uri in self._accepted
+        self._accepted.discard(uri)
+        return accepted
 
     def unsubscribe(self, session: Hashable, uri: str) -> bool:
         """Remove a subscriber; True if the server must be told (the last one left)."""
+        if not self._leave(session, uri):
+            return False
+        self._accepted.discard(uri)
+        return True
+
+    def _leave(self, session: Hashable, uri: str) -> bool:
+        """Take ``session`` off ``uri``'s subscribers; True if it was the last
+        (the URI is forgotten)."""
         subscribers = self._subscribers.get(uri)
         if not subscribers or session not in subscribers:
             return False
@@ -113,7 +115,6 @@ class Fanout:
         if subscribers:
             return False
         del self._subscribers[uri]
-        self._accepted.discard(uri)
         return True
 
     def subscribers(self, uri: Any) -> set[Hashable]:
