@@ -303,8 +303,9 @@ class Upstream:
         """Stop for good (a reload removed or replaced this server): every request
         in flight, waiting for the server to start, or still in the inbox, is
         answered now with an error naming the server and ``reason``; requests
-        that come later (a session that raced the reload) get it at once. The caller then cancels :meth:`run`,
-        which stops the server the way the spec says."""
+        that come later (a session that raced the reload) get it at once. The
+        caller then cancels :meth:`run`, which stops the server the way the spec
+        says."""
         self._retired = reason
         if self._protocol.state is ServerState.STOPPED:
             return
