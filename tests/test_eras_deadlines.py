@@ -93,10 +93,11 @@ async def test_a_retry_in_time_gets_the_calls_answer(
         broker = await start_broker(nursery, {"s": script}, settings=SETTINGS)
         client = await open_client(nursery, broker, settings=SETTINGS)
         await listed(client)
-        await client.send(modern_call(1, {"line": orjson.dumps(QUESTION).decode()}))
+        arguments = {"line": orjson.dumps(QUESTION).decode()}
+        await client.send(modern_call(1, arguments))
         parked = await client.receive()
         await trio.sleep(20)
-        retry = modern_call(2, {}, requestState=parked["result"]["requestState"],
+        retry = modern_call(2, arguments, requestState=parked["result"]["requestState"],
                             inputResponses={"elicitation-1": {"action": "decline"}})  # fmt: skip
         await client.send(retry)
         await trio.testing.wait_all_tasks_blocked()

@@ -148,8 +148,8 @@ def _state(session: Any) -> tuple[Any, ...]:
     return (
         session.inflight,
         {
-            id: (m, s, _comparable(c))
-            for id, (m, s, c) in session.open_calls.items()
+            id: (m, s, _comparable(c), _comparable({k: v for k, v in p.items() if k != "_meta"}))
+            for id, (m, s, c, p) in session.open_calls.items()
             if s not in modern
         },
         _comparable(session.client_info),

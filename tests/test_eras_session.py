@@ -627,3 +627,27 @@ def test_a_retry_that_names_a_tool_of_another_server_is_refused_and_spends_nothi
                     inputResponses=answers, requestState=state)  # fmt: skip
     (respond,) = proto.receive(right)
     assert isinstance(respond, RespondUpstream) and respond.server == "files"
+
+
+def test_a_retry_that_changes_its_calls_params_is_refused_and_spends_nothing() -> None:
+    """A retry of the same server's other tool, or of the same tool with other
+    arguments, was taken for the parked call's: the client got the call's
+    answer (to what it first asked) as the answer to what it asks now."""
+    proto = opened(session())
+    caps = meta({"elicitation": {}})
+    proto.receive(request(1, "tools/call", _meta=caps, name="files__read", arguments={"p": 1}))
+    (asked,) = written(proto, question())
+    state = asked["result"]["requestState"]
+    answers = {"elicitation-1": {"action": "decline"}}
+    for id, name, arguments in ((2, "files__write", {"p": 1}), (3, "files__read", {"p": 2})):
+        changed = request(id, "tools/call", _meta=caps, name=name, arguments=arguments,
+                          inputResponses=answers, requestState=state)  # fmt: skip
+        (refused,) = proto.receive(changed)
+        assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+        assert refused.message["error"]["code"] == -32602
+        assert "must repeat its call's params" in refused.message["error"]["message"]
+    right = request(4, "tools/call", _meta=meta({"elicitation": {}, "sampling": {}}),
+                    name="files__read", arguments={"p": 1},
+                    inputResponses=answers, requestState=state)  # fmt: skip
+    (respond,) = proto.receive(right)
+    assert isinstance(respond, RespondUpstream) and respond.server == "files"

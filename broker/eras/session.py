@@ -121,12 +121,13 @@ SELF = "session"
 
 # A request forwarded and not yet answered, as the session must know it: its
 # method (which its answer's resultType and caching hints depend on), its
-# server and the capabilities it declared (a server may ask in a call). One
+# server, the capabilities it declared (a server may ask in a call) and its
+# params (a retry of it must repeat them). One
 # record per call: written once, read and popped once. A call the fast paths
 # send to a modern server (``Catalog.modern``) gets none: such a server asks
 # nothing mid-call, and its answer passes as it came (or, had it come back
 # legacy since, is stamped by the method the Upstream kept: ``Answer.method``).
-Call = tuple[str, str, dict[str, Any]]
+Call = tuple[str, str, dict[str, Any], dict[str, Any]]
 
 
 class ModernSessionProtocol(SessionProtocol):
@@ -213,7 +214,7 @@ class ModernSessionProtocol(SessionProtocol):
             return None
         self.client_info = meta.get(CLIENT_INFO_KEY)
         if forward[0] not in self.catalogs.current.modern:
-            self.open_calls[message["id"]] = (method, forward[0], capabilities)
+            self.open_calls[message["id"]] = (method, forward[0], capabilities, params)
         return forward
 
     def take_forwards(
@@ -265,7 +266,7 @@ class ModernSessionProtocol(SessionProtocol):
                         return i
                     self.client_info = cache.client_info
                     if forward[0] not in modern_servers:  # (a record: see Call)
-                        self.open_calls[id] = (method, forward[0], cache.capabilities)
+                        self.open_calls[id] = (method, forward[0], cache.capabilities, params)
                 else:
                     # (Any, not Message: a compiled build would check that a
                     # line such as '1' decodes to a dict)
@@ -434,7 +435,8 @@ class ModernSessionProtocol(SessionProtocol):
             out.append(action)
             if isinstance(action, Forward):
                 id = request["id"]
-                self.open_calls[id] = (request["method"], action.server, meta.capabilities)
+                params = request.get("params") or {}
+                self.open_calls[id] = (request["method"], action.server, meta.capabilities, params)
                 changed = self.log_levels.open(id, meta.log_level)
                 if changed is not None:
                     out.append(SetLogLevel(changed))
@@ -458,6 +460,14 @@ class ModernSessionProtocol(SessionProtocol):
             raise JsonRpcError(
                 INVALID_PARAMS, f"requestState belongs to a call at MCP server {at[1]!r}"
             )
+        if at is not None and at[0] == request["method"] and _asked(params) != _asked(at[3]):
+            # (the call goes on upstream with what it first asked: its answer
+            # is not one to these)
+            raise JsonRpcError(
+                INVALID_PARAMS,
+                "a retry must repeat its call's params (but _meta, inputResponses"
+                " and requestState)",
+            )
         out: list[Action] = []
         for action in self.questions.retry(SELF, request, capabilities):
             if isinstance(action, bridge.SendServer):
@@ -466,8 +476,10 @@ class ModernSessionProtocol(SessionProtocol):
                 first = action.call
                 assert type(first) is int or type(first) is str  # a call is named by its first id
                 self.aliases[first] = action.client_id
-                method, server, _ = self.open_calls.get(first, (request["method"], "", {}))
-                self.open_calls[first] = (method, server, capabilities)
+                method, server, _, asked = self.open_calls.get(
+                    first, (request["method"], "", {}, params)
+                )
+                self.open_calls[first] = (method, server, capabilities, asked)
                 self.inflight.add(action.client_id)
             elif isinstance(action, bridge.Finish):
                 self._finish(action.call)
@@ -684,7 +696,7 @@ class ModernSessionProtocol(SessionProtocol):
         server = server_of(id)
         waiting = [
             first
-            for first, (method, at, _) in self.open_calls.items()
+            for first, (method, at, _, _) in self.open_calls.items()
             if at == server and method in INPUT_METHODS
         ]
         if server is None or len(waiting) != 1:
@@ -697,7 +709,7 @@ class ModernSessionProtocol(SessionProtocol):
             return []
         (first,) = waiting
         current = self.aliases.get(first, first)
-        method, _, capabilities = self.open_calls[first]
+        method, _, capabilities, _ = self.open_calls[first]
         call = (first, current, method)
         out: list[Message] = []
         for action in self.questions.server_asked(SELF, capabilities, call, request):
@@ -731,6 +743,14 @@ class ModernSessionProtocol(SessionProtocol):
             return
         self.open_calls.pop(first, None)
         self._close_level(first)
+
+
+def _asked(params: Message) -> Message:
+    """What a call asks: its params but those a retry adds or may change."""
+    return {k: v for k, v in params.items() if k not in _RETRY_KEYS}
+
+
+_RETRY_KEYS: Final = frozenset({"_meta", "inputResponses", "requestState"})
 
 
 def become_modern(
