@@ -5,7 +5,8 @@ It plays a legacy Streamable HTTP MCP server (2025-11-25, sessions by
 ``Mcp-Session-Id``) where the link needs one to get going: an ``initialize``
 POST is answered 200 with a JSON result and a new session id (``session-1``,
 then ``session-2`` after a renewal, ...), a POST that carries no request (a
-notification, an answer) 202, a DELETE 200. Every other request is given to
+notification, an answer) 202 (but the notifications the test names, which
+go to its script), a DELETE 200. Every other request is given to
 the test's *script*, which returns the bytes to write back as they are
 (:class:`Reply`; :func:`json_reply`, :func:`status_reply` and
 :func:`sse_reply` build the usual ones).
@@ -123,8 +124,9 @@ class HostileServer:
     """The server: :attr:`url` to give the link, the :attr:`requests` it
     received (in order), how many :attr:`sessions` it opened."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, notices: frozenset[str] = frozenset()) -> None:
         self.script = script
+        self.notices = notices  # the notifications the script answers (else 202)
         self.url = ""
         self.requests: list[Request] = []
         self.sessions = 0
@@ -160,7 +162,7 @@ class HostileServer:
             )
             return json_reply(answer, headers={SESSION_HEADER: f"session-{self.sessions}"})
         if request.method == "POST" and (request.rpc_method is None or request.id is None):
-            return status_reply(202)
+            return self.script(request) if request.rpc_method in self.notices else status_reply(202)
         if request.method == "DELETE":
             return status_reply(200)
         return self.script(request)
@@ -208,10 +210,13 @@ async def _read_request(stream: trio.SocketStream) -> Request | None:
 
 
 @asynccontextmanager
-async def open_hostile_server(script: Script) -> AsyncIterator[HostileServer]:
+async def open_hostile_server(
+    script: Script, notices: frozenset[str] = frozenset()
+) -> AsyncIterator[HostileServer]:
     """A :class:`HostileServer` on a free port of 127.0.0.1, for the block's
-    time (held connections are cut when it ends)."""
-    server = HostileServer(script)
+    time (held connections are cut when it ends); ``notices``: the
+    notifications its script answers."""
+    server = HostileServer(script, notices)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, server.serve, 0, host="127.0.0.1"))
         server.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/mcp"

@@ -16,8 +16,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
+import pytest
 import trio
 
+from actors.links import http as http_link
 from actors.links.http import HARD_LIMIT_FACTOR, MAX_STREAMS, HttpLink, launch_http
 from actors.links.link import LinkContext
 from broker.config import ServerConfig
@@ -263,3 +265,89 @@ async def test_an_sse_event_past_the_hard_limit_fails_its_call_not_the_link() ->
             await call(link, 2)
             assert answered_ok(await got.take(2))
             assert got.ended is None
+
+
+def session_of(request: Request) -> str | None:
+    return request.headers.get("mcp-session-id")
+
+
+async def test_a_notification_refused_404_in_a_new_session_too_costs_the_link_nothing() -> None:
+    """A server that answers ``notifications/cancelled`` 404 (a cancel of a
+    request it does not know; legacy servers mean "session gone" by it):
+    the link opens a new session once, the cancel meets 404 there too and is
+    dropped with a warning, and calls go on. (Before, the second 404 ended
+    the link: one client's cancel failed every other client's call.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        if request.rpc_method == "notifications/cancelled":
+            return status_reply(404)
+        return json_reply(text_result(request.id, "ok"))
+
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+    with trio.fail_after(15):
+        async with (
+            open_hostile_server(script, frozenset({"notifications/cancelled"})) as server,
+            open_link(server.url) as (link, got),
+        ):
+            await link.send(link.encode([cancel]))
+            await got.until(lambda: "server.message_refused" in got.log.events)
+            assert server.count(rpc_method="notifications/cancelled") == 2
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            assert got.ended is None and got.renewed == 1
+
+
+async def test_a_notifications_initialized_never_answered_ends_the_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that never answers the POST of ``notifications/initialized``:
+    the link ends at NOTICE_TIMEOUT, saying so (the Upstream connects again
+    with backoff, and the calls fail naming the server). (Before, every
+    request waited for it unPOSTed: each timed out, the catalog came up
+    empty, and the server looked ready.)"""
+    monkeypatch.setattr(http_link, "NOTICE_TIMEOUT", 0.5)
+
+    def script(request: Request) -> Reply:
+        if request.rpc_method == "notifications/initialized":
+            return Reply(b"", hold=True)
+        return status_reply(405)
+
+    with trio.fail_after(15):
+        async with (
+            open_hostile_server(script, frozenset({"notifications/initialized"})) as server,
+            open_link(server.url) as (_, got),
+        ):
+            await got.until(lambda: got.ended is not None)
+    assert got.ended is not None and "notifications/initialized was not taken" in got.ended
+
+
+async def test_a_new_session_that_never_opens_ends_the_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session expired (404 to a call) and the new one's
+    ``notifications/initialized`` is never answered: the renewal ends the
+    link at RENEW_TIMEOUT. (Before, it had no deadline: the calls waiting
+    for it timed out one by one, and the next met the same wait.)"""
+    monkeypatch.setattr(http_link, "RENEW_TIMEOUT", 0.5)
+
+    def script(request: Request) -> Reply:
+        if request.rpc_method == "notifications/initialized":
+            hang = session_of(request) == "session-2"
+            return Reply(b"", hold=True) if hang else status_reply(202)
+        if request.method == "GET":
+            return status_reply(405)
+        if session_of(request) == "session-1":
+            return status_reply(404)
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with (
+            open_hostile_server(script, frozenset({"notifications/initialized"})) as server,
+            open_link(server.url) as (link, got),
+        ):
+            await call(link, 1)
+            await got.until(lambda: got.ended is not None)
+            assert server.sessions == 2
+    assert got.ended is not None and "not opened within 0.5 s" in got.ended

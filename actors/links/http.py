@@ -52,6 +52,7 @@ server's sign has the link ask ``server/discover`` before it falls back
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -97,6 +98,11 @@ STREAM_ERRORS = (httpx2.ReadError, httpx2.RemoteProtocolError, httpx2.SSEError)
 # (_modern_only), and how long it waits for its answer (the Upstream's probe's).
 DISCOVER_ID = "mcpbroker-http-discover"
 DISCOVER_TIMEOUT = 5.0
+# How long a notification's or an answer's POST may take (a server answers
+# it 202 at once; nothing else bounds it: no caller waits for it), and a
+# new session (its initialize and notifications/initialized).
+NOTICE_TIMEOUT = 30.0
+RENEW_TIMEOUT = 30.0
 
 
 class Unit(bytes):
@@ -264,13 +270,27 @@ class HttpLink:
             self._tasks.cancel_scope.cancel()
 
     async def _serve(self, lane: trio.MemoryReceiveChannel[Unit]) -> None:
+        notices = lane is self._notices
         async for unit in lane:
-            if unit.method != "initialize" and unit.modern is None and lane is self._requests:
+            if unit.method != "initialize" and unit.modern is None and not notices:
                 await self._initialized.wait()
             try:
-                await self._post(unit)
+                # (a request's deadline is the Upstream's, which cancels it)
+                with trio.move_on_after(NOTICE_TIMEOUT if notices else math.inf) as bound:
+                    await self._post(unit)
             except HTTP_ERRORS as exc:
                 raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+            if bound.cancelled_caught:
+                self._notice_lost(unit, f"no answer to its POST within {NOTICE_TIMEOUT:g} s")
+
+    def _notice_lost(self, unit: Unit, detail: str) -> None:
+        """A notification or an answer the server did not take: logged, and
+        the link goes on (one client's cancel costs no other client a
+        thing), but for ``notifications/initialized``, without which the
+        session never serves a request: that ends the link."""
+        if unit.method == "notifications/initialized":
+            raise _Ended(f"notifications/initialized was not taken: {detail}")
+        self._log.warning("server.message_refused", method=unit.method, detail=detail)
 
     async def _emit(self, frames: list[LinkFrame]) -> None:
         if frames:
@@ -342,6 +362,11 @@ class HttpLink:
             if initialize and self._mode == rules.DETECT:
                 self._mode = rules.STREAMABLE
             if outcome == rules.EXPIRED:
+                if again and unit.id is None:
+                    # (a server that answers 404 to what it does not know,
+                    # such as a cancel of a request of the old session)
+                    self._notice_lost(unit, "404 Not Found in a new session too")
+                    return
                 if again:
                     raise _Ended("the server ended a new HTTP session at once: 404 Not Found")
                 await response.aclose()
@@ -655,17 +680,25 @@ class HttpLink:
                 return  # (another task met the 404 first)
             if self._initialize is None:
                 raise _Ended("the server ended the HTTP session before its initialize")
-            self._log.info("server.http_session_renewed")
-            answer, session_id = await self._reinitialize(self._initialize)
-            if not _is_result(answer):
-                detail = answer[:ERROR_BODY].decode(errors="replace")
-                raise _Ended(f"a new HTTP session was refused ({detail})")
-            self._session_id = session_id
-            self._version = self._version_of(self._initialize, answer) or self._version
-            notice = Unit(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-            notice.method = "notifications/initialized"
-            await self._exchange(notice, again=True)
-            await self._emit([Renewed()])
+            with trio.move_on_after(RENEW_TIMEOUT):
+                await self._open_anew()
+                return
+            raise _Ended(f"a new HTTP session was not opened within {RENEW_TIMEOUT:g} s")
+
+    async def _open_anew(self) -> None:
+        """The new session of :meth:`_renew`."""
+        assert self._initialize is not None
+        self._log.info("server.http_session_renewed")
+        answer, session_id = await self._reinitialize(self._initialize)
+        if not _is_result(answer):
+            detail = answer[:ERROR_BODY].decode(errors="replace")
+            raise _Ended(f"a new HTTP session was refused ({detail})")
+        self._session_id = session_id
+        self._version = self._version_of(self._initialize, answer) or self._version
+        notice = Unit(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        notice.method = "notifications/initialized"
+        await self._exchange(notice, again=True)
+        await self._emit([Renewed()])
 
     async def _reinitialize(self, initialize: Unit) -> tuple[bytes, str | None]:
         """POST the initialize with no session id: its answer, and the new id."""
