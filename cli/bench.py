@@ -114,8 +114,14 @@ def main(args: argparse.Namespace) -> int:
         arguments = orjson.loads(args.args)
         if not isinstance(arguments, dict):
             raise ValueError("--args must be a JSON object")
-        if args.clients < 1 or args.in_flight < 1 or (args.requests or 1) < 1:
+        if (
+            args.clients < 1
+            or args.in_flight < 1
+            or (args.requests is not None and args.requests < 1)
+        ):
             raise ValueError("--clients, --in-flight and --requests must be at least 1")
+        if (args.duration is not None and not args.duration > 0) or not args.warmup >= 0:
+            raise ValueError("--duration must be more than 0, and --warmup 0 or more")
         report = run(args, arguments, _progress_printer() if sys.stderr.isatty() else None)
     except (ValueError, BenchError, OSError) as exc:
         print(f"mcpbroker bench: {exc}", file=sys.stderr)

@@ -54,6 +54,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the JSON lines as they are")
     args = parser.parse_args(argv)
+    if args.lines < 0:
+        parser.error("-n/--lines must be 0 or more")
     path = args.file or log_path_for(args.socket or default_socket_path())
     wanted = Filter(args.server, args.session, args.level)
     show = _raw if args.json else render
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> int:
         print(f"mcpbroker logs: {path} is a directory, not a log file", file=sys.stderr)
         return 1
     try:
-        lines, position = last_lines(path, wanted, max(args.lines, 0))
+        lines, position = last_lines(path, wanted, args.lines)
         for line in lines:
             print(show(line), flush=False)
         sys.stdout.flush()

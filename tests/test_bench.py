@@ -520,3 +520,23 @@ def test_functions_are_read_off_perf_and_given_per_call_by_path(tmp_path: Path) 
         assert cpu > 0 and data.exists()
         functions = symbols.shares(data)
         assert functions and 0.9 < sum(functions.values()) < 1.05  # (perf rounds each share)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--requests", "0"], "--requests must be at least 1"),
+        (["--duration", "-1"], "--duration must be more than 0"),
+        (["--duration", "0"], "--duration must be more than 0"),
+        (["--warmup", "-1"], "--warmup 0 or more"),
+    ],
+)
+def test_an_amount_of_nothing_is_refused(
+    extra: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(``--requests 0`` and ``--duration -1`` ran, and reported 0 calls.)"""
+    args = bench.parse_args(
+        ["--socket", "/nonexistent.sock", "--server", "s", "--tool", "t", *extra]
+    )
+    assert bench.main(args) == 1
+    assert says in capsys.readouterr().err

@@ -211,3 +211,12 @@ def test_a_log_path_that_is_a_directory_is_said_and_exit_1(tmp_path: Path) -> No
         [MCPBROKER, "logs", "--file", str(tmp_path)], capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 1 and "is a directory, not a log file" in done.stderr
+
+
+def test_a_negative_line_count_is_refused(tmp_path: Path) -> None:
+    """(It printed nothing and exited 0, as if the log were empty.)"""
+    log = tmp_path / "daemon.log"
+    write(log, line("daemon.started"))
+    done = subprocess.run([MCPBROKER, "logs", "--file", str(log), "-n", "-3"],
+                          env=ENV, capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 2 and "-n/--lines must be 0 or more" in done.stderr
