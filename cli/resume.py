@@ -28,7 +28,7 @@ MAX_REMEMBERED_LINE = 1 << 20  # a state line longer than this is not kept for r
 GAP_CODE = -32000  # as for a server that went away (broker/jsonrpc.py CONNECTION_CLOSED)
 GAP_MESSAGE = (
     "mcpbroker: the daemon went away while this request was in flight (it may or may "
-    "not have been carried out); the connection was restored, try again"
+    "not have been carried out); the shim is reconnecting: try again"
 )
 
 _WS = b" \t\r\n"
