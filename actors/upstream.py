@@ -460,6 +460,8 @@ class Upstream:
             try:
                 out += self._split(protocol.client_request(session, request, now))
             except JsonRpcError as exc:
+                if exc.id is None:  # (the rules' checks name no id: it is this request's)
+                    exc.id = request.get("id")
                 session.deliver(exc.to_response())
             except Exception:  # a bug of the broker's: answer this request, go on
                 self._log.exception(

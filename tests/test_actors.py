@@ -686,3 +686,26 @@ async def test_a_catalog_fetch_answered_with_an_error_that_is_no_object_raises_a
 
     with trio.fail_after(5), pytest.raises(jsonrpc.JsonRpcError):
         await internal.call(Server(), "tools/list", {})  # type: ignore[arg-type]
+
+
+async def test_a_request_the_servers_rules_refuse_is_answered_in_its_own_id(
+    nursery: trio.Nursery,
+) -> None:
+    """A task of no session's, a subscribe with no uri: refused by the
+    server's rules (broker/tasks.py, broker/upstream.py), which name no id;
+    the actor answers in the request's. (They went out with id null: the
+    client never had its answer.)"""
+    script = ScriptedServer(nursery)
+    script.capabilities["tasks"] = {"requests": {"tools": {"call": {}}}, "cancel": {}}
+    script.capabilities["resources"] = {"subscribe": True}
+    client = await open_client(nursery, await start_upstream(nursery, script), servers=("s",))
+    await client.initialize()
+    for id, method, params in (
+        (11, "tasks/get", {"taskId": "nobodys"}),
+        (12, "tasks/cancel", {"taskId": "nobodys"}),
+        (13, "resources/subscribe", {}),
+    ):
+        with trio.fail_after(5):
+            answer = await client.request(method, params, id=id)
+        assert answer["id"] == id and answer["error"]["code"] == jsonrpc.INVALID_PARAMS, answer
+    assert client.others == []
