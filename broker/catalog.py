@@ -32,7 +32,7 @@ from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
 from broker.lifecycle import ServerIdentity
 from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
 from broker.states import DOWN, ServerState
-from broker.templates import match
+from broker.templates import Budget, BudgetSpent, match
 
 RESOURCE_NOT_FOUND = -32002  # MCP's code for a resource that does not exist
 
@@ -250,11 +250,20 @@ class Catalog:
             owner = _first_in(self._resource_owners.get(uri, []), set(view))
             if owner is not None:
                 return owner
-            for entry in self.servers.values():
-                if entry.name in view and any(
-                    match(t.get("uriTemplate", ""), uri) for t in entry.items(TEMPLATES)
-                ):
-                    return entry.name
+            budget = Budget()  # (one read's share of the event loop: broker/templates.py)
+            try:
+                for entry in self.servers.values():
+                    if entry.name in view and any(
+                        match(t.get("uriTemplate", ""), uri, budget) for t in entry.items(TEMPLATES)
+                    ):
+                        return entry.name
+            except BudgetSpent:
+                raise JsonRpcError(
+                    RESOURCE_NOT_FOUND,
+                    "Resource not found (the broker gave up matching it against the "
+                    "servers' resource templates: too many, or too complex)",
+                    data={"uri": uri},
+                ) from None
         raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", data={"uri": uri})
 
     def route_template(self, view: tuple[str, ...], uri: Any) -> str:

@@ -17,7 +17,16 @@ A regular expression of that shape backtracks exponentially on some URIs that
 fail late (an item may hold ``,`` and items are joined by ``,``), and one
 client's ``resources/read`` must never stall the daemon. :class:`Template`
 therefore walks a small NFA over the URI instead: time linear in the URI's
-length, which is capped at :data:`MAX_URI`.
+length, which is capped at :data:`MAX_URI`, times the states the walk holds at
+once (up to the expressions of the template).
+
+That is still work on the daemon's one event loop for every ``resources/read``
+no listed resource answers, multiplied by the templates of the view. So a
+template's literal start and end are checked first (in C: most templates fail
+here); each template remembers the moves its walk made (a DFA built as URIs
+need it, up to :data:`MAX_MOVES`), so a long run of characters costs a
+dictionary look-up each; and the walks of one lookup share a :class:`Budget`:
+a lookup that spends it matches no further template (:class:`BudgetSpent`).
 """
 
 from __future__ import annotations
@@ -28,7 +37,14 @@ import string
 
 import attrs
 
-MAX_URI = 8192  # longer URIs match no template (exact URIs are matched elsewhere)
+MAX_URI = 2048  # longer URIs match no template (exact URIs are matched elsewhere)
+# The work one lookup may do, over every template it tries: about 10 ms on the
+# event loop. A character costs 1 when the template's walk has made that move
+# before, else STEP_COST per state it holds: so a URI of MAX_URI characters can
+# be tried against dozens of templates that share its literal start and end.
+MATCH_BUDGET = 100_000
+STEP_COST = 10  # a move worked out costs this per state it starts from; one remembered, 1
+MAX_MOVES = 1024  # the moves a template remembers
 
 _EXPRESSION = re.compile(r"\{([^{}]*)\}")
 _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
@@ -53,6 +69,17 @@ class TemplateError(ValueError):
     """A string that is not a URI template this module understands."""
 
 
+class BudgetSpent(Exception):
+    """A lookup stepped :data:`MATCH_BUDGET` states without finding its template."""
+
+
+class Budget:
+    """The work one lookup may still do (shared by the templates it tries)."""
+
+    def __init__(self, steps: int = MATCH_BUDGET) -> None:
+        self.left = steps
+
+
 @attrs.frozen
 class _Literal:
     text: str
@@ -71,17 +98,51 @@ class Template:
     def __init__(self, template: str) -> None:
         self.template = template
         self.tokens = _tokens(template)
+        first, last = self.tokens[:1], self.tokens[-1:]
+        # The literal text every expansion starts and ends with.
+        self.head = first[0].text if first and isinstance(first[0], _Literal) else ""
+        self.tail = last[0].text if last and isinstance(last[0], _Literal) else ""
+        # The walk's moves, worked out as URIs need them (a lazily built DFA):
+        # from a set of states, on a character, to the next set.
+        self._start = frozenset(self._closure({(0, 0)}))
+        self._known = {self._start: self._start}
+        self._moves: dict[frozenset[State], dict[str, frozenset[State]]] = {}
+        self._remembered = 0
 
-    def fullmatch(self, uri: str) -> bool:
-        """Whether ``uri`` could be an expansion of the template."""
-        if len(uri) > MAX_URI:
+    def fullmatch(self, uri: str, budget: Budget | None = None) -> bool:
+        """Whether ``uri`` could be an expansion of the template (raises
+        :class:`BudgetSpent` when the walk would cost more than ``budget``
+        has left)."""
+        if len(uri) > MAX_URI or not (uri.startswith(self.head) and uri.endswith(self.tail)):
             return False
-        states = self._closure({(0, 0)})
+        if budget is None:
+            budget = Budget()
+        states = self._start
         for char in uri:
-            states = self._closure({s for state in states for s in self._step(state, char)})
-            if not states:
+            row = self._moves.get(states)
+            after = row.get(char) if row is not None else None
+            if after is None:
+                budget.left -= STEP_COST * len(states)
+                after = self._move(states, char)
+            else:
+                budget.left -= 1
+            if budget.left < 0:
+                raise BudgetSpent(self.template)
+            if not after:
                 return False
+            states = after
         return (len(self.tokens), 0) in states
+
+    def _move(self, states: frozenset[State], char: str) -> frozenset[State]:
+        """The set of states the walk goes to from ``states`` on ``char``;
+        remembered (the set kept as one object, so that looking it up is an
+        identity check), up to :data:`MAX_MOVES` moves."""
+        after = frozenset(self._closure({s for state in states for s in self._step(state, char)}))
+        if self._remembered < MAX_MOVES:
+            after = self._known.setdefault(after, after)
+            self._moves.setdefault(states, {})[char] = after
+            self._remembered += 1
+        return after
 
     def _step(self, state: State, char: str) -> list[State]:
         index, phase = state
@@ -127,18 +188,20 @@ class Template:
         return states
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def compile_template(template: str) -> Template:
     """The matcher for a template (raises :class:`TemplateError`)."""
     return Template(template)
 
 
-def match(template: str, uri: str) -> bool:
-    """Whether ``uri`` could be an expansion of ``template``."""
+def match(template: str, uri: str, budget: Budget | None = None) -> bool:
+    """Whether ``uri`` could be an expansion of ``template`` (raises
+    :class:`BudgetSpent` if ``budget`` runs out first)."""
     try:
-        return compile_template(template).fullmatch(uri)
+        matcher = compile_template(template)
     except TemplateError:
         return False
+    return matcher.fullmatch(uri, budget)
 
 
 def _tokens(template: str) -> tuple[_Literal | _Expression, ...]:

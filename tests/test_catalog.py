@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -56,6 +59,14 @@ GITHUB = server(
     templates=["gh://{owner}/{repo}/issues{?state}", "shared://{name}"],
 )
 ALL = ("files", "github")
+
+
+@contextlib.contextmanager
+def took_under(seconds: float) -> Iterator[None]:
+    """Fail when the block took longer than ``seconds`` (after it ran)."""
+    start = time.perf_counter()
+    yield
+    assert time.perf_counter() - start < seconds
 
 
 def catalog(*entries: ServerEntry, **options: Any) -> Catalog:
@@ -266,6 +277,20 @@ def test_route_resource_unknown(uri: Any, view: tuple[str, ...]) -> None:
         "Resource not found",
         {"uri": uri},
     )
+
+
+def test_route_resource_gives_up_after_its_budget_of_template_matching() -> None:
+    """One read of a long URI against many templates that share its start
+    (each walked over the whole URI): it used to cost about 2 s of the
+    daemon's one event loop; it now stops after about 10 ms of work."""
+    templates = [f"gh://repos/{{owner}}/{{repo}}{{?q{n}}}" for n in range(300)]
+    snapshot = catalog(server("gh", templates=templates))
+    uri = "gh://repos/" + "a" * 2000
+    with took_under(0.3):
+        error = error_of(snapshot.route_resource, ("gh",), uri)
+    assert error.code == RESOURCE_NOT_FOUND
+    assert "gave up matching" in error.message
+    assert snapshot.route_resource(("gh",), "gh://repos/octo/hello?q299=1") == "gh"
 
 
 @pytest.mark.parametrize(

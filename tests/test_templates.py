@@ -14,7 +14,14 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from uritemplate import URITemplate
 
-from broker.templates import TemplateError, compile_template, match
+from broker.templates import (
+    MAX_URI,
+    Budget,
+    BudgetSpent,
+    TemplateError,
+    compile_template,
+    match,
+)
 
 # The examples of RFC 6570 section 3.2 use these values.
 RFC_VALUES: dict[str, Any] = {
@@ -173,6 +180,41 @@ def time_limit(seconds: float) -> Iterator[None]:
 def test_matching_takes_linear_time(template: str, uri: str) -> None:
     with time_limit(0.2):
         assert not match(template, uri)
+
+
+# A server's template of many expressions, and a URI of the longest length
+# matched: each character used to step every expression (about 1 s here, on
+# the daemon's one event loop; 3.5 s at the old 8 KB limit).
+MANY = "x://" + "".join(f"{{+v{i}}}" for i in range(200)) + "z"
+
+
+def test_a_template_of_many_expressions_matches_in_little_time() -> None:
+    uri = "x://" + "a" * (MAX_URI - 5) + "z"
+    with time_limit(0.2):
+        assert match(MANY, uri, Budget())
+        assert not match(MANY, uri[:-1] + "y", Budget())  # its literal end, checked first
+
+
+def test_the_walk_remembers_its_moves_so_a_second_uri_costs_a_step_a_character() -> None:
+    uri = "gh://repos/" + "a" * 1000
+    first, second = Budget(), Budget()
+    match("gh://repos/{owner}/{repo}", uri, first)
+    match("gh://repos/{owner}/{repo}", uri, second)
+    assert 100_000 - second.left == len(uri) < 100_000 - first.left
+
+
+def test_a_lookup_that_spends_its_budget_gives_up() -> None:
+    budget = Budget(5000)
+    uri = "r://" + "a" * 1000
+    with pytest.raises(BudgetSpent):
+        for n in range(100):  # templates that all share the URI's literal start
+            match(f"r://{{a}}{{?q{n}}}", uri, budget)
+    assert budget.left < 0
+
+
+def test_a_uri_longer_than_the_limit_matches_no_template() -> None:
+    assert match("file:///{+path}", "file:///" + "a" * (MAX_URI - 8))
+    assert not match("file:///{+path}", "file:///" + "a" * (MAX_URI - 7))
 
 
 @given(template=st.text(max_size=30), uri=st.text(max_size=30))
