@@ -234,6 +234,22 @@ class Registry:
                     method=kind.method,
                     item=repr(item)[:200],
                 )
+            if read.error is not None:
+                self._log.warning(
+                    "catalog.fetch_failed",
+                    server=upstream.name,
+                    method=kind.method,
+                    error=read.error,
+                    result=repr(result)[:200],
+                )
+            if read.cut is not None:
+                self._log.warning(
+                    "catalog.list_cut",
+                    server=upstream.name,
+                    method=kind.method,
+                    reason=read.cut,
+                    kept=len(lister.items()),
+                )
             params = read.next
         return lister.items()
 

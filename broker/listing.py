@@ -6,10 +6,17 @@ each answer.
 
 - Reading one list (:class:`Lister`): the first request has no cursor; each
   answer is one page, whose well-formed items (:func:`broker.catalog.valid_item`)
-  are kept and whose malformed ones are handed back to be logged; a page with
-  a ``nextCursor`` asks for the next. A server whose cursors never end is cut
-  off after :data:`MAX_PAGES` pages, keeping what it sent. (A request that
-  fails ends the list too, with what was read: the caller simply stops.)
+  are kept and whose malformed ones are handed back to be logged; an item
+  whose id (name, URI) an earlier one has is left out; a page with a
+  ``nextCursor`` asks for the next. A result that is not a page of that list
+  (no object, no array under the list's key) is an error, like a request that
+  fails: the caller keeps the list it had (:attr:`PageRead.error`).
+- A paginator that never ends is cut off, keeping what it sent (and saying why,
+  :attr:`PageRead.cut`, for the log): at a cursor it gave before, at a page
+  that brings nothing new, after :data:`MAX_PAGES` pages, and at
+  :data:`MAX_ITEMS` items or :data:`MAX_LIST_BYTES` of them (a list that big
+  is no use to a model anyway, and each server's lists live in the daemon's
+  memory and in every catalog rebuild).
 - Telling sessions (:func:`list_changed`): after a server's lists change,
   each subscribed session whose view includes that server gets each matching
   ``list_changed`` notification once (resources and templates share one), and
@@ -22,12 +29,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
+import orjson
 
 from broker import jsonrpc
 from broker.catalog import Catalog, Kind, ServerEntry, valid_item
 from broker.jsonrpc import Message
 
 MAX_PAGES = 1000  # a server whose cursors never end is cut off here
+MAX_ITEMS = 10_000  # items of one list of one server
+MAX_LIST_BYTES = 4 * 1024 * 1024  # their size, as JSON
 
 S = TypeVar("S")
 
@@ -38,16 +48,29 @@ class PageRead:
 
     next: dict[str, Any] | None  # the params of the next request; None: the list is read
     invalid: list[Any]  # items left out as malformed (for the log)
+    error: str | None = None  # the result was no page: the list could not be read
+    cut: str | None = None  # why the list was cut off before its end (for the log)
 
 
 class Lister:
     """Reads one server's list of one kind, page by page."""
 
-    def __init__(self, kind: Kind, max_pages: int = MAX_PAGES) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        max_pages: int = MAX_PAGES,
+        max_items: int = MAX_ITEMS,
+        max_bytes: int = MAX_LIST_BYTES,
+    ) -> None:
         self.kind = kind
         self.max_pages = max_pages
+        self.max_items = max_items
+        self.max_bytes = max_bytes
         self.pages = 0
+        self.bytes = 0
         self._items: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
+        self._cursors: set[str] = set()
 
     def first_request(self) -> dict[str, Any]:
         """The params of the first request."""
@@ -56,16 +79,34 @@ class Lister:
     def page(self, result: Any) -> PageRead:
         """Take the result of one list request; say what to ask next, if anything."""
         self.pages += 1
-        invalid: list[Any] = []
         page = result.get(self.kind.key) if isinstance(result, dict) else None
-        for item in page if isinstance(page, list) else ():
-            if valid_item(self.kind, item):
-                self._items.append(item)
-            else:
+        if not isinstance(page, list):
+            return PageRead(None, [], error=f"the result holds no {self.kind.key!r} array")
+        invalid: list[Any] = []
+        new = 0
+        for item in page:
+            if not valid_item(self.kind, item):
                 invalid.append(item)
-        cursor = result.get("nextCursor") if isinstance(result, dict) else None
-        if not cursor or self.pages >= self.max_pages:
+            elif item[self.kind.id_field] not in self._ids:
+                if len(self._items) >= self.max_items:
+                    return PageRead(None, invalid, cut=f"more than {self.max_items} items")
+                self.bytes += len(orjson.dumps(item))
+                if self.bytes > self.max_bytes:
+                    return PageRead(None, invalid, cut=f"more than {self.max_bytes} bytes")
+                self._ids.add(item[self.kind.id_field])
+                self._items.append(item)
+                new += 1
+        cursor = result.get("nextCursor")
+        if not cursor:
             return PageRead(None, invalid)
+        key = cursor if isinstance(cursor, str) else repr(cursor)
+        if key in self._cursors:
+            return PageRead(None, invalid, cut="it gave a cursor it had given before")
+        if page and not new:
+            return PageRead(None, invalid, cut="a page brought no item not listed before")
+        if self.pages >= self.max_pages:
+            return PageRead(None, invalid, cut=f"more than {self.max_pages} pages")
+        self._cursors.add(key)
         return PageRead({"cursor": cursor}, invalid)
 
     def items(self) -> tuple[dict[str, Any], ...]:

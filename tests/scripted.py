@@ -15,6 +15,7 @@ may change, and every result names the server (``label``) that produced it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -25,6 +26,14 @@ from actors.links.stream import StreamLink
 from broker import jsonrpc
 from broker.wire import ndjson
 from broker.wire.ndjson import LineFramer
+
+
+class ListError:
+    """A list request's answer that is an error (see ``ScriptedServer.list_answer``)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
 
 TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks", "raw")
 
@@ -67,6 +76,10 @@ class ScriptedServer:
         self.templates: list[dict[str, Any]] = [
             {"uriTemplate": f"mem://{label}/notes/{{id}}", "name": "note"}
         ]
+        # What it answers a list request with instead, if set: called with the
+        # method and params, it returns the result, or a ListError to answer
+        # with an error (a paginating, failing or broken server).
+        self.list_answer: Callable[[str, dict[str, Any]], Any] | None = None
         self.received: list[Any] = []
         self.lines: list[bytes] = []  # what was received, as the bytes of each line
         self.launches = 0
@@ -187,6 +200,13 @@ class MemoryLink:
                 "name": params.get("name"),
                 "server": self.script.label,
             }
+        elif method in LISTS and self.script.list_answer is not None:
+            result = self.script.list_answer(method, params)
+            if isinstance(result, ListError):
+                error = jsonrpc.error_response(request["id"], -32603, result.message)
+                with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                    await self.send(error)
+                return
         elif method in LISTS:
             key, attribute = LISTS[method]
             result = {key: getattr(self.script, attribute)}

@@ -25,7 +25,7 @@ from broker.config import BrokerSettings, ServerConfig
 from broker.upstream import UpstreamProtocol
 from broker.wire import ndjson
 from broker.wire.ndjson import LineFramer
-from tests.scripted import ScriptedServer
+from tests.scripted import LISTS, ScriptedServer
 
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
 
@@ -709,3 +709,25 @@ async def test_a_request_the_servers_rules_refuse_is_answered_in_its_own_id(
             answer = await client.request(method, params, id=id)
         assert answer["id"] == id and answer["error"]["code"] == jsonrpc.INVALID_PARAMS, answer
     assert client.others == []
+
+
+async def test_a_server_that_gives_the_same_cursor_again_is_listed_once(
+    nursery: trio.Nursery,
+) -> None:
+    """Its page was stored 1000 times (every tools/list carried each tool
+    1000 times); the list now ends at the cursor given before."""
+    script = ScriptedServer(nursery)
+    page = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(100)]
+
+    def same_cursor_again(method: str, params: dict[str, Any]) -> Any:
+        if method == "tools/list":
+            return {"tools": page, "nextCursor": "again"}
+        return {LISTS[method][0]: []}
+
+    script.list_answer = same_cursor_again
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    with trio.fail_after(5):
+        await client.initialize()
+        tools = (await client.request("tools/list"))["result"]["tools"]
+    assert [t["name"] for t in tools] == [f"t{i}" for i in range(100)]
+    assert len(script.requests("tools/list")) == 2

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from broker.catalog import KINDS, PROMPTS, RESOURCES, TEMPLATES, TOOLS, Catalog, ServerEntry
 from broker.listing import (
+    MAX_ITEMS,
+    MAX_LIST_BYTES,
     MAX_PAGES,
     Lister,
     PageRead,
@@ -85,10 +87,14 @@ def test_an_item_nested_too_deep_is_left_out() -> None:
     assert lister.items() == ()
 
 
-def test_a_result_that_is_no_list_ends_with_nothing() -> None:
-    for result in (None, [], "tools", {"tools": "a"}, {"tools": {"name": "a"}}):
+def test_a_result_that_is_no_page_is_an_error() -> None:
+    """(It used to end the list as if it were empty: the caller published no
+    tools for a server that has some.)"""
+    for result in (None, [], "tools", {"tools": "a"}, {"tools": {"name": "a"}}, {}):
         lister = Lister(TOOLS)
-        assert lister.page(result) == PageRead(None, [])
+        read = lister.page(result)
+        assert read.next is None
+        assert read.error == "the result holds no 'tools' array"
         assert lister.items() == ()
 
 
@@ -97,12 +103,61 @@ def test_a_server_whose_cursors_never_end_is_cut_off_keeping_what_it_sent() -> N
     pages = [{"prompts": [{"name": f"p{i}"}], "nextCursor": f"c{i}"} for i in range(10)]
     assert len(read_all(lister, pages)) == 3
     assert [p["name"] for p in lister.items()] == ["p0", "p1", "p2"]
+    assert lister.page(pages[3]).cut == "more than 3 pages"
 
 
 def test_the_default_limit() -> None:
     lister = Lister(TOOLS)
     assert lister.max_pages == MAX_PAGES == 1000
-    assert len(read_all(lister, [{"tools": [], "nextCursor": "again"}] * 2000)) == MAX_PAGES
+    pages = [{"tools": [tool(f"t{i}")], "nextCursor": f"c{i}"} for i in range(2000)]
+    assert len(read_all(lister, pages)) == MAX_PAGES
+
+
+def test_a_cursor_given_before_ends_the_list() -> None:
+    """A server that hands back the same cursor (a common paginator bug) used
+    to have its page stored 1000 times, every copy listed."""
+    lister = Lister(TOOLS)
+    page = {"tools": [tool(f"t{i}") for i in range(100)], "nextCursor": "again"}
+    assert lister.page(page).next == {"cursor": "again"}
+    read = lister.page({"tools": [tool("new")], "nextCursor": "again"})
+    assert (read.next, read.cut) == (None, "it gave a cursor it had given before")
+    assert len(lister.items()) == 101
+    cursors = Lister(TOOLS)
+    cursors.page({"tools": [tool("a")], "nextCursor": {"at": 1}})
+    assert cursors.page({"tools": [tool("b")], "nextCursor": {"at": 1}}).cut is not None
+
+
+def test_a_page_with_nothing_new_ends_the_list() -> None:
+    lister = Lister(TOOLS)
+    lister.page({"tools": [tool("a"), tool("b")], "nextCursor": "1"})
+    read = lister.page({"tools": [tool("b"), tool("a")], "nextCursor": "2"})
+    assert (read.next, read.cut) == (None, "a page brought no item not listed before")
+    assert Lister(TOOLS).page({"tools": [], "nextCursor": "1"}).next == {"cursor": "1"}
+
+
+def test_an_item_listed_twice_is_kept_once() -> None:
+    lister = Lister(RESOURCES)
+    lister.page({"resources": [{"uri": "a://1"}, {"uri": "a://1", "x": 2}], "nextCursor": "1"})
+    lister.page({"resources": [{"uri": "a://2"}, {"uri": "a://1"}]})
+    assert lister.items() == ({"uri": "a://1"}, {"uri": "a://2"})
+
+
+def test_a_list_is_cut_at_its_item_and_byte_limits() -> None:
+    """(A server paginating 2,000 new tools a page without end drove the
+    daemon to 1 GB.)"""
+    assert (MAX_ITEMS, MAX_LIST_BYTES) == (10_000, 4 * 1024 * 1024)
+    lister = Lister(TOOLS, max_items=5)
+    read = lister.page({"tools": [tool(f"t{i}") for i in range(8)], "nextCursor": "1"})
+    assert (read.next, read.cut, len(lister.items())) == (None, "more than 5 items", 5)
+    lister = Lister(TOOLS, max_bytes=100)  # a tool here is 45 bytes
+    read = lister.page({"tools": [tool(f"t{i}") for i in range(8)]})
+    assert (read.next, read.cut, len(lister.items())) == (None, "more than 100 bytes", 2)
+    pages = [
+        {"tools": [tool(f"t{n}-{i}") for i in range(2000)], "nextCursor": n} for n in range(1, 9)
+    ]
+    lister = Lister(TOOLS)
+    assert len(read_all(lister, pages)) == 6  # 10,000 items, and the page that would pass them
+    assert len(lister.items()) == MAX_ITEMS
 
 
 pages = st.lists(
@@ -123,7 +178,13 @@ def test_items_are_the_valid_items_of_the_pages_asked_for(
     asked = read_all(lister, results)
     assert len(asked) <= limit
     read = results[: lister.pages]
-    assert list(lister.items()) == [i for r in read for i in r["tools"] if isinstance(i, dict)]
+    valid = {
+        i["name"]: i for r in reversed(read) for i in reversed(r["tools"]) if isinstance(i, dict)
+    }
+    assert list(lister.items()) == [
+        valid[n]
+        for n in dict.fromkeys(i["name"] for r in read for i in r["tools"] if isinstance(i, dict))
+    ]
     for params, result in zip(asked[1:], read, strict=False):
         assert params == {"cursor": result["nextCursor"]}
 
