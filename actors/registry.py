@@ -12,7 +12,9 @@ server, once, with the matching ``list_changed`` notification; and only when
 the lists really changed. A server that is restarting keeps its lists (its
 calls get a retryable error meanwhile), and sessions hear of its restart only
 if it comes back with other lists; one that fails or stops drops out of the
-catalog (sessions are told), and comes back when it is up again. What to ask for
+catalog (sessions are told), and comes back when it is up again. A list that
+cannot be read (an error, no answer, no list) keeps the last one read, and is
+fetched again later (:meth:`Registry._retry_later`). What to ask for
 next, what a page holds, and who is told what are rules of
 :mod:`broker.listing`; this actor sends, waits and delivers.
 
@@ -55,6 +57,8 @@ from broker.states import DOWN, ServerState
 
 EVENTS_SIZE = 1024
 FETCH_TIMEOUT = 30.0
+RETRY_FIRST = 5.0  # seconds before a list that could not be read is fetched again
+RETRY_MAX = 300.0  # (the delay doubles on each failure in a row, up to this)
 
 
 @attrs.frozen
@@ -86,6 +90,8 @@ class Registry:
         self._subscribers: dict[SessionHandle, frozenset[str]] = {}
         self._generation = dict.fromkeys(upstreams, 0)
         self._pending: dict[str, set[Kind]] = {}  # lists to refresh, per server being refreshed
+        self._retry_kinds: dict[str, set[Kind]] = {}  # lists to fetch again, per server waiting
+        self._failures: dict[str, int] = {}  # failed refreshes in a row, per server
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
         for upstream in upstreams.values():
@@ -154,7 +160,9 @@ class Registry:
             self._publish(attrs.evolve(entry, state=status, loading=False, error=error))
         elif status in DOWN:
             error = self._upstreams[server].statistics().last_error
-            down = attrs.evolve(entry, state=status, loading=False, lists={}, error=error)
+            down = attrs.evolve(
+                entry, state=status, loading=False, lists={}, unread={}, error=error
+            )
             self._publish(down)
             self._notify(server, changed_kinds(entry, down, KINDS))
         else:  # coming up
@@ -202,18 +210,32 @@ class Registry:
         identity = upstream.identity
         capabilities = identity.capabilities if identity is not None else {}
         fetched: dict[str, tuple[dict[str, Any], ...]] = {}
+        failed: dict[str, str] = {}
         for kind in kinds:
             if kind.capability in capabilities:
-                fetched[kind.name] = await self._fetch(upstream, kind)
+                outcome = await self._fetch(upstream, kind)
+                if isinstance(outcome, str):
+                    failed[kind.name] = outcome
+                else:
+                    fetched[kind.name] = outcome
         if self._generation[server] != generation:
             return  # it restarted or went down meanwhile; a newer refresh follows
         old = self.current.entry(server)
-        new = attrs.evolve(old, loading=False, identity=identity, lists={**old.lists, **fetched})
+        # A list that could not be read keeps the last one read (and is tried
+        # again later): one failed refresh must not empty a running server.
+        unread = {k: e for k, e in old.unread.items() if k not in fetched} | failed
+        lists = {**old.lists, **fetched}
+        new = attrs.evolve(old, loading=False, identity=identity, lists=lists, unread=unread)
         self._publish(new)
         self._notify(server, changed_kinds(old, new, kinds))
+        if failed:
+            self._retry_later(server, [kind for kind in kinds if kind.name in failed])
+        elif not unread:
+            self._failures.pop(server, None)
 
-    async def _fetch(self, upstream: ServerActor, kind: Kind) -> tuple[dict[str, Any], ...]:
-        """One list of a server, every page (the rules: broker/listing.py)."""
+    async def _fetch(self, upstream: ServerActor, kind: Kind) -> tuple[dict[str, Any], ...] | str:
+        """One list of a server, every page (the rules: broker/listing.py); or,
+        if it could not be read, why."""
         lister = Lister(kind)
         params: dict[str, Any] | None = lister.first_request()
         while params is not None:
@@ -225,7 +247,7 @@ class Registry:
                 self._log.warning(
                     "catalog.fetch_failed", server=upstream.name, method=kind.method, error=error
                 )
-                break
+                return error
             read = lister.page(result)
             for item in read.invalid:
                 self._log.warning(
@@ -242,6 +264,7 @@ class Registry:
                     error=read.error,
                     result=repr(result)[:200],
                 )
+                return read.error
             if read.cut is not None:
                 self._log.warning(
                     "catalog.list_cut",
@@ -252,6 +275,28 @@ class Registry:
                 )
             params = read.next
         return lister.items()
+
+    def _retry_later(self, server: str, kinds: Iterable[Kind]) -> None:
+        """Fetch lists that could not be read again, after a while (one timer
+        a server; the delay doubles on each failure in a row, up to
+        :data:`RETRY_MAX`)."""
+        pending = self._retry_kinds.get(server)
+        if pending is not None:
+            pending.update(kinds)
+            return
+        self._retry_kinds[server] = set(kinds)
+        failures = self._failures[server] = self._failures.get(server, 0) + 1
+        delay = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX)
+        self._log.info("catalog.fetch_retry", server=server, seconds=delay)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._retry, server, self._generation[server], delay)
+
+    async def _retry(self, server: str, generation: int, delay: float) -> None:
+        await trio.sleep(delay)
+        kinds = self._retry_kinds.pop(server)
+        entry = self.current.servers.get(server)
+        if self._generation.get(server) == generation and entry is not None and entry.serving:
+            self._want_refresh(server, tuple(k for k in KINDS if k in kinds))
 
     # -- publishing -----------------------------------------------------------
 

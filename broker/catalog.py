@@ -98,6 +98,9 @@ class ServerEntry:
     error: str | None = None
     # READY, and its lists are being fetched: not served from the catalog yet.
     loading: bool = False
+    # Lists (by kind name) its last fetch could not read, and why: they keep
+    # the last list read, and are fetched again later (actors/registry.py).
+    unread: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def serving(self) -> bool:
@@ -231,16 +234,21 @@ class Catalog:
         label = kind.name[:-1]
         for server in view:  # a name of a server that is not serving: say why
             entry = self.servers[server]
-            if (
-                isinstance(name, str)
-                and name.startswith(sanitize(server) + self.separator)
-                and not entry.serving
-            ):
+            if not (isinstance(name, str) and name.startswith(sanitize(server) + self.separator)):
+                continue
+            if not entry.serving:
                 retryable = entry.state not in (ServerState.FAILED, ServerState.STOPPED)
                 raise JsonRpcError(
                     CONNECTION_CLOSED,
                     not_serving_message(entry),
                     data={"server": server, "retryable": retryable},
+                )
+            if kind.name in entry.unread:  # its list may lack it: say so
+                raise JsonRpcError(
+                    INVALID_PARAMS,
+                    f"Unknown {label}: {name} (the broker could not read the {kind.name} "
+                    f"of MCP server {server!r}: {entry.unread[kind.name]}; it tries again)",
+                    data={"server": server},
                 )
         raise JsonRpcError(INVALID_PARAMS, f"Unknown {label}: {name}")
 

@@ -25,7 +25,7 @@ from broker.config import BrokerSettings, ServerConfig
 from broker.upstream import UpstreamProtocol
 from broker.wire import ndjson
 from broker.wire.ndjson import LineFramer
-from tests.scripted import LISTS, ScriptedServer
+from tests.scripted import LISTS, ListError, ScriptedServer
 
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
 
@@ -731,3 +731,41 @@ async def test_a_server_that_gives_the_same_cursor_again_is_listed_once(
         tools = (await client.request("tools/list"))["result"]["tools"]
     assert [t["name"] for t in tools] == [f"t{i}" for i in range(100)]
     assert len(script.requests("tools/list")) == 2
+
+
+async def test_a_refresh_that_fails_keeps_the_list_and_is_tried_again(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """One failed or malformed tools/list after a list_changed emptied the
+    server's tools (every session told, every call "Unknown tool"), and
+    nothing tried again. Now the last list stays, and the fetch is retried."""
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker, servers=())  # aggregated
+    await client.initialize()
+    await client.request("ping")
+    await trio.testing.wait_all_tasks_blocked()
+    before = (await client.request("tools/list"))["result"]["tools"]
+    answers = [ListError("busy"), "junk"]
+
+    def failing_twice(method: str, params: dict[str, Any]) -> Any:
+        if method == "tools/list" and answers:
+            return answers.pop(0)
+        return {LISTS[method][0]: getattr(script, LISTS[method][1])}
+
+    script.list_answer = failing_twice
+    script.tools.append({"name": "late", "inputSchema": {"type": "object"}})
+    await script.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
+    while len(script.requests("tools/list")) < 2:
+        await trio.sleep(0.1)
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await client.request("tools/list"))["result"]["tools"] == before
+    error = (await client.request("tools/call", call("s__late")))["error"]
+    assert "could not read the tools" in error["message"]
+    with trio.fail_after(60):  # (retried after 5 s, then 10 s)
+        assert (await client.receive())["method"] == "notifications/tools/list_changed"
+    tools = (await client.request("tools/list"))["result"]["tools"]
+    assert tools == [*before, {**script.tools[-1], "name": "s__late"}]
+    assert len(script.requests("tools/list")) == 4
+    notes = [m for m in client.others if m.get("method") == "notifications/tools/list_changed"]
+    assert notes == []  # (nothing was announced while the list could not be read)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -248,6 +249,21 @@ def test_route_named_of_a_server_not_serving(entry: ServerEntry, message: str) -
     assert error.message == f"MCP server 'github' {message}"
     retryable = entry.state not in (ServerState.FAILED, ServerState.STOPPED)
     assert error.data == {"server": "github", "retryable": retryable}
+
+
+def test_route_named_of_a_server_whose_list_could_not_be_read_says_so() -> None:
+    unread = attrs.evolve(GITHUB, unread={"tools": "no answer in time"})
+    snapshot = catalog(FILES, unread)
+    assert snapshot.route_named(TOOLS, ALL, "github__search") == ("github", "search")
+    error = error_of(snapshot.route_named, TOOLS, ALL, "github__new")
+    assert (error.code, error.data) == (INVALID_PARAMS, {"server": "github"})
+    assert error.message == (
+        "Unknown tool: github__new (the broker could not read the tools of MCP server "
+        "'github': no answer in time; it tries again)"
+    )
+    assert error_of(snapshot.route_named, PROMPTS, ALL, "github__x").message == (
+        "Unknown prompt: github__x"
+    )
 
 
 @pytest.mark.parametrize(
