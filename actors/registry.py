@@ -139,7 +139,9 @@ class Registry:
             self._status_changed(event.server, event.status)
         elif event.list_changed is not None:
             kinds = KINDS_BY_NOTIFICATION.get(event.list_changed, ())
-            if kinds and self.current.entry(event.server).serving:
+            # Ready, its lists read or being read: a change while they are
+            # read is read after them (it may have come after that list).
+            if kinds and self.current.entry(event.server).state is ServerState.READY:
                 self._want_refresh(event.server, kinds)
 
     def _status_changed(self, server: str, status: ServerState) -> None:

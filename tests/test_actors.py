@@ -769,3 +769,29 @@ async def test_a_refresh_that_fails_keeps_the_list_and_is_tried_again(
     assert len(script.requests("tools/list")) == 4
     notes = [m for m in client.others if m.get("method") == "notifications/tools/list_changed"]
     assert notes == []  # (nothing was announced while the list could not be read)
+
+
+async def test_a_list_changed_while_the_lists_are_read_is_read_after_them(
+    nursery: trio.Nursery,
+) -> None:
+    """A server that adds a tool just after its first tools/list, while the
+    broker still reads its other lists: the notification was dropped, and the
+    tool never listed ("Unknown tool") until the server's next change."""
+    script = ScriptedServer(nursery)
+    late = {"name": "late", "inputSchema": {"type": "object"}}
+
+    def adds_a_tool_during_the_load(method: str, params: dict[str, Any]) -> Any:
+        if method == "prompts/list" and late not in script.tools:
+            script.tools.append(late)
+            note = jsonrpc.notification("notifications/tools/list_changed")
+            nursery.start_soon(script.links[0].send, note)
+        return {LISTS[method][0]: getattr(script, LISTS[method][1])}
+
+    script.list_answer = adds_a_tool_during_the_load
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    with trio.fail_after(5):
+        await client.initialize()
+        await trio.testing.wait_all_tasks_blocked()
+        tools = (await client.request("tools/list"))["result"]["tools"]
+    assert tools[-1] == late
+    assert len(script.requests("tools/list")) == 2
