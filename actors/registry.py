@@ -214,7 +214,9 @@ class Registry:
         fetched: dict[str, tuple[dict[str, Any], ...]] = {}
         failed: dict[str, str] = {}
         for kind in kinds:
-            if kind.capability in capabilities:
+            if kind.capability not in capabilities:
+                fetched[kind.name] = ()  # it offers none now (a restart, a reload)
+            else:
                 outcome = await self._fetch(upstream, kind)
                 if isinstance(outcome, str):
                     failed[kind.name] = outcome

@@ -855,3 +855,27 @@ async def test_a_client_that_sends_everything_and_closes_still_gets_its_waiting_
     with trio.fail_after(60):
         answers = {(await client.receive())["id"] for _ in range(3)}
     assert answers == {"init", "list", "call"}
+
+
+async def test_a_server_back_without_a_capability_has_no_such_list_left(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """A server that restarted without prompts and resources kept its old
+    ones in the catalog: listed, and routed to it."""
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker, servers=())  # aggregated
+    await client.initialize()
+    assert (await client.request("prompts/list"))["result"]["prompts"] != []
+    del script.capabilities["prompts"], script.capabilities["resources"]
+    await client.request("tools/call", call("s__die"))
+    await broker.upstreams["s"].wait_ready()
+    await trio.testing.wait_all_tasks_blocked()
+    assert (await client.request("prompts/list"))["result"]["prompts"] == []
+    assert (await client.request("resources/list"))["result"]["resources"] == []
+    assert (await client.request("resources/templates/list"))["result"]["resourceTemplates"] == []
+    assert len((await client.request("tools/list"))["result"]["tools"]) == len(script.tools)
+    error = (await client.request("prompts/get", {"name": "s__greet"}))["error"]
+    assert error["message"] == "Unknown prompt: s__greet"
+    notes = {m.get("method") for m in client.others}
+    assert {"notifications/prompts/list_changed", "notifications/resources/list_changed"} <= notes
