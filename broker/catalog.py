@@ -21,6 +21,7 @@ List requests are paginated with the broker's own opaque cursors (see
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -253,35 +254,76 @@ class Catalog:
         raise JsonRpcError(INVALID_PARAMS, f"Unknown {label}: {name}")
 
     def route_resource(self, view: tuple[str, ...], uri: Any) -> str:
-        """The server a ``resources/read`` of ``uri`` goes to."""
+        """The server a ``resources/read`` of ``uri`` goes to: the one that
+        lists it; else the first whose template matches it (RFC 6570, then as
+        the SDKs match: :data:`broker.templates._LOOSE`); else the one server
+        of the view that offers resources (or the one of those that lists
+        anything of its scheme): a URI a server hands out without listing it
+        (a tool's ``resource_link``) is read from it."""
         if isinstance(uri, str):
             owner = _first_in(self._resource_owners.get(uri, []), set(view))
             if owner is not None:
                 return owner
             budget = Budget()  # (one read's share of the event loop: broker/templates.py)
             try:
-                for entry in self.servers.values():
-                    if entry.name in view and any(
-                        match(t.get("uriTemplate", ""), uri, budget) for t in entry.items(TEMPLATES)
-                    ):
-                        return entry.name
+                owner = self._template_owner(view, uri, budget)
             except BudgetSpent:
-                raise JsonRpcError(
-                    RESOURCE_NOT_FOUND,
-                    "Resource not found (the broker gave up matching it against the "
-                    "servers' resource templates: too many, or too complex)",
-                    data={"uri": uri},
-                ) from None
+                owner = self._sole_resource_server(view, uri)
+                if owner is None:
+                    raise JsonRpcError(
+                        RESOURCE_NOT_FOUND,
+                        "Resource not found (the broker gave up matching it against the "
+                        "servers' resource templates: too many, or too complex)",
+                        data={"uri": uri},
+                    ) from None
+            owner = owner or self._sole_resource_server(view, uri)
+            if owner is not None:
+                return owner
         raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", data={"uri": uri})
 
+    def _template_owner(self, view: tuple[str, ...], uri: str, budget: Budget) -> str | None:
+        for loose in (False, True):
+            for entry in self.servers.values():
+                if entry.name in view and any(
+                    match(t.get("uriTemplate", ""), uri, budget, loose)
+                    for t in entry.items(TEMPLATES)
+                ):
+                    return entry.name
+        return None
+
+    def _sole_resource_server(self, view: tuple[str, ...], uri: str) -> str | None:
+        offering = [
+            entry
+            for entry in self.servers.values()
+            if entry.name in view
+            and entry.identity is not None
+            and "resources" in entry.identity.capabilities
+        ]
+        scheme = uri.partition(":")[0] + ":"
+        if len(offering) > 1 and len(scheme) > 1:
+            offering = [
+                entry
+                for entry in offering
+                if any(
+                    str(item.get(kind.id_field)).startswith(scheme)
+                    for kind in (RESOURCES, TEMPLATES)
+                    for item in entry.items(kind)
+                )
+            ]
+        return offering[0].name if len(offering) == 1 else None
+
     def route_template(self, view: tuple[str, ...], uri: Any) -> str:
-        """The server whose template (or resource) is exactly ``uri`` (for completions)."""
+        """The server a completion of ``ref/resource`` ``uri`` goes to: the one
+        that lists that exact template (or resource); else, for a concrete URI
+        (the schema allows one), the server a read of it goes to."""
         wanted = set(view)
         if isinstance(uri, str):
             for owners in (self._template_owners, self._resource_owners):
                 owner = _first_in(owners.get(uri, []), wanted)
                 if owner is not None:
                     return owner
+            with contextlib.suppress(JsonRpcError):
+                return self.route_resource(view, uri)
         raise JsonRpcError(INVALID_PARAMS, f"Unknown resource template: {uri}")
 
 

@@ -61,6 +61,21 @@ _OPERATORS: dict[str, tuple[str, frozenset[str]]] = {
     "?": ("?", _UNRESERVED | frozenset("&,=")),
     "&": ("&", _UNRESERVED | frozenset("&,=")),
 }
+# Loose matching, operator: the characters an expansion may not hold. The MCP
+# SDKs match their own templates so (``{var}`` as ``[^/]+``, ``{+var}`` as
+# ``.+``): a value with a space, an "@" or a ":" unencoded, which RFC 6570
+# would have encoded, still reaches them. The broker falls back to it
+# (broker/catalog.py) when no template of the view matches strictly.
+_LOOSE: dict[str, frozenset[str]] = {
+    "": frozenset("/"),
+    "+": frozenset(),
+    "#": frozenset(),
+    ".": frozenset("/"),
+    "/": frozenset(),
+    ";": frozenset("/"),
+    "?": frozenset("#"),
+    "&": frozenset("#"),
+}
 # Where an NFA walk is inside an expression (phases >= 0 are prefix positions).
 _BODY, _PCT1, _PCT2 = -1, -2, -3
 
@@ -89,15 +104,17 @@ class _Literal:
 class _Expression:
     prefix: str
     allowed: frozenset[str]
+    # Loose matching: any character but these (``allowed`` is then unused).
+    forbidden: frozenset[str] | None = None
 
 
 State = tuple[int, int]  # (token index, phase)
 
 
 class Template:
-    def __init__(self, template: str) -> None:
+    def __init__(self, template: str, loose: bool = False) -> None:
         self.template = template
-        self.tokens = _tokens(template)
+        self.tokens = _tokens(template, loose)
         first, last = self.tokens[:1], self.tokens[-1:]
         # The literal text every expansion starts and ends with.
         self.head = first[0].text if first and isinstance(first[0], _Literal) else ""
@@ -156,7 +173,8 @@ class Template:
             prefix = token.prefix
             return [(index, phase + 1)] if phase < len(prefix) and prefix[phase] == char else []
         if phase == _BODY:
-            if char in token.allowed:
+            forbidden = token.forbidden
+            if char in token.allowed if forbidden is None else char not in forbidden:
                 return [(index, _BODY)]
             return [(index, _PCT1)] if char == "%" else []
         if char in _HEX:
@@ -189,27 +207,28 @@ class Template:
 
 
 @functools.lru_cache(maxsize=256)
-def compile_template(template: str) -> Template:
+def compile_template(template: str, loose: bool = False) -> Template:
     """The matcher for a template (raises :class:`TemplateError`)."""
-    return Template(template)
+    return Template(template, loose)
 
 
-def match(template: str, uri: str, budget: Budget | None = None) -> bool:
+def match(template: str, uri: str, budget: Budget | None = None, loose: bool = False) -> bool:
     """Whether ``uri`` could be an expansion of ``template`` (raises
-    :class:`BudgetSpent` if ``budget`` runs out first)."""
+    :class:`BudgetSpent` if ``budget`` runs out first); ``loose``: as the MCP
+    SDKs match their own templates (:data:`_LOOSE`)."""
     try:
-        matcher = compile_template(template)
+        matcher = compile_template(template, loose)
     except TemplateError:
         return False
     return matcher.fullmatch(uri, budget)
 
 
-def _tokens(template: str) -> tuple[_Literal | _Expression, ...]:
+def _tokens(template: str, loose: bool = False) -> tuple[_Literal | _Expression, ...]:
     tokens: list[_Literal | _Expression] = []
     position = 0
     for expression in _EXPRESSION.finditer(template):
         tokens += _literal(template, template[position : expression.start()])
-        tokens.append(_expression(expression.group(1)))
+        tokens.append(_expression(expression.group(1), loose))
         position = expression.end()
     tokens += _literal(template, template[position:])
     return tuple(tokens)
@@ -221,10 +240,10 @@ def _literal(template: str, text: str) -> list[_Literal]:
     return [_Literal(text)] if text else []
 
 
-def _expression(body: str) -> _Expression:
+def _expression(body: str, loose: bool = False) -> _Expression:
     operator = body[:1] if body[:1] in _OPERATORS else ""
     variables = body[len(operator) :].split(",")
     if not all(v.rstrip("*").split(":")[0] for v in variables):
         raise TemplateError(f"empty variable in expression {{{body}}}")
     prefix, allowed = _OPERATORS[operator]
-    return _Expression(prefix, allowed)
+    return _Expression(prefix, allowed, _LOOSE[operator] if loose else None)

@@ -26,6 +26,7 @@ from broker.catalog import (
     encode_cursor,
 )
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
+from broker.lifecycle import ServerIdentity
 from broker.states import ServerState
 
 # LOADING: coming up (not settled); DOWN: down (settled), in the server's own states.
@@ -295,6 +296,42 @@ def test_route_resource_unknown(uri: Any, view: tuple[str, ...]) -> None:
     )
 
 
+def with_capabilities(entry: ServerEntry, *capabilities: str) -> ServerEntry:
+    identity = ServerIdentity(
+        "2025-11-25", {key: {} for key in capabilities}, {"name": entry.name}, None
+    )
+    return attrs.evolve(entry, identity=identity)
+
+
+def test_route_resource_falls_back_to_matching_as_the_sdks_do() -> None:
+    """The SDKs match {var} as anything but "/": the merged view refused
+    reads their server answers (a time stamp with ":", an e-mail, a space)."""
+    sdk = server("sdk", templates=["time://{stamp}", "user://{email}/profile", "notes://{t}"])
+    snapshot = catalog(FILES, sdk)
+    for uri in ("time://2024-01-01T10:00:00", "user://a@b.com/profile", "notes://hello world"):
+        assert snapshot.route_resource((*ALL, "sdk"), uri) == "sdk"
+    # A strict match anywhere in the view comes first.
+    strict = server("strict", templates=["notes://{+t}"])
+    assert catalog(sdk, strict).route_resource(("sdk", "strict"), "notes://a:b") == "strict"
+    assert error_of(snapshot.route_resource, ("sdk",), "notes://a/b").code == RESOURCE_NOT_FOUND
+
+
+def test_route_resource_of_a_uri_nobody_lists_goes_to_the_one_server_with_resources() -> None:
+    """A tool's resource_link need not be listed (the schema says so): the
+    merged view refused to read it from the one server that could have it."""
+    tools_only = with_capabilities(server("calc", tools=["add"]), "tools")
+    reports = with_capabilities(server("reports", tools=["run"]), "tools", "resources")
+    snapshot = catalog(tools_only, reports)
+    assert snapshot.route_resource(("calc", "reports"), "report://run/42") == "reports"
+    # Two that offer resources: the one that lists anything of its scheme.
+    files = with_capabilities(FILES, "resources")
+    snapshot = catalog(files, reports, with_capabilities(GITHUB, "resources"))
+    view = ("files", "reports", "github")
+    assert snapshot.route_resource(view, "gh://octo/hello/pulls/1") == "github"
+    error = error_of(snapshot.route_resource, view, "report://run/42")
+    assert (error.code, error.message) == (RESOURCE_NOT_FOUND, "Resource not found")
+
+
 def test_route_resource_gives_up_after_its_budget_of_template_matching() -> None:
     """One read of a long URI against many templates that share its start
     (each walked over the whole URI): it used to cost about 2 s of the
@@ -322,11 +359,18 @@ def test_route_template(uri: str, view: tuple[str, ...], owner: str) -> None:
     assert catalog().route_template(view, uri) == owner
 
 
+def test_route_template_of_a_concrete_uri_goes_where_a_read_of_it_would() -> None:
+    """The schema's ResourceTemplateReference.uri is "the URI or URI template":
+    a concrete URI was refused (-32602 Unknown resource template)."""
+    assert catalog().route_template(ALL, "file:///a/b.txt") == "files"
+    assert catalog().route_template(ALL, "gh://octo/hello/issues") == "github"
+
+
 @pytest.mark.parametrize(
     ("uri", "view"),
-    [("file:///a/b.txt", ALL), ("file:///{+path}", ("github",)), ("gh://{x}", ALL), (5, ALL)],
+    [("nope://a/b.txt", ALL), ("file:///{+path}", ("github",)), ("gh://{x}", ALL), (5, ALL)],
 )
-def test_route_template_exact_string_only(uri: Any, view: tuple[str, ...]) -> None:
+def test_route_template_unknown(uri: Any, view: tuple[str, ...]) -> None:
     error = error_of(catalog().route_template, view, uri)
     assert (error.code, error.message) == (INVALID_PARAMS, f"Unknown resource template: {uri}")
 

@@ -579,7 +579,7 @@ def test_completion_of_a_template_by_its_exact_text(template: str, owner: str) -
 @pytest.mark.parametrize(
     ("ref", "text"),
     [
-        ({"type": "ref/resource", "uri": "file:///a.txt"}, "Unknown resource template"),
+        ({"type": "ref/resource", "uri": "nope://a.txt"}, "Unknown resource template"),
         ({"type": "ref/prompt", "name": "nope"}, "Unknown prompt: nope"),
         ({"type": "ref/tool", "name": "x"}, "Unknown completion ref type: 'ref/tool'"),
         (None, "completion/complete needs params.ref"),

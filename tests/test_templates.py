@@ -290,3 +290,23 @@ def expanded(template: str, **values: Any) -> tuple[str, str]:
 def test_every_expansion_matches_its_template(case: tuple[str, str]) -> None:
     template, uri = case
     assert match(template, uri), case
+
+
+@pytest.mark.parametrize(
+    ("template", "uri", "loose"),
+    [
+        ("time://{stamp}", "time://2024-01-01T10:00:00", True),
+        ("user://{email}/profile", "user://a@b.com/profile", True),
+        ("notes://{title}", "notes://hello world", True),
+        ("notes://{title}", "notes://café", True),
+        ("notes://{title}", "notes://a/b", False),  # {var}: anything but "/"
+        ("file:///{+path}", "file:///a b/ç", True),  # {+var}: anything
+        ("x{?q}", "x?q=a/b c", True),
+        ("x{?q}", "x?q=1#f", False),
+    ],
+)
+def test_loose_matching_is_the_sdks(template: str, uri: str, loose: bool) -> None:
+    """As the MCP SDKs match their own templates (the broker's fallback)."""
+    assert match(template, uri, loose=True) is loose
+    if loose:
+        assert not match(template, uri)  # (not RFC 6570's)
