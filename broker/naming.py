@@ -14,8 +14,8 @@ Rules (docs/naming-and-routing.md has the reasoning):
   whole original, so it stays unique and deterministic.
 - Two items that still end up with the same name (``a`` + ``b__c`` and
   ``a__b`` + ``c``): the one from the server listed first in the config keeps
-  it, the other gets a hash suffix, and the clash is reported. Nothing is
-  dropped.
+  it, the other gets a hash suffix (another, if that name is taken too), and
+  the clash is reported. Nothing is dropped.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ def qualify(server: str, name: str, separator: str = DEFAULT_SEPARATOR) -> str:
     return full[: MAX_NAME - len(suffix)] + suffix
 
 
-def disambiguate(server: str, name: str, qualified: str) -> str:
-    """A second name for an item whose qualified name clashed with another's."""
-    suffix = "-" + short_hash("clash", server, name)
+def disambiguate(server: str, name: str, qualified: str, attempt: int = 0) -> str:
+    """A second name for an item whose qualified name clashed with another's
+    (``attempt`` > 0: the next one, when that is taken too)."""
+    suffix = "-" + short_hash("clash", server, name, *([str(attempt)] if attempt else []))
     return qualified[: MAX_NAME - len(suffix)] + suffix
 
 
@@ -76,6 +77,10 @@ def assign_names(
         if qualified in taken:
             other = taken[qualified]
             renamed = disambiguate(server, name, qualified)
+            attempt = 0
+            while renamed in taken:  # (that name is some other item's already)
+                attempt += 1
+                renamed = disambiguate(server, name, qualified, attempt)
             clashes.append(
                 f"{name!r} of server {server!r} and {other[1]!r} of server {other[0]!r} "
                 f"are both named {qualified!r}; the first keeps it, this one is {renamed!r}"

@@ -10,6 +10,7 @@ from broker.naming import (
     MAX_NAME,
     VALID_NAME,
     assign_names,
+    disambiguate,
     qualify,
     sanitize,
 )
@@ -159,3 +160,17 @@ def test_adding_a_server_keeps_the_others_names(
         return  # a clash is the one documented exception
     without = assigned([p for p in combined if p[0] != server])
     assert without == {pair: names[pair] for pair in without}
+
+
+def test_a_clashs_second_name_is_never_one_already_taken() -> None:
+    """``a__b``'s ``c`` clashes with ``a``'s ``b__c`` and would be renamed
+    ``a__b__c-`` + hash: a name ``a`` already uses for its ``b__c-`` + hash.
+    Both were listed under it, and calls went to one only."""
+    taken = disambiguate("a__b", "c", "a__b__c")
+    items = [("a", "b__c"), ("a", taken.removeprefix("a__")), ("a__b", "c")]
+    names, clashes = assign_names(items)
+    assert names[("a", "b__c")] == "a__b__c"
+    assert names[("a", taken.removeprefix("a__"))] == taken
+    assert names[("a__b", "c")] not in (taken, "a__b__c")
+    assert len(set(names.values())) == 3
+    assert len(clashes) == 1
