@@ -52,7 +52,13 @@ from broker.catalog import (
 )
 from broker.config import BrokerSettings
 from broker.jsonrpc import JsonRpcError
-from broker.listing import Lister, changed_kinds, list_changed, new_clashes
+from broker.listing import (
+    Lister,
+    changed_kinds,
+    list_changed,
+    new_clashes,
+    renamed_elsewhere,
+)
 from broker.states import DOWN, ServerState
 
 EVENTS_SIZE = 1024
@@ -337,7 +343,7 @@ class Registry:
             return
         self._generation[name] += 1  # (a refresh under way is dropped)
         self._notify(name, changed_kinds(entry, ServerEntry(name), KINDS))
-        self._rebuild({})
+        self._rebuild({}, cause=name)
         for session, view in self._subscribers.items():
             if name in view:
                 self._subscribers[session] = view - {name}
@@ -353,7 +359,7 @@ class Registry:
         old = self.current.entry(name)
         self._rebuild({name: attrs.evolve(old, state=upstream.status, loading=False, error=None)})
 
-    def _rebuild(self, new: dict[str, ServerEntry]) -> None:
+    def _rebuild(self, new: dict[str, ServerEntry], cause: str | None = None) -> None:
         """A catalog of the upstreams as they are now (their order), with ``new``
         entries, the others as they were (servers the daemon is adding in the
         same reload, not yet given to the catalog, are left for their turn)."""
@@ -367,6 +373,7 @@ class Registry:
         self.current = Catalog(entries, old.separator, old.page_size)
         for clash in new_clashes(old, self.current):
             self._log.warning("catalog.clash", detail=clash)
+        self._tell_renamed(old, cause)
         self._changed.set()
         self._changed = trio.Event()
 
@@ -374,8 +381,13 @@ class Registry:
         before, self.current = self.current, self.current.replace(entry)
         for clash in new_clashes(before, self.current):
             self._log.warning("catalog.clash", detail=clash)
+        self._tell_renamed(before, entry.name)
         self._changed.set()
         self._changed = trio.Event()
+
+    def _tell_renamed(self, before: Catalog, cause: str | None) -> None:
+        for session, note in renamed_elsewhere(before, self.current, cause, self._subscribers):
+            session.deliver(note)
 
     def _notify(self, server: str, kinds: list[Kind]) -> None:
         for session, note in list_changed(server, kinds, self._subscribers):

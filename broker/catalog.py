@@ -148,6 +148,14 @@ class Catalog:
         servers = [entry if name == entry.name else old for name, old in self.servers.items()]
         return Catalog(servers, self.separator, self.page_size)
 
+    def renamed(self, before: Catalog, kind: Kind) -> set[str]:
+        """The servers whose items of a named kind have other names here than
+        in ``before`` (a clash with another server's item came or went)."""
+        old = before._names.get(kind.name, {})
+        return {
+            pair[0] for pair, name in self._names[kind.name].items() if old.get(pair, name) != name
+        }
+
     def entry(self, server: str) -> ServerEntry:
         return self.servers[server]
 

@@ -20,7 +20,9 @@ each answer.
 - Telling sessions (:func:`list_changed`): after a server's lists change,
   each subscribed session whose view includes that server gets each matching
   ``list_changed`` notification once (resources and templates share one), and
-  sessions whose view does not include it get nothing.
+  sessions whose view does not include it get nothing; but a session whose
+  view holds a server whose items were renamed by the change (a clash came or
+  went, :func:`renamed_elsewhere`) is told too.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import attrs
 import orjson
 
 from broker import jsonrpc
-from broker.catalog import Catalog, Kind, ServerEntry, valid_item
+from broker.catalog import PROMPTS, TOOLS, Catalog, Kind, ServerEntry, valid_item
 from broker.jsonrpc import Message
 
 MAX_PAGES = 1000  # a server whose cursors never end is cut off here
@@ -130,6 +132,27 @@ def list_changed(
     for method in dict.fromkeys(kind.notification for kind in kinds):
         note = jsonrpc.notification(method)
         out.extend((session, note) for session, view in subscribers.items() if server in view)
+    return out
+
+
+def renamed_elsewhere(
+    before: Catalog, after: Catalog, cause: str | None, subscribers: Mapping[S, frozenset[str]]
+) -> list[tuple[S, Message]]:
+    """Who is told what when ``cause``'s lists changed (None: a reload) and
+    renamed items of other servers (a clash came or went): each subscriber
+    whose view holds a renamed server but not ``cause`` (whose own change
+    tells the others), once per notification. Names are given over the whole
+    catalog, so a server outside a view can rename a tool inside it."""
+    out: list[tuple[S, Message]] = []
+    for kind in (TOOLS, PROMPTS):
+        renamed = after.renamed(before, kind) - {cause}
+        if renamed:
+            note = jsonrpc.notification(kind.notification)
+            out.extend(
+                (session, note)
+                for session, view in subscribers.items()
+                if cause not in view and not renamed.isdisjoint(view)
+            )
     return out
 
 

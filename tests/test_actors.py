@@ -879,3 +879,27 @@ async def test_a_server_back_without_a_capability_has_no_such_list_left(
     assert error["message"] == "Unknown prompt: s__greet"
     notes = {m.get("method") for m in client.others}
     assert {"notifications/prompts/list_changed", "notifications/resources/list_changed"} <= notes
+
+
+async def test_a_server_outside_a_view_that_renames_a_tool_inside_it_tells_the_session(
+    nursery: trio.Nursery,
+) -> None:
+    """Names are given over the whole catalog: server a's new b__c clashes with
+    a__b's c, which a session seeing [a__b, x] listed as a__b__c. It was
+    renamed under the session without a list_changed (its calls to a__b__c:
+    "Unknown tool")."""
+    a, a_b, x = ScriptedServer(nursery), ScriptedServer(nursery), ScriptedServer(nursery)
+    a_b.tools = [{"name": "c", "inputSchema": {"type": "object"}}]
+    broker = await start_broker(nursery, {"a": a, "a__b": a_b, "x": x})
+    client = await open_client(nursery, broker, servers=("a__b", "x"))
+    await client.initialize()
+    await client.request("ping")
+    await trio.testing.wait_all_tasks_blocked()
+    names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
+    assert "a__b__c" in names
+    a.tools.append({"name": "b__c", "inputSchema": {"type": "object"}})
+    await a.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
+    with trio.fail_after(5):
+        assert (await client.receive())["method"] == "notifications/tools/list_changed"
+    names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
+    assert "a__b__c" not in names and "a__b__c-3a400f" in names

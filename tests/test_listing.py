@@ -17,6 +17,7 @@ from broker.listing import (
     changed_kinds,
     list_changed,
     new_clashes,
+    renamed_elsewhere,
 )
 
 
@@ -254,3 +255,21 @@ def test_new_clashes_are_those_not_there_before() -> None:
     assert new_clashes(before, after) == after.clashes
     assert new_clashes(after, after.replace(two)) == []
     assert new_clashes(after, before) == []
+
+
+def test_sessions_whose_names_a_change_elsewhere_renamed_are_told() -> None:
+    before = Catalog([entry("a", tools=["x"]), entry("a__b", tools=["c"]), entry("z")])
+    after = before.replace(entry("a", tools=["x", "b__c"]))
+    assert after.renamed(before, TOOLS) == {"a__b"}
+    subscribers = {
+        "sees a__b": frozenset({"a__b", "z"}),
+        "sees a too": frozenset({"a", "a__b"}),  # (told by a's own change)
+        "sees z": frozenset({"z"}),
+    }
+    told = renamed_elsewhere(before, after, "a", subscribers)
+    assert [(s, m["method"]) for s, m in told] == [
+        ("sees a__b", "notifications/tools/list_changed")
+    ]
+    # The clash going away renames it back: told again.
+    assert renamed_elsewhere(after, before, "a", subscribers) == told
+    assert renamed_elsewhere(before, before, None, subscribers) == []
