@@ -135,12 +135,22 @@ class BearerTokens(httpx2.Auth):
     The grant is read from the file once, and again only when it may have
     changed: on a 401 (``mcpbroker auth`` may have run since) and before a
     refresh (another daemon may have refreshed it), so that requests cost no
-    file read."""
+    file read.
+
+    ``url`` is the server's URL as configured now: a grant whose resource does
+    not cover it (the name was pointed at another server since ``mcpbroker
+    auth`` ran) is not used, so a token only goes to the server it was granted
+    for (RFC 8707)."""
 
     def __init__(
-        self, name: str, store: TokenStore, clock: Callable[[], float] = time.time
+        self,
+        name: str,
+        store: TokenStore,
+        clock: Callable[[], float] = time.time,
+        url: str | None = None,
     ) -> None:
         self.name = name
+        self._url = url
         self._store = store
         self._clock = clock
         self._lock = trio.Lock()  # one refresh at a time: refresh tokens rotate
@@ -169,9 +179,12 @@ class BearerTokens(httpx2.Auth):
             yield request
 
     async def _read(self) -> Grant | None:
-        self._grant = await trio.to_thread.run_sync(self._store.load, self.name)
+        grant = await trio.to_thread.run_sync(self._store.load, self.name)
+        if grant is not None and self._url and not oauth.grant_covers(grant.resource, self._url):
+            grant = None  # (granted for another server: the 401 says to authorize)
+        self._grant = grant
         self._loaded = True
-        return self._grant
+        return grant
 
     async def _refresh(self, seen: Grant, force: bool = False) -> Grant | None:
         """New tokens for the grant (None if it cannot be refreshed). Under the

@@ -127,6 +127,19 @@ def _covers(resource: str, url: str) -> bool:
     return url == resource or url.startswith(resource.rstrip("/") + "/")
 
 
+def grant_covers(resource: str, url: str) -> bool:
+    """Whether a grant for ``resource`` may be sent to the server at ``url``
+    (RFC 8707 audience: the resource is the server's canonical URI or a path
+    prefix of it). Queries are left out of the comparison: a server's URL may
+    carry one (an API key) that the resource never names."""
+
+    def bare(address: str) -> str:
+        parts = urlsplit(canonical_resource(address))
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+
+    return _covers(bare(resource), bare(url))
+
+
 def server_metadata_urls(issuer: str) -> list[str]:
     """Where an authorization server's metadata may be, in the spec's order:
     RFC 8414 then OpenID Connect, with the issuer's path inserted or appended."""

@@ -290,3 +290,19 @@ def test_token_answers_refused(body: object) -> None:
 @given(st.text(max_size=200))
 def test_any_challenge_header_parses(header: str) -> None:
     assert isinstance(oauth.parse_challenge(header), Challenge)
+
+
+@pytest.mark.parametrize(
+    ("url", "covered"),
+    [
+        ("https://mcp.example/mcp", True),
+        ("HTTPS://MCP.EXAMPLE/mcp/", True),
+        ("https://mcp.example/mcp/sub?key=secret", True),
+        ("https://mcp.example/mcpx", False),
+        ("https://mcp.example:8443/mcp", False),
+        ("http://mcp.example/mcp", False),
+        ("https://other.example/mcp", False),
+    ],
+)
+def test_a_grant_covers_its_resource_and_paths_under_it(url: str, covered: bool) -> None:
+    assert oauth.grant_covers("https://mcp.example/mcp", url) is covered

@@ -22,7 +22,8 @@ from typing import Any
 import httpx2
 import trio
 
-from actors.oauth import BearerTokens, TokenStore
+from actors.oauth import BearerTokens, Grant, TokenStore
+from broker.oauth import Client, Tokens
 from tests.conftest import MCPBROKER, REPO, running_daemon, shim_client, text_of
 
 INITIALIZE = {
@@ -256,3 +257,47 @@ class CountingStore(TokenStore):
     def load(self, name: str) -> Any:
         self.loads += 1
         return super().load(name)
+
+
+# -- BearerTokens against a mock transport (no server) --------------------------
+
+RESOURCE = "https://mcp.example/mcp"
+
+
+def grant_for(
+    resource: str = RESOURCE,
+    access: str = "AT-1",
+    refresh: str | None = "RT-1",
+    expires_at: float | None = None,
+) -> Grant:
+    return Grant(
+        resource,
+        resource,
+        "https://as.example/token",
+        Client("client-1"),
+        Tokens(access, refresh, expires_at),
+    )
+
+
+def bearers_of(seen: list[httpx2.Request]) -> list[str | None]:
+    return [request.headers.get("authorization") for request in seen]
+
+
+async def test_a_grant_goes_only_to_the_server_it_was_granted_for(tmp_path: Path) -> None:
+    """The name was pointed at another server after `mcpbroker auth`: that
+    server gets no token (RFC 8707 audience); the granted one, and a path
+    under its resource, do."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("s", grant_for())
+    seen: list[httpx2.Request] = []
+    transport = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    for url in (
+        "https://other.example/mcp",
+        "https://mcp.example/mcpx",
+        RESOURCE,
+        "https://MCP.example/mcp/?key=1",
+    ):
+        auth = BearerTokens("s", store, url=url)
+        async with httpx2.AsyncClient(auth=auth, transport=transport) as client:
+            await client.post(url)
+    assert bearers_of(seen) == [None, None, "Bearer AT-1", "Bearer AT-1"]

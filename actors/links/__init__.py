@@ -36,9 +36,10 @@ def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
         from actors.links.http import launch_http
         from actors.oauth import BearerTokens, TokenStore
 
-        # The grant `mcpbroker auth NAME` stored, if any, on every request
-        # (refreshed before it lapses): docs/oauth.md.
-        return functools.partial(launch_http, config, auth=BearerTokens(name, TokenStore()))
+        # The grant `mcpbroker auth NAME` stored for this URL, if any, on
+        # every request (refreshed before it lapses): docs/oauth.md.
+        auth = BearerTokens(name, TokenStore(), url=url)
+        return functools.partial(launch_http, config, auth=auth)
     return functools.partial(_unreachable, url)
 
 
