@@ -72,6 +72,7 @@ from broker.jsonrpc import (
 )
 from broker.lifecycle import HandshakeError
 from broker.recovery import Liveness, RestartPolicy, Restarts
+from broker.redact import shown_url
 from broker.states import COMING_UP, STATUS, ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -240,7 +241,7 @@ class Upstream:
             uptime=None if self._ready_since is None else trio.current_time() - self._ready_since,
             backlog_bytes=self._backlog_bytes,
             parked=sum(len(item.messages) for item in self._parked),
-            url=self._link.info.get("url") if self._link is not None else self.config.url,
+            url=self._link.info.get("url") if self._link is not None else self._shown_url,
             pids=() if pid is None else (pid,),
             **process_usage(pid),
         )
@@ -732,7 +733,12 @@ class Upstream:
 
     @property
     def _target(self) -> str:
-        return self.config.command or self.config.url or ""
+        return self.config.command or self._shown_url or ""
+
+    @property
+    def _shown_url(self) -> str | None:
+        """The configured URL as logs and status show it (broker/redact.py)."""
+        return None if self.config.url is None else shown_url(self.config.url)
 
     async def _serve_link(self, link: Link, nursery: trio.Nursery) -> str:
         reason = f"did not answer initialize within {STARTUP_TIMEOUT:g} s"

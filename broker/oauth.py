@@ -38,6 +38,8 @@ import attrs
 # token that lapses on its way.
 REFRESH_MARGIN = 60.0
 
+# An access token as a header carries it: visible ASCII (RFC 6749 appendix A.12).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 _PARAM = re.compile(r'([A-Za-z_][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
 
 
@@ -408,6 +410,10 @@ def read_tokens(body: Any, now: float, previous: Tokens | None = None) -> Tokens
     access = body.get("access_token")
     if not isinstance(access, str) or not access:
         raise OAuthError("the token endpoint's answer has no access_token")
+    if not _TOKEN.fullmatch(access):
+        # (it goes in a header: CR, LF or a space there would break or forge
+        # the request, and an HTTP library's error would quote it)
+        raise OAuthError("the token endpoint's access_token has characters a header cannot carry")
     kind = body.get("token_type", "Bearer")
     if not isinstance(kind, str) or kind.lower() != "bearer":
         raise OAuthError(f"the token endpoint gave a {kind!r} token, not a bearer token")

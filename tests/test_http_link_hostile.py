@@ -11,10 +11,12 @@ wait for an event, bounded by :data:`WITHIN` per answer.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 import trio
@@ -351,3 +353,49 @@ async def test_a_new_session_that_never_opens_ends_the_link(
             await got.until(lambda: got.ended is not None)
             assert server.sessions == 2
     assert got.ended is not None and "not opened within 0.5 s" in got.ended
+
+
+class _BadHeader(httpx2.Auth):
+    """An auth that puts a value HTTP refuses (a token read with its CR) on requests."""
+
+    def auth_flow(self, request: httpx2.Request) -> Any:
+        request.headers["Authorization"] = "Bearer HDR-SECRET-1\r"
+        yield request
+
+
+async def _end_of(url: str, auth: httpx2.Auth | None = None) -> tuple[HttpLink, str]:
+    """A link to ``url`` sent its initialize; why it ended (a link that
+    cannot open is an OSError, whose words are the same)."""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            received = Received()
+            try:
+                link = await launch_http(
+                    ServerConfig(url=url), LinkContext(nursery, LIMIT, received.log), auth
+                )
+            except OSError as exc:
+                raise AssertionError(f"not opened: {exc}") from exc
+            await link.send(link.encode([initialize_request("init")]))
+            await received.read(link)
+            nursery.cancel_scope.cancel()
+    return link, received.ended or ""
+
+
+async def test_the_links_info_and_errors_show_no_secret_of_its_url() -> None:
+    """A password in the URL's userinfo and an API key in its query reach no
+    error a client reads, no status and no log line (broker/redact.py)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    url = f"http://user:PW-SECRET-2@127.0.0.1:{port}/mcp?key=Q-SECRET-3"
+    link, why = await _end_of(url)
+    assert link.info["url"] == f"http://***@127.0.0.1:{port}/mcp?key=***"
+    assert "could not connect" in why and f"127.0.0.1:{port}/mcp" in why
+    assert "SECRET" not in why
+
+
+async def test_a_header_value_http_refuses_is_not_quoted_in_the_error() -> None:
+    async with open_hostile_server(lambda request: status_reply(500)) as server:
+        _, why = await _end_of(server.url, _BadHeader())
+    assert "LocalProtocolError" in why
+    assert "SECRET" not in why

@@ -306,3 +306,9 @@ def test_any_challenge_header_parses(header: str) -> None:
 )
 def test_a_grant_covers_its_resource_and_paths_under_it(url: str, covered: bool) -> None:
     assert oauth.grant_covers("https://mcp.example/mcp", url) is covered
+
+
+@pytest.mark.parametrize("token", ["AT\r\nX-Evil: 1", "A T", "Jürgen", "AT\r"])
+def test_an_access_token_a_header_cannot_carry_is_refused(token: str) -> None:
+    with pytest.raises(OAuthError, match="header"):
+        oauth.read_tokens({"access_token": token}, 0.0)

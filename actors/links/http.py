@@ -68,6 +68,7 @@ from broker.config import ServerConfig
 from broker.eras.probe import discover_request
 from broker.eras.versions import LATEST_MODERN_VERSION
 from broker.jsonrpc import Message
+from broker.redact import shown_url
 from broker.wire import http_upstream as rules
 from broker.wire import http_upstream_modern as modern_rules
 from broker.wire.frames import KEPT_ENDS, Failed, LinkFrame, OnStream, Oversize, Renewed
@@ -121,7 +122,7 @@ class _Ended(Exception):
 
 class HttpLink:
     def __init__(self, url: str, mode: str, headers: dict[str, str], context: LinkContext) -> None:
-        self.info: Mapping[str, Any] = {"url": url}
+        self.info: Mapping[str, Any] = {"url": shown_url(url)}  # (no secrets: broker/redact.py)
         self._url = url
         self._mode = mode  # rules.STREAMABLE, rules.SSE or rules.DETECT (until it is known)
         self._headers = headers
@@ -279,7 +280,7 @@ class HttpLink:
                 with trio.move_on_after(NOTICE_TIMEOUT if notices else math.inf) as bound:
                     await self._post(unit)
             except HTTP_ERRORS as exc:
-                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+                raise _Ended(f"{_describe(exc)} at {shown_url(self._endpoint)}") from exc
             if bound.cancelled_caught:
                 self._notice_lost(unit, f"no answer to its POST within {NOTICE_TIMEOUT:g} s")
 
@@ -398,12 +399,12 @@ class HttpLink:
         versions = None if answer is None else modern_rules.only_modern_versions(answer)
         if versions is None:
             return None
-        self._log.info("server.http_modern_only", url=self._url, versions=versions)
+        self._log.info("server.http_modern_only", url=self.info["url"], versions=versions)
         return modern_rules.modern_only_refusal(refused, versions)
 
     async def _fall_back(self, unit: Unit) -> None:
         """An initialize refused as an old server refuses it: HTTP+SSE."""
-        self._log.info("server.http_fallback", url=self._url, transport="sse")
+        self._log.info("server.http_fallback", url=self.info["url"], transport="sse")
         self._mode = rules.SSE
         assert self._tasks is not None
         await self._tasks.start(self._legacy_stream)
@@ -509,7 +510,7 @@ class HttpLink:
             if last_id is None:
                 if unit.id is None:
                     raise
-                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+                raise _Ended(f"{_describe(exc)} at {shown_url(self._endpoint)}") from exc
         return False, last_id, retry
 
     # -- the 2026-07-28 revision ----------------------------------------------------
@@ -758,7 +759,7 @@ class HttpLink:
             except STREAM_ERRORS as exc:  # (an event past the limit too: not the link's end)
                 self._log.info("server.get_stream_broken", error=_describe(exc))
             except HTTP_ERRORS as exc:
-                raise _Ended(f"{_describe(exc)} at {self._endpoint}") from exc
+                raise _Ended(f"{_describe(exc)} at {shown_url(self._endpoint)}") from exc
             await trio.sleep(max(retry, MIN_RETRY))
 
     async def _legacy_stream(
@@ -772,7 +773,8 @@ class HttpLink:
             headers = self._request_headers(rules.ACCEPT_STREAM)
             async with self._client.stream("GET", self._url, headers=headers) as response:
                 if not 200 <= response.status_code < 300:
-                    raise _Ended(f"GET {self._url} was answered with {await _status(response)}")
+                    status = await _status(response)
+                    raise _Ended(f"GET {self.info['url']} was answered with {status}")
                 async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                     if not started:
                         if event.event != "endpoint":
@@ -781,13 +783,14 @@ class HttpLink:
                             )
                         self._endpoint = urljoin(self._url, event.data.strip())
                         if urlsplit(self._endpoint)[:2] != urlsplit(self._url)[:2]:
-                            raise _Ended(f"its endpoint {self._endpoint} is on another origin")
+                            elsewhere = shown_url(self._endpoint)
+                            raise _Ended(f"its endpoint {elsewhere} is on another origin")
                         started = True
                         task_status.started()
                     elif event.event == "message" and event.data:
                         await self._emit([self._frame(event.data.encode())])
         except HTTP_ERRORS as exc:
-            raise _Ended(f"{_describe(exc)} at {self._url}") from exc
+            raise _Ended(f"{_describe(exc)} at {self.info['url']}") from exc
         raise _Ended("the server closed its SSE stream")
 
     # -- helpers --------------------------------------------------------------------
@@ -862,7 +865,7 @@ async def launch_http(
     url = config.url or ""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LaunchError(f"has a url that is not a valid http(s):// URL ({url})")
+        raise LaunchError(f"has a url that is not a valid http(s):// URL ({shown_url(url)})")
     try:
         mode = rules.mode_of(config.type)
     except ValueError as exc:
@@ -908,6 +911,9 @@ def _describe(exc: BaseException) -> str:
         return f"timed out ({type(exc).__name__})"
     if isinstance(exc, httpx2.ConnectError):
         return f"could not connect ({exc or 'refused'})"
+    if isinstance(exc, httpx2.LocalProtocolError):
+        # (its words quote what could not be sent: a header's value, a token)
+        return "could not send a request (LocalProtocolError: a header value HTTP does not allow)"
     return (
         f"connection lost ({type(exc).__name__}: {exc})"
         if str(exc)

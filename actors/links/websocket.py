@@ -38,6 +38,7 @@ from actors.errors import TransportClosed
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker.config import ServerConfig
 from broker.jsonrpc import Message
+from broker.redact import shown_url
 from broker.wire import websocket as wire
 from broker.wire.frames import Frame
 
@@ -51,7 +52,7 @@ class WebSocketLink:
     def __init__(self, url: str, max_message_bytes: int) -> None:
         self._ws: Any = None  # the trio-websocket connection, once open
         self._max = max_message_bytes
-        self.info: Mapping[str, Any] = {"url": url}
+        self.info: Mapping[str, Any] = {"url": shown_url(url)}
         self._closing = trio.Event()  # close() asks _run to end the connection
         self._closed = trio.Event()  # _run has ended it
 
@@ -149,11 +150,13 @@ def _address(url: str) -> _Address:
         parts = urlsplit(url)
         port = parts.port  # (raises ValueError if it is not a port)
     except ValueError as exc:
-        raise LaunchError(f"has a url that is not valid ({url}: {exc})") from None
+        raise LaunchError(f"has a url that is not valid ({shown_url(url)}: {exc})") from None
     if parts.scheme not in ("ws", "wss"):
-        raise LaunchError(f"has a url mcpbroker cannot reach yet ({url}: only ws:// and wss://)")
+        raise LaunchError(
+            f"has a url mcpbroker cannot reach yet ({shown_url(url)}: only ws:// and wss://)"
+        )
     if not parts.hostname:
-        raise LaunchError(f"has a url without a host ({url})")
+        raise LaunchError(f"has a url without a host ({shown_url(url)})")
     secure = parts.scheme == "wss"
     host = parts.hostname
     shown = f"[{host}]" if ":" in host else host
