@@ -21,12 +21,15 @@ module does the asking:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pwd
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlsplit
 
 import attrs
@@ -45,6 +48,8 @@ CALLBACK_PATH = "/callback"
 # How long ``mcpbroker auth`` waits for the user to finish in the browser.
 AUTHORIZE_TIMEOUT = 300.0
 HTTP_TIMEOUT = 30.0
+# How often a task waiting for the token store's lock tries again.
+LOCK_POLL = 0.05
 
 
 def default_token_path() -> str:
@@ -100,14 +105,20 @@ class TokenStore:
             return None
 
     def save(self, name: str, grant: Grant | None) -> None:
-        """Store (or, with None, forget) a server's grant."""
+        """Store (or, with None, forget) a server's grant: the file is read,
+        changed and written under the store's lock, so no writer loses
+        another's grant (a daemon's refresh, ``mcpbroker auth`` of another
+        server)."""
+        with self.locked():
+            self.save_locked(name, grant)
+
+    def save_locked(self, name: str, grant: Grant | None) -> None:
+        """:meth:`save`, for a caller that holds the lock (:meth:`locked`)."""
         grants = self.load_all() if os.path.exists(self.path) else {}
         if grant is None:
             grants.pop(name, None)
         else:
             grants[name] = grant
-        directory = os.path.dirname(os.path.abspath(self.path))
-        ensure_private_dir(directory)
         temporary = f"{self.path}.{os.getpid()}.{secrets.token_hex(4)}"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as file:
@@ -119,6 +130,38 @@ class TokenStore:
             )
         os.replace(temporary, self.path)
 
+    def open_lock(self) -> int:
+        """A descriptor of the store's lock file (``PATH.lock``, 0600, beside
+        the file), to ``flock``; the directory is made private first."""
+        ensure_private_dir(os.path.dirname(os.path.abspath(self.path)))
+        return open_private(f"{self.path}.lock", os.O_RDWR)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The store's lock, held across a read-modify-write (blocks; a
+        process's lock is let go when it exits, however it exits)."""
+        fd = self.open_lock()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.asynccontextmanager
+    async def locked_async(self) -> AsyncIterator[None]:
+        """:meth:`locked` for a Trio task: it polls, so it can be cancelled."""
+        fd = await trio.to_thread.run_sync(self.open_lock)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await trio.sleep(LOCK_POLL)
+            yield
+        finally:
+            os.close(fd)
+
 
 # -- the tokens on every request (the daemon's side) ---------------------------
 
@@ -129,7 +172,8 @@ class AuthorizationNeeded(Exception):
 
 class BearerTokens(httpx2.Auth):
     """The stored grant of server ``name`` on every request to it (an
-    ``httpx2.Auth``, one per link). With no grant stored, requests go as they
+    ``httpx2.Auth``, one per server in a daemon: :meth:`of_server`, so the
+    instances of a pool share it). With no grant stored, requests go as they
     are (the server may not ask for any).
 
     The grant is read from the file once, and again only when it may have
@@ -140,7 +184,18 @@ class BearerTokens(httpx2.Auth):
     ``url`` is the server's URL as configured now: a grant whose resource does
     not cover it (the name was pointed at another server since ``mcpbroker
     auth`` ran) is not used, so a token only goes to the server it was granted
-    for (RFC 8707)."""
+    for (RFC 8707).
+
+    Refreshes are one at a time per server: in the daemon under its lock
+    (one object for every link of the server), across processes under the
+    token store's (:meth:`TokenStore.locked_async`); each reads the file
+    first and takes a grant refreshed meanwhile as it is, since refresh
+    tokens rotate and a second refresh with the old one would fail (or, on
+    an authorization server that detects reuse, revoke the grant)."""
+
+    _shared: ClassVar[weakref.WeakValueDictionary[tuple[str, str, str], BearerTokens]] = (
+        weakref.WeakValueDictionary()
+    )
 
     def __init__(
         self,
@@ -148,14 +203,26 @@ class BearerTokens(httpx2.Auth):
         store: TokenStore,
         clock: Callable[[], float] = time.time,
         url: str | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
     ) -> None:
         self.name = name
         self._url = url
         self._store = store
         self._clock = clock
+        self._transport = transport  # the token endpoint's (tests give a mock)
         self._lock = trio.Lock()  # one refresh at a time: refresh tokens rotate
         self._grant: Grant | None = None
         self._loaded = False
+
+    @classmethod
+    def of_server(cls, name: str, url: str, store: TokenStore) -> BearerTokens:
+        """The daemon's one object for server ``name`` at ``url`` (a new one
+        once the URL changes), shared by every link to it while one lives."""
+        key = (name, url, store.path)
+        tokens = cls._shared.get(key)
+        if tokens is None:
+            tokens = cls._shared[key] = cls(name, store, url=url)
+        return tokens
 
     async def async_auth_flow(
         self, request: httpx2.Request
@@ -179,7 +246,9 @@ class BearerTokens(httpx2.Auth):
             yield request
 
     async def _read(self) -> Grant | None:
-        grant = await trio.to_thread.run_sync(self._store.load, self.name)
+        return self._take(await trio.to_thread.run_sync(self._store.load, self.name))
+
+    def _take(self, grant: Grant | None) -> Grant | None:
         if grant is not None and self._url and not oauth.grant_covers(grant.resource, self._url):
             grant = None  # (granted for another server: the 401 says to authorize)
         self._grant = grant
@@ -188,8 +257,8 @@ class BearerTokens(httpx2.Auth):
 
     async def _refresh(self, seen: Grant, force: bool = False) -> Grant | None:
         """New tokens for the grant (None if it cannot be refreshed). Under the
-        lock, a grant another request refreshed meanwhile is taken as it is."""
-        async with self._lock:
+        locks, a grant another request refreshed meanwhile is taken as it is."""
+        async with self._lock, self._store.locked_async():
             grant = await self._read()
             if grant is None:
                 return None
@@ -201,7 +270,9 @@ class BearerTokens(httpx2.Auth):
                 return None
             body = oauth.refresh_request(grant.client, grant.tokens.refresh_token, grant.resource)
             try:
-                async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as client:
+                async with httpx2.AsyncClient(
+                    timeout=HTTP_TIMEOUT, transport=self._transport
+                ) as client:
                     answer = await client.post(
                         grant.token_endpoint, data=body, headers=oauth.client_headers(grant.client)
                     )
@@ -209,7 +280,7 @@ class BearerTokens(httpx2.Auth):
             except (httpx2.HTTPError, OAuthError):
                 return None
             grant = self._grant = attrs.evolve(grant, tokens=tokens)
-            await trio.to_thread.run_sync(self._store.save, self.name, grant)
+            await trio.to_thread.run_sync(self._store.save_locked, self.name, grant)
             return grant
 
 

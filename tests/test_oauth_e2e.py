@@ -12,12 +12,14 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import httpx2
 import trio
@@ -301,3 +303,110 @@ async def test_a_grant_goes_only_to_the_server_it_was_granted_for(tmp_path: Path
         async with httpx2.AsyncClient(auth=auth, transport=transport) as client:
             await client.post(url)
     assert bearers_of(seen) == [None, None, "Bearer AT-1", "Bearer AT-1"]
+
+
+def test_two_saves_at_once_lose_neither_grant(tmp_path: Path) -> None:
+    """A save reads, changes and writes the file under the store's lock: a
+    save of another server's grant that comes while one is between its read
+    and its write waits, and neither grant is lost."""
+    path = str(tmp_path / "oauth.json")
+    read_once, other_done = threading.Event(), threading.Event()
+
+    class SlowStore(TokenStore):
+        def load_all(self) -> dict[str, Grant]:
+            grants = super().load_all()
+            if threading.current_thread().name == "a" and not read_once.is_set():
+                read_once.set()
+                other_done.wait(0.5)  # (without the lock, "b" is saved meanwhile)
+            return grants
+
+    store = SlowStore(path)
+    store.save("old", grant_for())
+    first = threading.Thread(target=store.save, args=("a", grant_for()), name="a")
+    first.start()
+    assert read_once.wait(5)
+    second = threading.Thread(target=lambda: (store.save("b", grant_for()), other_done.set()))
+    second.start()
+    first.join(5)
+    second.join(5)
+    assert sorted(TokenStore(path).load_all()) == ["a", "b", "old"]
+
+
+class TokenEndpoint:
+    """A token endpoint (an httpx2 mock transport) that rotates refresh
+    tokens: each refresh token is good once."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.refreshes: list[str] = []
+        self.delay = delay
+        self.transport = httpx2.MockTransport(self.handle)
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        await trio.sleep(self.delay)
+        form = dict(parse_qsl(request.content.decode()))
+        self.refreshes.append(form["refresh_token"])
+        if self.refreshes.count(form["refresh_token"]) > 1:
+            return httpx2.Response(400, json={"error": "invalid_grant"})
+        n = len(self.refreshes) + 1
+        return httpx2.Response(
+            200, json={"access_token": f"AT-{n}", "refresh_token": f"RT-{n}", "expires_in": 3600}
+        )
+
+
+async def test_the_links_of_one_server_refresh_once_between_them(tmp_path: Path) -> None:
+    """A pool's instances (one link each) share the server's BearerTokens:
+    three requests at once with a token about to lapse make one refresh."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("s", grant_for(expires_at=time.time() + 5))
+    endpoint = TokenEndpoint(delay=0.05)
+    seen: list[httpx2.Request] = []
+    server = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    links = [BearerTokens.of_server("s", RESOURCE, store) for _ in range(3)]
+    assert links[0] is links[1] is links[2]
+    links[0]._transport = endpoint.transport
+    assert BearerTokens.of_server("s", "https://mcp.example/other", store) is not links[0]
+
+    async def request(auth: BearerTokens) -> None:
+        async with httpx2.AsyncClient(auth=auth, transport=server) as client:
+            await client.post(RESOURCE)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for auth in links:
+                nursery.start_soon(request, auth)
+    assert endpoint.refreshes == ["RT-1"]
+    assert bearers_of(seen) == ["Bearer AT-2"] * 3
+
+
+async def test_a_refresh_waits_for_another_process_holding_the_store(tmp_path: Path) -> None:
+    """Another process (here: a thread holding the lock) refreshing the same
+    grant: this one waits, then takes the grant it stored, without a refresh."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("s", grant_for(expires_at=time.time() + 5))
+    endpoint = TokenEndpoint()
+    auth = BearerTokens("s", store, url=RESOURCE, transport=endpoint.transport)
+    seen: list[httpx2.Request] = []
+    server = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    holding, release = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        with store.locked():
+            holding.set()
+            release.wait(5)
+            store.save_locked("s", grant_for(access="AT-other", refresh="RT-other"))
+
+    thread = threading.Thread(target=other_process)
+    thread.start()
+    assert holding.wait(5)
+    with trio.fail_after(10):
+        async with (
+            httpx2.AsyncClient(auth=auth, transport=server) as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(partial(client.post, RESOURCE))
+            await trio.sleep(0.2)
+            assert not seen  # (waiting for the lock)
+            release.set()
+    thread.join(5)
+    assert endpoint.refreshes == []
+    assert bearers_of(seen) == ["Bearer AT-other"]

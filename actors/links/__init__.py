@@ -38,7 +38,8 @@ def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
 
         # The grant `mcpbroker auth NAME` stored for this URL, if any, on
         # every request (refreshed before it lapses): docs/oauth.md.
-        auth = BearerTokens(name, TokenStore(), url=url)
+        # One per server and URL, so a pool's instances share its refreshes.
+        auth = BearerTokens.of_server(name, url, TokenStore())
         return functools.partial(launch_http, config, auth=auth)
     return functools.partial(_unreachable, url)
 
