@@ -42,12 +42,16 @@ import trio
 from actors.paths import ensure_private_dir, open_private
 from broker import oauth
 from broker.oauth import Challenge, Client, OAuthError, ServerMetadata, Tokens
+from broker.redact import shown_url
 
 TOKENS_ENV = "MCPBROKER_TOKENS"
 CALLBACK_PATH = "/callback"
 # How long ``mcpbroker auth`` waits for the user to finish in the browser.
 AUTHORIZE_TIMEOUT = 300.0
 HTTP_TIMEOUT = 30.0
+# The most of an OAuth party's answer read (metadata, a registration, tokens:
+# each a few KiB); a longer one is refused, not held.
+MAX_ANSWER = 1 << 20
 # How often a task waiting for the token store's lock tries again.
 LOCK_POLL = 0.05
 
@@ -273,23 +277,64 @@ class BearerTokens(httpx2.Auth):
                 async with httpx2.AsyncClient(
                     timeout=HTTP_TIMEOUT, transport=self._transport
                 ) as client:
-                    answer = await client.post(
-                        grant.token_endpoint, data=body, headers=oauth.client_headers(grant.client)
+                    answer = await _ask(
+                        client,
+                        "POST",
+                        grant.token_endpoint,
+                        data=body,
+                        headers=oauth.client_headers(grant.client),
                     )
                 tokens = oauth.read_tokens(_json(answer), self._clock(), grant.tokens)
-            except (httpx2.HTTPError, OAuthError):
+            except OAuthError:
                 return None
             grant = self._grant = attrs.evolve(grant, tokens=tokens)
             await trio.to_thread.run_sync(self._store.save_locked, self.name, grant)
             return grant
 
 
-def _json(response: httpx2.Response) -> Any:
+@attrs.frozen
+class _Answer:
+    """An OAuth party's answer, read whole (it is small: :func:`_ask`)."""
+
+    url: str
+    status_code: int
+    headers: httpx2.Headers
+    content: bytes
+
+
+async def _ask(client: httpx2.AsyncClient, method: str, url: str, **options: Any) -> _Answer:
+    """A request to an authorization server or a server's metadata, its
+    answer read up to :data:`MAX_ANSWER` bytes within :data:`HTTP_TIMEOUT`
+    (an answer is a few KiB; a longer or slower one is not held: an
+    ``OAuthError``, as is a request that fails, naming the address)."""
+    shown = shown_url(url)
     try:
-        return orjson.loads(response.content)
+        with trio.fail_after(HTTP_TIMEOUT):
+            async with client.stream(method, url, **options) as response:
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER:
+                        raise OAuthError(
+                            f"{shown} answered with more than {MAX_ANSWER // 1024} KiB: not read"
+                        )
+                return _Answer(url, response.status_code, response.headers, bytes(body))
+    except trio.TooSlowError:
+        raise OAuthError(f"{shown} did not answer within {HTTP_TIMEOUT:g} s") from None
+    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+        raise OAuthError(f"cannot reach {shown} ({_words(exc)})") from None
+
+
+def _words(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _json(answer: _Answer) -> Any:
+    try:
+        return orjson.loads(answer.content)
     except orjson.JSONDecodeError:
         raise OAuthError(
-            f"{response.request.url} answered {response.status_code} without JSON"
+            f"{shown_url(answer.url)} answered {answer.status_code} without JSON"
         ) from None
 
 
@@ -314,44 +359,70 @@ class RedirectListener:
     async def aclose(self) -> None:
         await self._listener.aclose()
 
-    async def wait_callback(self) -> dict[str, str]:
-        """The query of the first request to the callback path (others get 404)."""
+    async def wait_callback(self, state: str | None = None) -> dict[str, str]:
+        """The query of the first GET to the callback path that carries
+        ``state`` (any, if None). Other requests are answered (404 elsewhere,
+        400 to a callback with another state or to what is not HTTP) and
+        ignored: any local process may connect, and only the browser's
+        answer ends the wait."""
         while True:
             stream = await self._listener.accept()
             async with stream:
-                query = await _serve_one(stream)
+                query = await _serve_one(stream, state)
             if query is not None:
                 return query
 
 
-async def _serve_one(stream: trio.abc.Stream) -> dict[str, str] | None:
+async def _serve_one(stream: trio.abc.Stream, state: str | None) -> dict[str, str] | None:
     connection = h11.Connection(h11.SERVER)
     with trio.move_on_after(10):
-        while True:
-            event = connection.next_event()
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(65536)
-                connection.receive_data(bytes(data))
-                if not data:
-                    return None
-                continue
-            if isinstance(event, h11.Request):
-                break
-            return None
-        target = urlsplit(event.target.decode("ascii", "replace"))
-        found = target.path == CALLBACK_PATH and event.method == b"GET"
-        text = (
-            b"mcpbroker has the answer; you may close this window.\n" if found else b"not found\n"
-        )
-        headers = [("content-type", "text/plain"), ("content-length", str(len(text)))]
-        for message in (
-            h11.Response(status_code=200 if found else 404, headers=headers),
-            h11.Data(data=text),
-            h11.EndOfMessage(),
-        ):
-            await stream.send_all(connection.send(message) or b"")
-        return dict(parse_qsl(target.query)) if found else None
+        try:
+            event = await _request_of(connection, stream)
+            if event is None:
+                return None
+            target = urlsplit(event.target.decode("ascii", "replace"))
+            query = dict(parse_qsl(target.query))
+            if target.path != CALLBACK_PATH or event.method != b"GET":
+                await _answer(connection, stream, 404, b"not found\n")
+                return None
+            if state is not None and query.get("state") != state:
+                await _answer(connection, stream, 400, b"not the answer mcpbroker waits for\n")
+                return None
+            await _answer(
+                connection, stream, 200, b"mcpbroker has the answer; you may close this window.\n"
+            )
+            return query
+        except h11.RemoteProtocolError:
+            with contextlib.suppress(h11.LocalProtocolError, trio.BrokenResourceError):
+                await _answer(connection, stream, 400, b"bad request\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # (the other side went away)
     return None
+
+
+async def _request_of(connection: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
+    """The request's head (None: the connection ended first)."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            connection.receive_data(bytes(data))
+            if not data:
+                return None
+            continue
+        return event if isinstance(event, h11.Request) else None
+
+
+async def _answer(
+    connection: h11.Connection, stream: trio.abc.Stream, status: int, text: bytes
+) -> None:
+    headers = [("content-type", "text/plain"), ("content-length", str(len(text)))]
+    for message in (
+        h11.Response(status_code=status, headers=headers),
+        h11.Data(data=text),
+        h11.EndOfMessage(),
+    ):
+        await stream.send_all(connection.send(message) or b"")
 
 
 @attrs.frozen
@@ -412,7 +483,7 @@ async def authorize(
                 )
             )
             with trio.fail_after(AUTHORIZE_TIMEOUT):
-                query = await listener.wait_callback()
+                query = await listener.wait_callback(state)
         except trio.TooSlowError:
             raise OAuthError(
                 f"no answer from the browser within {AUTHORIZE_TIMEOUT:.0f} s"
@@ -424,7 +495,7 @@ async def authorize(
             registration, code, listener.redirect_uri, verifier, resource.resource
         )
         headers = oauth.client_headers(registration)
-        answer = await client.post(server.token_endpoint, data=body, headers=headers)
+        answer = await _ask(client, "POST", server.token_endpoint, data=body, headers=headers)
         tokens = oauth.read_tokens(_json(answer), clock())
     grant = Grant(
         server_url, resource.resource, server.token_endpoint, registration, tokens, server.issuer
@@ -434,25 +505,32 @@ async def authorize(
 
 
 async def _probe(client: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> Challenge | None:
-    """Whether the server asks for authorization: its challenge, or None."""
+    """Whether the server asks for authorization: its challenge, or None.
+    (Only the head of its answer is read: a server that asks nothing may
+    answer with a stream.)"""
     try:
-        response = await client.post(
-            url,
-            json=PROBE,
-            headers={**headers, "Accept": "application/json, text/event-stream"},
-        )
-    except httpx2.HTTPError as exc:
-        raise OAuthError(f"cannot reach {url}: {exc}") from exc
-    if response.status_code != 401:
+        with trio.fail_after(HTTP_TIMEOUT):
+            async with client.stream(
+                "POST",
+                url,
+                json=PROBE,
+                headers={**headers, "Accept": "application/json, text/event-stream"},
+            ) as response:
+                status, challenge = response.status_code, response.headers.get("www-authenticate")
+    except trio.TooSlowError:
+        raise OAuthError(f"{shown_url(url)} did not answer within {HTTP_TIMEOUT:g} s") from None
+    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+        raise OAuthError(f"cannot reach {shown_url(url)} ({_words(exc)})") from None
+    if status != 401:
         return None
-    return oauth.parse_challenge(response.headers.get("www-authenticate"))
+    return oauth.parse_challenge(challenge)
 
 
 async def _resource_metadata(
     client: httpx2.AsyncClient, server_url: str, challenge: Challenge
 ) -> oauth.ResourceMetadata:
     for url in oauth.resource_metadata_urls(server_url, challenge):
-        response = await client.get(url)
+        response = await _ask(client, "GET", url)
         if response.status_code == 200:
             return oauth.read_resource_metadata(_json(response), server_url)
     raise OAuthError(f"{server_url} asks for authorization but publishes no resource metadata")
@@ -460,7 +538,7 @@ async def _resource_metadata(
 
 async def _server_metadata(client: httpx2.AsyncClient, issuer: str) -> ServerMetadata:
     for url in oauth.server_metadata_urls(issuer):
-        response = await client.get(url)
+        response = await _ask(client, "GET", url)
         if response.status_code == 200:
             return oauth.read_server_metadata(_json(response), issuer)
     raise OAuthError(f"the authorization server {issuer} publishes no metadata")
@@ -493,11 +571,12 @@ async def _client(
             f"in server {name!r}'s config"
         )
     asked = oauth.registration_request(server, listener.redirect_uri)
-    response = await client.post(server.registration_endpoint, json=asked)
+    response = await _ask(client, "POST", server.registration_endpoint, json=asked)
     if response.status_code not in (200, 201):
+        said = response.content[:200].decode(errors="replace")
         raise OAuthError(
             f"the authorization server refused to register the broker ({response.status_code}: "
-            f"{response.text[:200]})"
+            f"{said})"
         )
     method = asked["token_endpoint_auth_method"]
     return oauth.read_registration(_json(response), listener.redirect_uri, method)

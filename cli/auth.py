@@ -33,6 +33,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--logout", action="store_true", help="forget the server's stored tokens")
     args = parser.parse_args(argv)
 
+    import httpx2
     import trio
 
     from actors.oauth import Settings, TokenStore, authorize
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
         grant: Any = trio.run(
             authorize, args.name, server.url, dict(server.headers), store, show, settings
         )
-    except (OAuthError, UnsafePath, OSError) as exc:
+    except (OAuthError, UnsafePath, OSError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
         print(f"mcpbroker auth: {exc}", file=sys.stderr)
         return 1
     if grant is None:

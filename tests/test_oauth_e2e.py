@@ -22,10 +22,19 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import httpx2
+import pytest
 import trio
 
-from actors.oauth import BearerTokens, Grant, TokenStore
-from broker.oauth import Client, Tokens
+from actors.oauth import (
+    MAX_ANSWER,
+    BearerTokens,
+    Grant,
+    RedirectListener,
+    TokenStore,
+    _resource_metadata,
+    _server_metadata,
+)
+from broker.oauth import Challenge, Client, OAuthError, Tokens
 from tests.conftest import MCPBROKER, REPO, running_daemon, shim_client, text_of
 
 INITIALIZE = {
@@ -410,3 +419,65 @@ async def test_a_refresh_waits_for_another_process_holding_the_store(tmp_path: P
     thread.join(5)
     assert endpoint.refreshes == []
     assert bearers_of(seen) == ["Bearer AT-other"]
+
+
+async def test_a_token_answer_past_the_bound_is_not_read(tmp_path: Path) -> None:
+    """A token endpoint answering megabytes (a bug, or hostile): the refresh
+    fails after MAX_ANSWER bytes, nothing of it is used."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("s", grant_for(expires_at=time.time() + 5))
+    huge = b'{"access_token": "' + b"A" * (MAX_ANSWER + 1) + b'"}'
+    endpoint = httpx2.MockTransport(lambda request: httpx2.Response(200, content=huge))
+    auth = BearerTokens("s", store, url=RESOURCE, transport=endpoint)
+    seen: list[httpx2.Request] = []
+    server = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    async with httpx2.AsyncClient(auth=auth, transport=server) as client:
+        await client.post(RESOURCE)
+    assert bearers_of(seen) == ["Bearer AT-1"]  # (the old token, while it lasts)
+
+
+async def test_an_authorization_server_out_of_reach_is_an_oauth_error() -> None:
+    """`mcpbroker auth` says it in a line (cli/auth.py prints OAuthErrors),
+    not a traceback: metadata, registration and token requests alike."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    async with httpx2.AsyncClient() as client:
+        with pytest.raises(OAuthError, match=rf"cannot reach http://127.0.0.1:{port}/"):
+            await _server_metadata(client, f"http://127.0.0.1:{port}")
+        with pytest.raises(OAuthError, match="cannot reach"):
+            await _resource_metadata(client, RESOURCE, Challenge("http://[::1/meta"))
+
+
+async def test_the_redirect_listener_waits_for_the_browsers_answer() -> None:
+    """Another local process's garbage, a wrong path and a callback with
+    another state are answered and ignored; the matching callback ends the wait."""
+    listener = await RedirectListener.open()
+    port = int(listener.redirect_uri.split(":")[2].split("/")[0])
+    answers: list[bytes] = []
+
+    async def send(data: bytes) -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(data)
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+            answers.append(answer.split(b"\r\n", 1)[0])
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            query: dict[str, str] = {}
+
+            async def wait() -> None:
+                query.update(await listener.wait_callback("S1"))
+
+            nursery.start_soon(wait)
+            await send(b"GARBAGE\r\n\r\n")
+            await send(b"GET /elsewhere HTTP/1.1\r\nHost: x\r\n\r\n")
+            await send(b"GET /callback?code=evil&state=other HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert not query
+            await send(b"GET /callback?code=good&state=S1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    await listener.aclose()
+    assert query == {"code": "good", "state": "S1"}
+    assert [answer.split(b" ")[1] for answer in answers] == [b"400", b"404", b"400", b"200"]
