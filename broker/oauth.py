@@ -109,6 +109,9 @@ def read_resource_metadata(body: Any, server_url: str) -> ResourceMetadata:
     servers = body.get("authorization_servers")
     if not isinstance(servers, list) or not servers or not all(isinstance(s, str) for s in servers):
         raise OAuthError("the server's resource metadata names no authorization server")
+    if not any(secure_endpoint(server) for server in servers):
+        _refuse_insecure("authorization server", servers[0])
+    servers = [server for server in servers if secure_endpoint(server)]
     resource = body.get("resource")
     ours = canonical_resource(server_url)
     if resource is None:
@@ -140,6 +143,33 @@ def grant_covers(resource: str, url: str) -> bool:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
     return _covers(bare(resource), bare(url))
+
+
+_LOOPBACK = re.compile(r"localhost|127(\.\d{1,3}){3}|\[::1\]")
+
+
+def secure_endpoint(url: str) -> bool:
+    """Whether an authorization server's endpoint may be used: ``https://``
+    (the MCP spec's Communication Security: every authorization server
+    endpoint MUST be served over HTTPS), or ``http://`` to a loopback host,
+    whose traffic never leaves the machine (a local or test authorization
+    server, as the conformance suite's): docs/oauth.md."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2].lower()
+        host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    except ValueError:
+        return False
+    if parts.scheme == "https":
+        return bool(parts.netloc)
+    return parts.scheme == "http" and _LOOPBACK.fullmatch(host) is not None
+
+
+def _refuse_insecure(what: str, url: str) -> None:
+    raise OAuthError(
+        f"{what} {url!r} is not an https:// address: not used (the MCP spec: authorization "
+        "server endpoints MUST be served over HTTPS; http:// is taken for a loopback host only)"
+    )
 
 
 def server_metadata_urls(issuer: str) -> list[str]:
@@ -190,6 +220,10 @@ def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
     ]
     if missing:
         raise OAuthError(f"the authorization server's metadata lacks {', '.join(missing)}")
+    registration = body.get("registration_endpoint")
+    for key in ("issuer", "authorization_endpoint", "token_endpoint", "registration_endpoint"):
+        if isinstance(body.get(key), str) and not secure_endpoint(body[key]):
+            _refuse_insecure(f"the authorization server's {key}", body[key])
     if body["issuer"] != issuer:
         raise OAuthError(
             f"the authorization server's metadata names the issuer {body['issuer']!r}, not "
@@ -200,7 +234,6 @@ def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
         raise OAuthError(
             "the authorization server does not offer PKCE with S256, so it is not used"
         )
-    registration = body.get("registration_endpoint")
     auth_methods = body.get("token_endpoint_auth_methods_supported")
     return ServerMetadata(
         body["issuer"],

@@ -312,3 +312,65 @@ def test_a_grant_covers_its_resource_and_paths_under_it(url: str, covered: bool)
 def test_an_access_token_a_header_cannot_carry_is_refused(token: str) -> None:
     with pytest.raises(OAuthError, match="header"):
         oauth.read_tokens({"access_token": token}, 0.0)
+
+
+METADATA = {
+    "issuer": "https://as.example",
+    "authorization_endpoint": "https://as.example/a",
+    "token_endpoint": "https://as.example/t",
+    "registration_endpoint": "https://as.example/r",
+    "code_challenge_methods_supported": ["S256"],
+}
+
+
+@pytest.mark.parametrize(
+    "key", ["issuer", "authorization_endpoint", "token_endpoint", "registration_endpoint"]
+)
+def test_authorization_server_endpoints_must_be_https(key: str) -> None:
+    """The MCP spec's Communication Security: every authorization server
+    endpoint over HTTPS; http:// only to a loopback host (never leaves the machine)."""
+    body = {**METADATA, key: METADATA[key].replace("https://", "http://")}
+    with pytest.raises(OAuthError, match=f"{key}.*not an https://"):
+        oauth.read_server_metadata(body, body["issuer"])
+    local = {
+        key: value.replace("https://as.example", "http://127.0.0.1:9000")
+        for key, value in METADATA.items()
+        if isinstance(value, str)
+    }
+    assert oauth.read_server_metadata({**METADATA, **local}, local["issuer"]).token_endpoint == (
+        "http://127.0.0.1:9000/t"
+    )
+
+
+def test_a_cleartext_authorization_server_is_not_asked() -> None:
+    body = {"resource": RESOURCE_URL, "authorization_servers": ["http://as.example"]}
+    with pytest.raises(OAuthError, match="not an https://"):
+        oauth.read_resource_metadata(body, RESOURCE_URL)
+    body["authorization_servers"] = ["http://as.example", "https://as.example", "javascript:x"]
+    assert oauth.read_resource_metadata(body, RESOURCE_URL).authorization_servers == (
+        "https://as.example",
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://localhost:8080/t", "http://127.0.0.1/t", "http://[::1]:9/t", "https://as.example/t"],
+)
+def test_loopback_and_https_endpoints_are_taken(url: str) -> None:
+    assert oauth.secure_endpoint(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://as.example/t",
+        "http://localhost.evil.example/t",
+        "http://127.0.0.1.evil/t",
+        "ftp://x",
+    ],
+)
+def test_other_endpoints_are_not(url: str) -> None:
+    assert not oauth.secure_endpoint(url)
+
+
+RESOURCE_URL = "https://mcp.example/mcp"
