@@ -41,6 +41,7 @@ REFRESH_MARGIN = 60.0
 # An access token as a header carries it: visible ASCII (RFC 6749 appendix A.12).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 _PARAM = re.compile(r'([A-Za-z_][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))')
+_PARAM_START = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\s*=")
 
 
 class OAuthError(Exception):
@@ -58,18 +59,48 @@ class Challenge:
 
 def parse_challenge(header: str | None) -> Challenge:
     """The Bearer challenge's parameters (RFC 6750 section 3, RFC 9728 section 5.1);
-    an empty :class:`Challenge` for a header that is absent or not Bearer."""
-    if not header:
+    an empty :class:`Challenge` for a header that is absent or has no Bearer
+    challenge. The header may hold several challenges (RFC 9110 section
+    11.6.1: ``Basic realm="x", Bearer resource_metadata="..."``, or two
+    fields that httpx joined with ", "); the first Bearer one is taken."""
+    params = _challenges(header or "").get("bearer")
+    if params is None:
         return Challenge()
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return Challenge()
-    params: dict[str, str] = {}
-    for match in _PARAM.finditer(rest):
-        quoted, bare = match.group(2), match.group(3)
-        value = bare if quoted is None else re.sub(r"\\(.)", r"\1", quoted)
-        params.setdefault(match.group(1).lower(), value)
     return Challenge(params.get("resource_metadata"), params.get("scope"), params.get("error"))
+
+
+def _challenges(header: str) -> dict[str, dict[str, str]]:
+    """Each challenge's parameters by its scheme (lower case; the first of a scheme)."""
+    found: dict[str, dict[str, str]] = {}
+    params: dict[str, str] = {}
+    for element in _elements(header):
+        if not _PARAM_START.match(element):  # a scheme, maybe with its first parameter
+            scheme, *first = element.split(None, 1)
+            params = found.setdefault(scheme.lower(), {}) if scheme.lower() not in found else {}
+            element = first[0] if first else ""
+        match = _PARAM.fullmatch(element)
+        if match:
+            quoted, bare = match.group(2), match.group(3)
+            value = bare if quoted is None else re.sub(r"\\(.)", r"\1", quoted)
+            params.setdefault(match.group(1).lower(), value)
+    return found
+
+
+def _elements(header: str) -> list[str]:
+    """The header's comma-separated elements (commas in quoted strings kept), stripped."""
+    elements, start, quoted, escaped = [], 0, False, False
+    for i, char in enumerate(header):
+        if escaped:
+            escaped = False
+        elif quoted and char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char == "," and not quoted:
+            elements.append(header[start:i])
+            start = i + 1
+    elements.append(header[start:])
+    return [element.strip() for element in elements if element.strip()]
 
 
 def canonical_resource(url: str) -> str:

@@ -374,3 +374,22 @@ def test_other_endpoints_are_not(url: str) -> None:
 
 
 RESOURCE_URL = "https://mcp.example/mcp"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        'Basic realm="api", Bearer resource_metadata="https://x/meta", scope="a b"',
+        'DPoP algs="ES256", Bearer resource_metadata="https://x/meta", scope="a b"',
+        # two WWW-Authenticate fields, joined by httpx; a comma in a quoted value
+        'Negotiate YWJj==, Bearer\tscope="a b", resource_metadata="https://x/meta"',
+    ],
+)
+def test_the_bearer_challenge_among_others(header: str) -> None:
+    """RFC 9110 section 11.6.1: a WWW-Authenticate may list several challenges."""
+    assert oauth.parse_challenge(header) == Challenge("https://x/meta", "a b")
+
+
+def test_a_comma_in_a_quoted_value_does_not_split_it() -> None:
+    challenge = oauth.parse_challenge('Bearer scope="a, b", error=invalid_token')
+    assert challenge == Challenge(None, "a, b", "invalid_token")
