@@ -36,6 +36,7 @@ def main(argv: list[str]) -> int:
     import httpx2
     import trio
 
+    from actors.links.link import LaunchError, configured_headers
     from actors.oauth import Settings, TokenStore, authorize
     from actors.paths import UnsafePath, default_config_path
     from broker.config import ConfigError, load_config
@@ -73,9 +74,12 @@ def main(argv: list[str]) -> int:
         redirect_port=int(server.oauth.get("redirectPort", "0")),
     )
     try:
-        grant: Any = trio.run(
-            authorize, args.name, server.url, dict(server.headers), store, show, settings
-        )
+        headers = configured_headers(server.headers)  # (${NAME} as the daemon expands it)
+    except LaunchError as exc:
+        print(f"mcpbroker auth: server {args.name!r} {exc}", file=sys.stderr)
+        return 2
+    try:
+        grant: Any = trio.run(authorize, args.name, server.url, headers, store, show, settings)
     except (OAuthError, UnsafePath, OSError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
         print(f"mcpbroker auth: {exc}", file=sys.stderr)
         return 1

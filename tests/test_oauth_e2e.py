@@ -36,6 +36,7 @@ from actors.oauth import (
 )
 from broker.oauth import Challenge, Client, OAuthError, Tokens
 from tests.conftest import MCPBROKER, REPO, running_daemon, shim_client, text_of
+from tests.hostile_http import open_hostile_server, status_reply
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -481,3 +482,24 @@ async def test_the_redirect_listener_waits_for_the_browsers_answer() -> None:
     await listener.aclose()
     assert query == {"code": "good", "state": "S1"}
     assert [answer.split(b" ")[1] for answer in answers] == [b"400", b"404", b"400", b"200"]
+
+
+async def test_auth_sends_the_headers_as_the_daemon_does(tmp_path: Path) -> None:
+    """`${NAME}` in a server's headers is expanded for the probe too (a server
+    that wants an API key beside OAuth); one that is not set is named."""
+    async with open_hostile_server(lambda request: status_reply(500)) as server:
+        config = tmp_path / "config.json"
+        headers = {"X-Api-Key": "${MY_KEY}"}
+        config.write_text(
+            json.dumps({"mcpServers": {"remote": {"url": server.url, "headers": headers}}})
+        )
+        command = [MCPBROKER, "auth", "remote", "--config", str(config), "--no-browser"]
+        env = {**os.environ, "MCPBROKER_TOKENS": str(tmp_path / "oauth.json"), "MY_KEY": "k-1"}
+        with trio.fail_after(30):
+            done = await trio.run_process(command, env=env, capture_stdout=True, check=False)
+            assert done.returncode == 0 and b"nothing to do" in done.stdout
+            assert server.requests[0].headers["x-api-key"] == "k-1"
+            del env["MY_KEY"]
+            done = await trio.run_process(command, env=env, capture_stderr=True, check=False)
+        assert done.returncode == 2 and b"MY_KEY is not set" in done.stderr
+        assert len(server.requests) == 1
