@@ -39,7 +39,8 @@ import httpx2
 import orjson
 import trio
 
-from actors.paths import ensure_private_dir, open_private
+from actors.logs import get_logger
+from actors.paths import UnsafePath, ensure_private_dir, open_private
 from broker import oauth
 from broker.oauth import Challenge, Client, OAuthError, ServerMetadata, Tokens
 from broker.redact import shown_url
@@ -87,7 +88,7 @@ class TokenStore:
 
     def load_all(self) -> dict[str, Grant]:
         try:
-            fd = open_private(self.path, os.O_RDONLY)
+            fd = open_private(self.path, os.O_RDONLY, create=False)  # (a read creates nothing)
         except FileNotFoundError:
             return {}
         with os.fdopen(fd, "rb") as file:
@@ -97,7 +98,7 @@ class TokenStore:
         try:
             raw = orjson.loads(data)
             return {name: _converter.structure(grant, Grant) for name, grant in raw.items()}
-        except (orjson.JSONDecodeError, AttributeError, cattrs.BaseValidationError) as exc:
+        except (ValueError, TypeError, AttributeError, cattrs.BaseValidationError) as exc:
             raise OAuthError(
                 f"the token file {self.path} cannot be read ({exc}): remove it"
             ) from exc
@@ -217,6 +218,7 @@ class BearerTokens(httpx2.Auth):
         self._lock = trio.Lock()  # one refresh at a time: refresh tokens rotate
         self._grant: Grant | None = None
         self._loaded = False
+        self._unreadable = False  # (the token file could not be read: said once)
 
     @classmethod
     def of_server(cls, name: str, url: str, store: TokenStore) -> BearerTokens:
@@ -250,7 +252,20 @@ class BearerTokens(httpx2.Auth):
             yield request
 
     async def _read(self) -> Grant | None:
-        return self._take(await trio.to_thread.run_sync(self._store.load, self.name))
+        """The stored grant, read again. A token file that cannot be read is
+        no grant (logged once): a server that asks for nothing works on, and
+        one that does answers 401, for which ``mcpbroker auth NAME`` names the
+        file and what to do."""
+        try:
+            grant = await trio.to_thread.run_sync(self._store.load, self.name)
+        except (OAuthError, UnsafePath, OSError) as exc:
+            if not self._unreadable:
+                log = get_logger(server=self.name)
+                log.warning("oauth.token_file_unreadable", path=self._store.path, error=str(exc))
+            self._unreadable, grant = True, None
+        else:
+            self._unreadable = False
+        return self._take(grant)
 
     def _take(self, grant: Grant | None) -> Grant | None:
         if grant is not None and self._url and not oauth.grant_covers(grant.resource, self._url):

@@ -121,11 +121,13 @@ def check_socket_dir(socket_path: str) -> None:
         )
 
 
-def open_private(path: str, flags: int = os.O_RDWR) -> int:
-    """Open (or create, mode 0600) a file of the daemon's without following a
-    symlink, and check that it is a regular file of this user's; a descriptor."""
+def open_private(path: str, flags: int = os.O_RDWR, *, create: bool = True) -> int:
+    """Open (or create, mode 0600, unless ``create`` is False) a file of the
+    daemon's without following a symlink, and check that it is a regular
+    file of this user's; a descriptor."""
+    creating = os.O_CREAT if create else 0
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags | creating | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath(f"{path} is a symlink; refusing to follow it") from None

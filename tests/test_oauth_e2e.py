@@ -503,3 +503,30 @@ async def test_auth_sends_the_headers_as_the_daemon_does(tmp_path: Path) -> None
             done = await trio.run_process(command, env=env, capture_stderr=True, check=False)
         assert done.returncode == 2 and b"MY_KEY is not set" in done.stderr
         assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("kind", ["garbage", "list", "badgrant", "directory", "symlink"])
+async def test_a_token_file_that_cannot_be_read_is_no_grant(tmp_path: Path, kind: str) -> None:
+    """A broken token file breaks no server that asks for nothing (its
+    requests go without a token; one that asks answers 401, and `mcpbroker
+    auth` names the file); it was an "internal error of the broker"."""
+    path = tmp_path / "oauth.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        path.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        path.write_text({"garbage": "{not json", "list": "[]", "badgrant": '{"s": 1}'}[kind])
+    seen: list[httpx2.Request] = []
+    server = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    auth = BearerTokens("s", TokenStore(str(path)), url=RESOURCE)
+    async with httpx2.AsyncClient(auth=auth, transport=server) as client:
+        assert (await client.post(RESOURCE)).status_code == 200
+    assert bearers_of(seen) == [None]
+
+
+def test_reading_the_token_store_creates_no_file(tmp_path: Path) -> None:
+    path = tmp_path / "oauth.json"
+    assert TokenStore(str(path)).load("s") is None
+    assert not path.exists()
