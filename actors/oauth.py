@@ -53,6 +53,10 @@ HTTP_TIMEOUT = 30.0
 # The most of an OAuth party's answer read (metadata, a registration, tokens:
 # each a few KiB); a longer one is refused, not held.
 MAX_ANSWER = 1 << 20
+# After a refresh fails, how long requests go with the token as it is before
+# another refresh is asked for (a grant `mcpbroker auth` stores meanwhile is
+# still taken at the next 401).
+REFRESH_BACKOFF = 30.0
 # How often a task waiting for the token store's lock tries again.
 LOCK_POLL = 0.05
 
@@ -219,6 +223,8 @@ class BearerTokens(httpx2.Auth):
         self._grant: Grant | None = None
         self._loaded = False
         self._unreadable = False  # (the token file could not be read: said once)
+        self._failing: str | None = None  # why the last refresh failed (logged once)
+        self._retry_at = 0.0  # no refresh is asked for before this (clock) time
 
     @classmethod
     def of_server(cls, name: str, url: str, store: TokenStore) -> BearerTokens:
@@ -274,9 +280,21 @@ class BearerTokens(httpx2.Auth):
         self._loaded = True
         return grant
 
+    def _refresh_failed(self, why: str) -> None:
+        """No refresh is asked for again within :data:`REFRESH_BACKOFF` (each
+        request would cost a failing one, two with its 401); a new reason is logged."""
+        self._retry_at = self._clock() + REFRESH_BACKOFF
+        if why != self._failing:
+            self._failing = why
+            get_logger(server=self.name).warning(
+                "oauth.refresh_failed", error=why, retry_after=REFRESH_BACKOFF
+            )
+
     async def _refresh(self, seen: Grant, force: bool = False) -> Grant | None:
         """New tokens for the grant (None if it cannot be refreshed). Under the
         locks, a grant another request refreshed meanwhile is taken as it is."""
+        if not force and self._clock() < self._retry_at:
+            return None  # (one failed lately: the token as it is, no file read)
         async with self._lock, self._store.locked_async():
             grant = await self._read()
             if grant is None:
@@ -285,7 +303,7 @@ class BearerTokens(httpx2.Auth):
                 return grant
             if not force and not oauth.needs_refresh(grant.tokens, self._clock()):
                 return grant
-            if grant.tokens.refresh_token is None:
+            if grant.tokens.refresh_token is None or self._clock() < self._retry_at:
                 return None
             body = oauth.refresh_request(grant.client, grant.tokens.refresh_token, grant.resource)
             try:
@@ -300,8 +318,10 @@ class BearerTokens(httpx2.Auth):
                         headers=oauth.client_headers(grant.client),
                     )
                 tokens = oauth.read_tokens(_json(answer), self._clock(), grant.tokens)
-            except OAuthError:
+            except OAuthError as exc:
+                self._refresh_failed(str(exc))
                 return None
+            self._failing, self._retry_at = None, 0.0
             grant = self._grant = attrs.evolve(grant, tokens=tokens)
             await trio.to_thread.run_sync(self._store.save_locked, self.name, grant)
             return grant

@@ -35,7 +35,8 @@ from urllib.parse import quote_plus, urlencode, urlsplit, urlunsplit
 import attrs
 
 # Refresh this long before an access token expires, so no request carries a
-# token that lapses on its way.
+# token that lapses on its way; at most half the token's lifetime, so a token
+# granted for 30 s is not refreshed before every request (needs_refresh).
 REFRESH_MARGIN = 60.0
 
 # An access token as a header carries it: visible ASCII (RFC 6749 appendix A.12).
@@ -458,6 +459,7 @@ class Tokens:
     refresh_token: str | None = None
     expires_at: float | None = None  # seconds since the epoch; None: not said
     scope: str | None = None
+    issued_at: float | None = None  # seconds since the epoch (None: stored before it was kept)
 
 
 def read_tokens(body: Any, now: float, previous: Tokens | None = None) -> Tokens:
@@ -491,10 +493,15 @@ def read_tokens(body: Any, now: float, previous: Tokens | None = None) -> Tokens
         else None
     )
     scope = body.get("scope")
-    return Tokens(access, refresh, expires_at, scope if isinstance(scope, str) else None)
+    return Tokens(access, refresh, expires_at, scope if isinstance(scope, str) else None, now)
 
 
 def needs_refresh(tokens: Tokens, now: float, margin: float = REFRESH_MARGIN) -> bool:
     """Whether to refresh before the next request: the access token lapses
-    within ``margin`` seconds (never, if the server did not say when)."""
-    return tokens.expires_at is not None and tokens.expires_at - now <= margin
+    within ``margin`` seconds, or within half its lifetime if that is less
+    (never, if the server did not say when)."""
+    if tokens.expires_at is None:
+        return False
+    if tokens.issued_at is not None:
+        margin = min(margin, (tokens.expires_at - tokens.issued_at) / 2)
+    return tokens.expires_at - now <= margin

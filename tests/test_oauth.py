@@ -265,11 +265,11 @@ def test_tokens_and_expiry() -> None:
         {"access_token": "a", "token_type": "bearer", "expires_in": 120, "refresh_token": "r"},
         1000.0,
     )
-    assert tokens == Tokens("a", "r", 1120.0)
+    assert tokens == Tokens("a", "r", 1120.0, issued_at=1000.0)
     assert not oauth.needs_refresh(tokens, 1000.0)
     assert oauth.needs_refresh(tokens, 1060.0)
     # A refresh answer without a new refresh token keeps the old one.
-    assert oauth.read_tokens({"access_token": "b"}, 0.0, tokens) == Tokens("b", "r", None)
+    assert oauth.read_tokens({"access_token": "b"}, 0.0, tokens) == Tokens("b", "r", None, None, 0)
     assert not oauth.needs_refresh(Tokens("b"), 1e12)
 
 
@@ -393,3 +393,14 @@ def test_the_bearer_challenge_among_others(header: str) -> None:
 def test_a_comma_in_a_quoted_value_does_not_split_it() -> None:
     challenge = oauth.parse_challenge('Bearer scope="a, b", error=invalid_token')
     assert challenge == Challenge(None, "a, b", "invalid_token")
+
+
+def test_a_short_lived_token_is_refreshed_at_half_its_life() -> None:
+    """A token granted for 30 s (under REFRESH_MARGIN) is used for 15 s, not
+    refreshed before every request."""
+    tokens = oauth.read_tokens({"access_token": "a", "expires_in": 30}, 1000.0)
+    assert not oauth.needs_refresh(tokens, 1000.0)
+    assert not oauth.needs_refresh(tokens, 1014.0)
+    assert oauth.needs_refresh(tokens, 1015.0)
+    # (one stored before its lifetime was kept: the fixed margin)
+    assert oauth.needs_refresh(Tokens("a", expires_at=1030.0), 1000.0)

@@ -27,6 +27,7 @@ import trio
 
 from actors.oauth import (
     MAX_ANSWER,
+    REFRESH_BACKOFF,
     BearerTokens,
     Grant,
     RedirectListener,
@@ -530,3 +531,28 @@ def test_reading_the_token_store_creates_no_file(tmp_path: Path) -> None:
     path = tmp_path / "oauth.json"
     assert TokenStore(str(path)).load("s") is None
     assert not path.exists()
+
+
+async def test_a_refresh_that_fails_is_not_asked_for_again_at_once(tmp_path: Path) -> None:
+    """The refresh token was revoked: one failing refresh, then requests go
+    with the token as it is for REFRESH_BACKOFF (each cost one, two with its
+    401); after it, one more try."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    now = [1000.0]
+    store.save("s", grant_for(expires_at=1010.0))
+    asked: list[httpx2.Request] = []
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request)
+        return httpx2.Response(400, json={"error": "invalid_grant"})
+
+    endpoint = httpx2.MockTransport(refuse)
+    server = httpx2.MockTransport(lambda request: httpx2.Response(401))
+    auth = BearerTokens("s", store, clock=lambda: now[0], url=RESOURCE, transport=endpoint)
+    async with httpx2.AsyncClient(auth=auth, transport=server) as client:
+        for _ in range(5):
+            assert (await client.post(RESOURCE)).status_code == 401
+        assert len(asked) == 1
+        now[0] += REFRESH_BACKOFF
+        await client.post(RESOURCE)
+        assert len(asked) == 2
