@@ -955,11 +955,22 @@ class Upstream:
         listen = self._protocol.listen_failed(request, failed.detail, trio.current_time())
         if listen is not None:  # the broker's subscriptions/listen (a modern server)
             return listen
+        if failed.detail.startswith("HTTP 401"):
+            self._unauthorized()
         actions = self._protocol.fail_now(request, failed.detail) if type(request) is int else []
         self._errors += len(actions)
         if not actions:  # (nobody waits: one of the broker's own, or answered already)
             self._log.warning("server.answer_lost", request=request, detail=failed.detail)
         return actions
+
+    def _unauthorized(self) -> None:
+        """The server refused a request 401 that the broker's tokens could not
+        cure (none held, or its refresh failed): status and the log say what
+        to do, once, as the caller's error does (docs/oauth.md)."""
+        why = f"answered 401 Unauthorized: run `mcpbroker auth {self.name}`"
+        if self._protocol.last_error != why:
+            self._protocol.last_error = why
+            self._log.warning("server.unauthorized", hint=f"mcpbroker auth {self.name}")
 
     def _apply(self, actions: list[Action], size: int = SMALL_MESSAGE) -> None:
         for action in actions:

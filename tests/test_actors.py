@@ -24,6 +24,7 @@ from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.upstream import UpstreamProtocol
 from broker.wire import ndjson
+from broker.wire.frames import Failed
 from broker.wire.ndjson import LineFramer
 from tests.scripted import LISTS, NO_ANSWER, ListError, ScriptedServer
 
@@ -903,3 +904,27 @@ async def test_a_server_outside_a_view_that_renames_a_tool_inside_it_tells_the_s
         assert (await client.receive())["method"] == "notifications/tools/list_changed"
     names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
     assert "a__b__c" not in names and "a__b__c-3a400f" in names
+
+
+async def test_a_401_the_tokens_cannot_cure_shows_in_status_and_the_log() -> None:
+    """A server that answers 401 mid-session (a revoked token, a failed
+    refresh): its status's last error and one log line say to run
+    `mcpbroker auth NAME`, as the caller's error does; it showed "ready" alone."""
+    events: list[str] = []
+
+    class Log:
+        def warning(self, event: str, **fields: Any) -> None:
+            events.append(event)
+
+        info = debug = error = warning
+
+    async with trio.open_nursery() as nursery:
+        broker = await start_upstream(nursery, ScriptedServer(nursery))
+        upstream = broker.upstreams["s"]
+        upstream._log = Log()
+        detail = "HTTP 401 Unauthorized (it asks for authorization: run `mcpbroker auth` ...)"
+        for request in (98, 99):
+            upstream._failed(Failed(request, detail))
+        assert "mcpbroker auth s" in (upstream.statistics().last_error or "")
+        assert events.count("server.unauthorized") == 1
+        nursery.cancel_scope.cancel()
