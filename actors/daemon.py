@@ -170,9 +170,11 @@ class Daemon:
             metrics=self.metrics_url,
         )
 
-    def _control(self, command: str) -> Any:
+    def _control(self, command: str, servers: tuple[str, ...] = ()) -> Any:
         if command == "reload":
             return self.reload_file()
+        if command == "tokens":
+            return self.tokens_changed(servers)
         assert command == "status"
         return attrs.asdict(self.statistics())
 
@@ -340,6 +342,19 @@ class Daemon:
                 del self._scopes[actor]
 
     # -- reload -----------------------------------------------------------------
+
+    def tokens_changed(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """``mcpbroker auth NAME`` stored (or forgot) a server's tokens: the
+        daemon reads them again at the server's next request, and a server it
+        gave up on (401s at start) is tried again now, without waiting for
+        ``retryFailedAfter`` or a reload (docs/oauth.md)."""
+        from actors.oauth import BearerTokens
+
+        known = [name for name in names if name in self.upstreams]
+        for name in known:
+            BearerTokens.reread(name)
+            self.upstreams[name].retry()
+        return {"tokens": known, "unknown": [name for name in names if name not in known]}
 
     def reload_file(self) -> dict[str, Any]:
         """Read the configuration again and apply it (``mcpbroker reload``,

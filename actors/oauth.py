@@ -236,6 +236,15 @@ class BearerTokens(httpx2.Auth):
             tokens = cls._shared[key] = cls(name, store, url=url)
         return tokens
 
+    @classmethod
+    def reread(cls, name: str) -> None:
+        """Server ``name``'s grant changed in the file (``mcpbroker auth``,
+        ``--logout``): each of its objects reads it again at its next request."""
+        for tokens in list(cls._shared.values()):
+            if tokens.name == name:
+                tokens._loaded = False
+                tokens._retry_at = 0.0
+
     async def async_auth_flow(
         self, request: httpx2.Request
     ) -> AsyncGenerator[httpx2.Request, httpx2.Response]:

@@ -108,7 +108,7 @@ class Session:
         upstreams: Mapping[str, ServerActor],
         registry: Registry,
         settings: BrokerSettings,
-        control: Callable[[str], Any] | None = None,
+        control: Callable[[str, tuple[str, ...]], Any] | None = None,
         *,
         view: tuple[str, ...] | None = None,
         transparent: bool = False,
@@ -274,7 +274,7 @@ class Session:
                     opening = open_session(message, self._upstreams)
                     if opening is not None:
                         if opening.command is not None:
-                            await self._run_command(opening.command)
+                            await self._run_command(opening.command, opening.view)
                             return
                         self._open(
                             opening.view, opening.transparent, opening.refusal, opening.every
@@ -427,10 +427,11 @@ class Session:
         """A 2026-07-28 client: its requests carry their own ``_meta``."""
         return isinstance(self._protocol, ModernSessionProtocol)
 
-    async def _run_command(self, command: str) -> None:
-        """Answer a control command with one line of JSON; the connection then closes."""
+    async def _run_command(self, command: str, servers: tuple[str, ...]) -> None:
+        """Answer a control command (about ``servers``, if it names some) with
+        one line of JSON; the connection then closes."""
         self.is_control = True
-        answer = self._control(command) if self._control else {"error": "no control here"}
+        answer = self._control(command, servers) if self._control else {"error": "no control here"}
         await self._reply(answer)
         self._handle.close_reason = f"answered {command!r}"
 

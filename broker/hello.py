@@ -29,7 +29,9 @@ class HelloError(Exception):
     """A hello the daemon cannot honour; the message is meant for the user."""
 
 
-COMMANDS = frozenset({"status", "reload"})
+# ``tokens``: the stored OAuth tokens of the servers it names changed
+# (``mcpbroker auth NAME``, ``--logout``): docs/oauth.md.
+COMMANDS = frozenset({"status", "reload", "tokens"})
 
 
 @attrs.frozen
@@ -57,13 +59,16 @@ def read_hello(message: Any) -> Hello | None:
         # Only a str can be a command (a list or an object is unhashable).
         if not isinstance(command, str) or command not in COMMANDS:
             raise HelloError(f"unknown command {command!r} (known: {', '.join(sorted(COMMANDS))})")
-        return Hello(command=command)
-    servers = body.get("servers")
+        return Hello(_servers(body.get("servers")), command=command)
+    return Hello(_servers(body.get("servers")))
+
+
+def _servers(servers: Any) -> tuple[str, ...] | None:
     if servers is None:
-        return Hello()
+        return None
     if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
         raise HelloError('"servers" in the hello must be a list of server names')
-    return Hello(tuple(dict.fromkeys(servers)))
+    return tuple(dict.fromkeys(servers))
 
 
 def resolve_view(hello: Hello | None, configured: Iterable[str]) -> tuple[str, ...]:
@@ -104,7 +109,7 @@ def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
         if hello is None:
             return None
         if hello.command is not None:
-            return Opening(command=hello.command)
+            return Opening(hello.servers or (), command=hello.command)
         view = resolve_view(hello, configured)
         return Opening(view, transparent=hello.transparent, every=hello.servers is None)
     except HelloError as exc:

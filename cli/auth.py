@@ -17,7 +17,9 @@ import sys
 import webbrowser
 from typing import Any
 
-USAGE = "mcpbroker auth NAME [--config FILE] [--no-browser] [--logout]"
+USAGE = "mcpbroker auth NAME [--config FILE] [--no-browser] [--logout] [--socket PATH]"
+# How long the running daemon may take to answer that the tokens changed.
+TELL_TIMEOUT = 5.0
 
 
 def main(argv: list[str]) -> int:
@@ -31,6 +33,9 @@ def main(argv: list[str]) -> int:
         "--no-browser", action="store_true", help="print the URL to open; do not open a browser"
     )
     parser.add_argument("--logout", action="store_true", help="forget the server's stored tokens")
+    parser.add_argument(
+        "--socket", metavar="PATH", default=None, help="the running daemon's socket, to tell it"
+    )
     args = parser.parse_args(argv)
 
     import httpx2
@@ -38,7 +43,7 @@ def main(argv: list[str]) -> int:
 
     from actors.links.link import LaunchError, configured_headers
     from actors.oauth import Settings, TokenStore, authorize
-    from actors.paths import UnsafePath, default_config_path
+    from actors.paths import UnsafePath, default_config_path, default_socket_path
     from broker.config import ConfigError, load_config
     from broker.oauth import OAuthError
 
@@ -60,6 +65,7 @@ def main(argv: list[str]) -> int:
     if args.logout:
         store.save(args.name, None)
         print(f"forgot the tokens of {args.name!r} ({store.path})")
+        _tell_daemon(args.socket or default_socket_path(), args.name)
         return 0
 
     def show(url: str) -> None:
@@ -87,4 +93,19 @@ def main(argv: list[str]) -> int:
         print(f"{args.name!r} does not ask for authorization: nothing to do")
         return 0
     print(f"authorized: the daemon uses {args.name!r}'s tokens from {store.path}")
+    _tell_daemon(args.socket or default_socket_path(), args.name)
     return 0
+
+
+def _tell_daemon(socket_path: str, name: str) -> None:
+    """A running daemon reads the server's tokens again at its next request
+    and tries it again now if it had given up on it (docs/oauth.md). No
+    daemon running: nothing to tell (it reads the file when it starts)."""
+    from cli.control import ask
+
+    try:
+        answer = ask(socket_path, "tokens", TELL_TIMEOUT, [name])
+    except (OSError, ValueError):
+        return
+    if name in (answer.get("tokens") or ()):
+        print(f"the daemon on {socket_path} uses them from its next request to {name!r}")

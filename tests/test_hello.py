@@ -99,3 +99,11 @@ def test_a_view_of_every_server_is_marked_so_a_reload_can_grow_it() -> None:
     assert open_session({"mcpbroker": {"command": "reload"}}, configured) == Opening(
         command="reload"
     )
+
+
+def test_the_tokens_command_names_its_servers() -> None:
+    """`mcpbroker auth NAME` tells a running daemon that NAME's tokens changed."""
+    opening = open_session({"mcpbroker": {"command": "tokens", "servers": ["a"]}}, ("a", "b"))
+    assert opening == Opening(("a",), command="tokens")
+    refused = open_session({"mcpbroker": {"command": "tokens", "servers": "a"}}, ("a",))
+    assert refused is not None and "list of server names" in (refused.refusal or "")

@@ -556,3 +556,34 @@ async def test_a_refresh_that_fails_is_not_asked_for_again_at_once(tmp_path: Pat
         now[0] += REFRESH_BACKOFF
         await client.post(RESOURCE)
         assert len(asked) == 2
+
+
+async def test_auth_and_logout_reach_a_running_daemon(
+    tmp_path: Path, socket_path: str, monkeypatch: Any
+) -> None:
+    """The daemon gave up on a server that answered 401: `mcpbroker auth`
+    has it tried again at once (not after retryFailedAfter or a reload);
+    `--logout` stops its token from the next request on."""
+    tokens = tmp_path / "oauth.json"
+    monkeypatch.setenv("MCPBROKER_TOKENS", str(tokens))
+    with trio.fail_after(90):
+        async with oauth_server() as url:
+            servers = {"remote": {"url": url, "restartDelay": 0.1, "restartAttempts": 1}}
+            config = write_config(tmp_path, url)
+            async with running_daemon(servers, socket_path, wait=()) as daemon:
+                upstream = daemon.upstreams["remote"]
+                while upstream.statistics().state != "failed":
+                    await trio.sleep(0.05)
+                code, out, errors = await run_auth(config, tokens, "--socket", socket_path)
+                assert code == 0, errors
+                assert "uses them from its next request" in out
+                while upstream.statistics().state != "ready":
+                    await trio.sleep(0.05)
+                async with shim_client(socket_path, "remote") as client:
+                    assert text_of(await client.call_tool("whoami", {}))
+                    code, _, errors = await run_auth(
+                        config, tokens, "--logout", "--socket", socket_path
+                    )
+                    assert code == 0, errors
+                    with pytest.raises(Exception, match="401"):
+                        await client.call_tool("whoami", {})
