@@ -475,3 +475,14 @@ def test_sse_events_keep_a_message_with_raw_newlines_whole() -> None:
 def test_content_length_is_a_number_or_none(value: str | None, length: int | None) -> None:
     fields = {} if value is None else {"content-length": value}
     assert http.content_length(fields) == length
+
+
+def test_an_absolute_form_target_is_checked_by_its_authority() -> None:
+    refused = http.check_request(
+        "POST", "http://evil.example/mcp", "localhost:8080", LOCAL, SERVERS, Policy()
+    )
+    assert isinstance(refused, http.Refuse) and refused.status == 403
+    served = http.check_request(
+        "POST", "http://127.0.0.1:8080/mcp/git", "127.0.0.1:8080", LOCAL, SERVERS, Policy()
+    )
+    assert isinstance(served, http.Target) and served.view == ("git",)

@@ -156,3 +156,27 @@ def test_an_origin_naming_the_listener_itself_is_same_origin() -> None:
     for origin in ("http://127.0.0.1:8768", "http://localhost:8767", "http://127.0.0.1"):
         refusal = check(host="127.0.0.1:8767", headers={"Origin": origin})
         assert isinstance(refusal, Reject) and refusal.status == 403
+
+
+@pytest.mark.parametrize(
+    "host", ["[::1]evil.example", "localhost:1, evil.example", "localhost evil", "[::1]:9x"]
+)
+def test_a_host_field_that_is_not_one_host_is_refused(host: str) -> None:
+    refusal = check(host=host)
+    assert isinstance(refusal, Reject) and refusal.status == 403
+
+
+def test_host_names_are_compared_without_case() -> None:
+    """RFC 3986 section 3.2.2: LOCALHOST is localhost; allowedHosts too."""
+    assert isinstance(check(host="LOCALHOST:8765"), Accept)
+    allowed = Policy(allowed_hosts=frozenset({"Box.Example"}))
+    assert isinstance(check(host="box.EXAMPLE", policy=allowed), Accept)
+
+
+def test_an_absolute_form_target_names_the_host() -> None:
+    """RFC 9112 section 3.2.2: the target's authority, not the Host field."""
+    refusal = check("http://evil.example/mcp", host="localhost:8765")
+    assert isinstance(refusal, Reject) and refusal.status == 403
+    assert check("http://localhost:8765/mcp/files", host="evil.example") == Accept(
+        ("files",), True, "mcp"
+    )

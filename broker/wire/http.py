@@ -55,7 +55,14 @@ from broker.lifecycle import BATCH_VERSIONS, LEGACY_VERSIONS
 from broker.related import Related
 from broker.wire import frames, sse
 from broker.wire.envelope import Answer
-from broker.wire.websocket import Policy, Reject, check_access, fields_of, route_of
+from broker.wire.websocket import (
+    Policy,
+    Reject,
+    absolute_form,
+    check_access,
+    fields_of,
+    route_of,
+)
 
 SESSION_HEADER = "mcp-session-id"
 VERSION_HEADER = "mcp-protocol-version"
@@ -123,6 +130,7 @@ def check_request(
     if sum(name.lower() == b"host" for name, _ in headers) > 1:
         # (RFC 9112 section 3.2: a MUST; readers of the first and of the last disagree)
         return Refuse(400, "Bad Request: more than one Host header")
+    path, host = absolute_form(path, host)
     refused = check_access(host, fields, policy)
     if refused is not None:
         return _refuse(refused)

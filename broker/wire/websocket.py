@@ -22,6 +22,7 @@ request, and what session it opens (docs/security.md says why each check):
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
@@ -35,6 +36,9 @@ SUBPROTOCOL = "mcp"
 PATH = "/mcp"
 MESSAGE_TOO_BIG = 1009  # the close code for a message over the limit (RFC 6455)
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+# A Host field: a name or an IPv6 literal in brackets, then maybe a port;
+# anything else (``[::1]evil``, ``localhost:1, evil``, ``user@host``) names no host.
+_HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+))(?::[0-9]*)?")
 
 
 def frame_of(message: str | bytes, limit: int) -> Frame:
@@ -90,6 +94,7 @@ def check_handshake(
 ) -> Accept | Reject:
     """What to answer a client's opening request (see the module's docstring):
     ``host`` is its Host field, ``headers`` its other fields."""
+    path, host = absolute_form(path, host)
     refused = check_access(host, fields_of(headers), policy)
     if refused is not None:
         return refused
@@ -107,7 +112,7 @@ def check_access(host: str, fields: dict[str, str], policy: Policy) -> Reject | 
     (the Streamable HTTP listener's too); None: allowed. ``fields`` by
     lower-case name, as :func:`fields_of` gives them."""
     authority, host = host.lower(), _host_name(host)
-    if host not in LOOPBACK_HOSTS and host not in policy.allowed_hosts:
+    if host not in LOOPBACK_HOSTS and not _allowed(host, policy.allowed_hosts):
         return Reject(403, f"Host {host!r} is not allowed (see broker.allowedHosts)")
     origin = fields.get("origin")
     if (
@@ -156,10 +161,29 @@ def fields_of(headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def _host_name(host: str) -> str:
-    """The name in a Host field, without its port (``[::1]:8080`` -> ``::1``)."""
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host
-    return host.rpartition(":")[0] if ":" in host else host
+    """The name in a Host field, lower case, without its port (``[::1]:8080``
+    -> ``::1``; ``LOCALHOST`` -> ``localhost``: RFC 3986 section 3.2.2); ``""``
+    for a field that is not one host (allowed nowhere)."""
+    match = _HOST.fullmatch(host)
+    if match is None:
+        return ""
+    return (match.group(1) or match.group(2)).lower()
+
+
+def _allowed(host: str, allowed: frozenset[str]) -> bool:
+    return host in allowed or any(host == name.lower() for name in allowed)
+
+
+def absolute_form(target: str, host: str) -> tuple[str, str]:
+    """The path and the host a request names: an absolute-form target
+    (``POST http://name/mcp``) names both, and its authority is the host
+    (RFC 9112 section 3.2.2: the server MUST ignore the Host field then)."""
+    if target.startswith("/"):
+        return target, host
+    parts = urlsplit(target)
+    if not parts.scheme or not parts.netloc:
+        return target, host
+    return parts.path or "/", parts.netloc
 
 
 def _token_matches(authorization: str | None, token: str) -> bool:
