@@ -68,7 +68,6 @@ from broker.jsonrpc import (
     LIMIT_REACHED,
     JsonRpcError,
     Message,
-    TooDeep,
 )
 from broker.lifecycle import HandshakeError
 from broker.recovery import Liveness, RestartPolicy, Restarts
@@ -915,9 +914,12 @@ class Upstream:
                         error=exc.message,
                         line=line[:200].decode(errors="replace"),
                     )
-                    if not isinstance(exc, TooDeep) or not isinstance(exc.response_id, int):
+                    if not isinstance(exc.response_id, int):
                         continue
-                    actions = self._protocol.fail_now(exc.response_id, exc.message)
+                    # An answer the broker cannot take (too deep, both "result"
+                    # and "error", no "jsonrpc"): its caller is told now.
+                    detail = f"an invalid answer ({exc.message})"
+                    actions = self._protocol.fail_now(exc.response_id, detail)
                     self._errors += len(actions)
                 except HandshakeError as exc:
                     _deliver_all(deliveries, sizes)  # what came before it still goes out

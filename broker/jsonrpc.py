@@ -44,7 +44,9 @@ MAX_ID_LENGTH: Final = 256
 
 
 class JsonRpcError(Exception):
-    """A JSON-RPC error, with the id of the request it answers (if known)."""
+    """A JSON-RPC error, with the id of the request it answers (if known).
+    ``response_id``: the id of a response found invalid (so the broker can
+    fail the request it answered at once, rather than by its timeout)."""
 
     def __init__(
         self, code: int, message: str, *, data: Any = None, id: RequestId | None = None
@@ -54,6 +56,7 @@ class JsonRpcError(Exception):
         self.message = message
         self.data = data
         self.id = id
+        self.response_id: RequestId | None = None
 
     def error_object(self) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -133,7 +136,7 @@ class TooDeep(JsonRpcError):
             f"Invalid Request: nested deeper than {depth} levels",
             id=raw_id if is_call and is_valid_id(raw_id) else None,
         )
-        self.response_id: RequestId | None = raw_id if not is_call and is_valid_id(raw_id) else None
+        self.response_id = raw_id if not is_call and is_valid_id(raw_id) else None
 
 
 def depth_exceeds(value: Any, max_depth: int) -> bool:
@@ -250,17 +253,27 @@ def _classify_thoroughly(message: Any) -> Kind:
         raise JsonRpcError(INVALID_REQUEST, "Invalid Request: a message must be a JSON object")
     raw_id = message.get("id")
     echo_id = raw_id if is_valid_id(raw_id) else None
-    if message.get("jsonrpc") != "2.0":
-        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id=echo_id)
     if "method" in message:
+        if message.get("jsonrpc") != "2.0":
+            raise JsonRpcError(
+                INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id=echo_id
+            )
         return _classify_call(message, echo_id)
-    if "result" in message or "error" in message:
-        return _classify_response(message)
-    raise JsonRpcError(
-        INVALID_REQUEST,
-        'Invalid Request: neither a request ("method") nor a response ("result"/"error")',
-        id=echo_id,
-    )
+    try:  # not a call: an invalid response says which request it answered
+        if message.get("jsonrpc") != "2.0":
+            raise JsonRpcError(
+                INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', id=echo_id
+            )
+        if "result" in message or "error" in message:
+            return _classify_response(message)
+        raise JsonRpcError(
+            INVALID_REQUEST,
+            'Invalid Request: neither a request ("method") nor a response ("result"/"error")',
+            id=echo_id,
+        )
+    except JsonRpcError as exc:
+        exc.response_id = echo_id
+        raise
 
 
 def _classify_call(message: Message, echo_id: RequestId | None) -> Kind:

@@ -144,6 +144,27 @@ async def test_an_oversize_answer_fails_its_call_at_once(
     assert "result" in await client.request("tools/call", call("echo"))
 
 
+async def test_an_invalid_answer_fails_its_call_at_once(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    broker = await start(nursery, {"s": ScriptedServer(nursery)}, LIMITS, server_timeout=60)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    # (written with spaces: a compact answer is passed on unparsed, broker/wire/envelope.py)
+    for shape, why in (
+        ('{"jsonrpc": "2.0", "id": ID, "result": {}, "error": {"code": 1, "message": ""}}', "both"),
+        ('{"id": ID, "result": {}}', '"jsonrpc" must be "2.0"'),
+    ):
+        started = trio.current_time()
+        answer = await client.request("tools/call", call("raw", line=shape))
+        assert trio.current_time() - started < 0.1, shape
+        error = answer["error"]
+        assert error["code"] == jsonrpc.INTERNAL_ERROR
+        assert error["message"].startswith("MCP server 's' answered with an invalid answer")
+        assert why in error["message"] and error["data"] == {"server": "s"}
+    assert "result" in await client.request("tools/call", call("echo"))
+
+
 async def test_an_id_in_flight_on_another_server_is_refused_with_id_null(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
