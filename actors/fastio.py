@@ -7,7 +7,12 @@ a socket or pipe stream and calls ``os.read``/``os.write`` on its
 non-blocking descriptor directly, awaiting ``wait_readable``/``wait_writable``
 only when the descriptor would block, and taking a checkpoint every
 :data:`CHECKPOINT_EVERY` calls that did not wait, so a busy connection still
-lets others run and still notices cancellation.
+lets others run and still notices cancellation. A read also takes one once
+:data:`CHECKPOINT_BYTES` have come in since the last: a peer flooding small
+messages fills every read (256 KiB, thousands of messages, each handled
+before the next read), and sixteen such reads kept every other session
+waiting for a second. Small reads, the hot path, count bytes and nothing
+more.
 
 Before each system call it checks that the stream still owns the same
 descriptor, so a stream closed meanwhile raises ``ClosedResourceError``
@@ -23,6 +28,7 @@ from collections.abc import Callable
 import trio
 
 CHECKPOINT_EVERY = 16
+CHECKPOINT_BYTES = 64 * 1024
 
 
 class FastIO:
@@ -31,6 +37,7 @@ class FastIO:
         self._fileno = _fileno_of(stream)
         self._fd = self._fileno() if self._fileno is not None else -1
         self._calls = 0
+        self._unyielded = 0  # bytes read since the last checkpoint
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         if self._fileno is None:
@@ -43,7 +50,9 @@ class FastIO:
                 await trio.lowlevel.wait_readable(self._fd)
                 continue
             self._calls += 1  # (inline, not a call to a coroutine: this is per read)
-            if self._calls % CHECKPOINT_EVERY == 0:
+            self._unyielded += len(data)
+            if self._calls % CHECKPOINT_EVERY == 0 or self._unyielded >= CHECKPOINT_BYTES:
+                self._unyielded = 0
                 await trio.lowlevel.checkpoint()
             return data
 
