@@ -4,9 +4,11 @@ Upstreams hold a :class:`SessionHandle` for every session they serve and put
 responses and notifications into its outbound queue with :meth:`deliver`,
 which never waits: the reader of a shared server must never block on one
 slow client. The queue is bounded twice: in deliveries (:data:`OUTBOX_SIZE`)
-and in bytes (``broker.maxQueuedBytes``, counted from the bytes each message
-had on the wire, or will have). A session past either bound is not reading:
-it is disconnected, with the reason logged, and the others carry on.
+and in bytes (``broker.maxQueuedBytes``, counted as what each message holds
+in memory: its bytes, and for a decoded one its objects, ``jsonrpc.held_size``;
+or, for the session's own answers, the bytes they will have). A session past
+either bound is not reading: it is disconnected, with the reason logged, and
+the others carry on.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ from broker.jsonrpc import (
     LIMIT_REACHED,
     JsonRpcError,
     Message,
+    held_size,
 )
 from broker.lifecycle import HandshakeError
 from broker.recovery import Liveness, RestartPolicy, Restarts
@@ -905,7 +906,7 @@ class Upstream:
                     session = self._protocol.response_fast(message)
                     if session is not None:  # an answer in another shape
                         deliveries[session].append(message)
-                        sizes[session] += len(line)
+                        sizes[session] += held_size(line)
                         continue
                     actions = self._protocol.server_message(message, now, related)
                 except JsonRpcError as exc:
@@ -924,7 +925,7 @@ class Upstream:
                 except HandshakeError as exc:
                     _deliver_all(deliveries, sizes)  # what came before it still goes out
                     return f"failed the initialize handshake: {exc}"
-                size = len(line)
+                size = held_size(line)  # (what it holds decoded: actors/mailbox.py)
             for action in actions:
                 if type(action) is Deliver:
                     session = action.session

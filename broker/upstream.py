@@ -83,7 +83,7 @@ from broker.upstream_actions import (
     Warn,
 )
 from broker.warmup import WarmUp
-from broker.wire.envelope import Answer, answer_id, split_answer
+from broker.wire.envelope import HELD, Answer, answer_id, split_answer
 from broker.wire.frames import LinkFrame, Oversize
 
 DEFAULT_MAX_IN_FLIGHT = 16384
@@ -736,9 +736,10 @@ class UpstreamProtocol:
         """The hot path of a server's output, a run of frames at a time (each
         frame one message's bytes, broker/wire/frames.py): from ``frames[start]``
         on, each answer that :meth:`answer_fast` takes (unparsed) is added to
-        its session's list in ``deliveries`` (and its bytes to the session's
-        count in ``sizes``), up to the first frame that needs more. Returns
-        that frame's index (``len(frames)``: none)."""
+        its session's list in ``deliveries`` (and what it holds, its bytes and
+        ``envelope.HELD``, to the session's count in ``sizes``), up to the
+        first frame that needs more. Returns that frame's index
+        (``len(frames)``: none)."""
         for i in range(start, len(frames)):
             frame = frames[i]
             answer = split_answer(frame) if isinstance(frame, bytes) else None
@@ -746,7 +747,7 @@ class UpstreamProtocol:
             if session is None:
                 return i
             deliveries.setdefault(session, []).append(answer)
-            sizes[session] = sizes.get(session, 0) + len(frame)  # type: ignore[arg-type]
+            sizes[session] = sizes.get(session, 0) + len(frame) + HELD  # type: ignore[arg-type]
         return len(frames)
 
     def oversize(self, frame: Oversize, limit: int) -> list[Action]:

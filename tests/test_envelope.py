@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from broker.eras.modern import complete_answer
 from broker.session import SessionProtocol
 from broker.upstream import UpstreamProtocol
-from broker.wire.envelope import PREFIX, Answer, answer_id, split_answer
+from broker.wire.envelope import HELD, PREFIX, Answer, answer_id, split_answer
 from tests.test_fuzz import (
     Catalogs,
     _in_shape,
@@ -167,7 +167,7 @@ def test_taking_a_run_of_answers_is_taking_them_one_by_one(answers: list[Any]) -
             assert taken == index
             break
         expected.setdefault(session, []).append(answer)
-        expected_sizes[session] = expected_sizes.get(session, 0) + len(line)
+        expected_sizes[session] = expected_sizes.get(session, 0) + len(line) + HELD
     else:
         assert taken == len(lines)
     assert deliveries == expected and sizes == expected_sizes

@@ -248,3 +248,29 @@ def test_ids() -> None:
     assert not jsonrpc.is_valid_id(None)
     assert jsonrpc.id_key(1) != jsonrpc.id_key("1")
     assert jsonrpc.id_key(1) == jsonrpc.id_key(1)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        jsonrpc.notification("notifications/progress", {"progressToken": 12345, "progress": 17}),
+        jsonrpc.notification("notifications/message", {"level": "debug", "data": "a line"}),
+        jsonrpc.notification("n", {"data": {"a": 1, "b": "two", "c": [1, 2, 3]}}),
+        jsonrpc.notification("n", {"data": "x" * 10_000}),
+        jsonrpc.notification("n", {"d": list(range(1000, 2000))}),
+        jsonrpc.notification("n", {"d": [str(n) for n in range(1000)]}),
+        jsonrpc.notification("n", {"d": [{"k": n} for n in range(1000)]}),
+        jsonrpc.result_response(1, {"tools": [{"name": "t", "inputSchema": {}}] * 100}),
+    ],
+)
+def test_held_size_is_about_what_a_decoded_message_holds(message: Any) -> None:
+    import tracemalloc
+
+    line = jsonrpc.encode(message)
+    tracemalloc.start()
+    try:
+        held = [jsonrpc.decode(line) for _ in range(100)]
+        measured = tracemalloc.get_traced_memory()[0] / len(held)
+    finally:
+        tracemalloc.stop()
+    assert 0.6 * measured <= jsonrpc.held_size(line) <= 3 * measured

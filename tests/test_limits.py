@@ -123,6 +123,32 @@ async def test_a_client_that_never_reads_is_cut_off_at_the_byte_limit(
     assert "broker.maxQueuedBytes" in client.session.handle.close_reason
 
 
+async def test_small_notifications_count_what_they_hold_not_their_bytes(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # 600 progress notifications of ~80 bytes to a session that reads nothing:
+    # 48 KB on the wire, each call's, but decoded some 300 KB. Two calls pass
+    # a 128 KiB bound (the first delivery is always taken).
+    script = ScriptedServer(nursery)
+    upstream = Upstream("s", ServerConfig(command="scripted"), LIMITS, launch=script.launch)
+    await nursery.start(upstream.run)
+    await upstream.wait_ready()
+    send, _outbox = open_outbox()  # (never read)
+    session = SessionHandle(send, trio.CancelScope(), max_bytes=LIMITS.max_queued_bytes)
+    note = (
+        '{"jsonrpc":"2.0","method":"notifications/progress",'
+        '"params":{"progressToken":ID,"progress":1}}'
+    )
+    line = "\n".join([note] * 600 + ['{"jsonrpc":"2.0","id":ID,"result":{}}'])
+    for n in range(2):
+        request = tool_call(n, "raw", line=line)
+        request["params"]["_meta"] = {"progressToken": n}
+        await upstream.send(ClientRequest(session, [request], 100))
+        await trio.sleep(0.1)
+    assert session.close_reason is not None, session.queued_bytes
+    assert "broker.maxQueuedBytes" in session.close_reason
+
+
 async def test_an_oversize_answer_fails_its_call_at_once(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:

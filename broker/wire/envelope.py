@@ -66,6 +66,10 @@ _E: Final = ord("e")
 # copying so little); longer ones are viewed: a 1 MiB result copied three
 # times cost a millisecond of page faults.
 COPIED: Final = 4096
+# What an Answer holds beyond its line's bytes, about, for a queue's byte
+# count (actors/mailbox.py): the object, its id, the copied rest or the
+# views of the line (tracemalloc: 115 to 380 bytes for a small one).
+HELD: Final = 256
 
 
 class Answer:
