@@ -152,6 +152,9 @@ class Upstream:
         self._backlog: list[bytes] = []
         self._backlog_bytes = 0
         self._writing = False  # the writer holds bytes taken from the backlog
+        # A client's notification (roots changed) that came while the backlog
+        # was full: the latest, written once the backlog is below its bound.
+        self._held_notification: Message | None = None
         self._backlog_ready = trio.Event()
         self._max_backlog = settings.max_queued_bytes
         self._requests = 0
@@ -357,7 +360,7 @@ class Upstream:
             now = trio.current_time()
             for item in batch:
                 try:
-                    out.extend(self._handle(item, now))
+                    self._handle(item, now, out)
                 except Exception:  # a bug of the broker's: this item only, not the daemon
                     self._log.exception("server.inbox_item_failed", item=type(item).__name__)
                 if self._protocol.released:  # requests whose turn came (broker/turns.py)
@@ -372,34 +375,59 @@ class Upstream:
         if self._queued_bytes < INBOX_BYTES:
             self._inbox_room.set()
 
-    def _handle(self, item: InboxItem, now: float) -> list[Message]:
+    def _handle(self, item: InboxItem, now: float, out: list[Message]) -> None:
+        """Handle an inbox item; what it writes to the server is added to ``out``."""
         protocol = self._protocol
         if isinstance(item, ClientRequest):
             if self._protocol.state in COMING_UP:
                 self._park(item)
-                return []
-            if self._backlog_bytes >= self._max_backlog:
+            elif self._backlog_bytes >= self._max_backlog:
                 self._refuse(item, f"is not reading its input ({self._backlog_bytes} bytes wait)")
-                return []
-            return self._forward(item.session, item.messages, now)
-        if isinstance(item, ClientCancelled):
+            else:
+                out += self._forward(item.session, item.messages, now)
+        elif isinstance(item, ClientCancelled):
             self._unpark_cancelled(item.session, item.params.get("requestId"))
-            out = protocol.client_cancelled(item.session, item.params)
-            if out is None:  # (a call waiting for the client's own answers, maybe)
+            cancelled = protocol.client_cancelled(item.session, item.params)
+            if cancelled is not None:
+                out.append(cancelled)
+            else:  # (a call waiting for the client's own answers, maybe)
                 self._apply(protocol.withdraw(item.session, item.params))
         elif isinstance(item, ClientResponse):
-            return self._split(protocol.client_answer(item.session, item.message, now))
+            answers = self._split(protocol.client_answer(item.session, item.message, now))
+            if answers:  # what the server asked for: counted as the broker's own
+                self._send_nowait(out)  # (what came before goes first)
+                out.clear()
+                self._write_soon(answers)
         elif isinstance(item, ClientNotification):
-            out = protocol.client_notification(item.session, item.message)
+            notification = protocol.client_notification(item.session, item.message)
+            if notification is None:
+                pass
+            elif self._backlog_bytes >= self._max_backlog:
+                self._hold_notification(notification)
+            else:
+                out.append(notification)
         elif isinstance(item, Attach):
             protocol.attach(item.session, item.capabilities, item.modern, item.client_info)
-            return []
         elif isinstance(item, ClientLogLevel):
-            return self._split(protocol.client_log_level(item.session, item.level))
+            out += self._split(protocol.client_log_level(item.session, item.level))
         else:
             self._unpark_session(item.session)
-            return protocol.session_closed(item.session)
-        return [] if out is None else [out]
+            out += protocol.session_closed(item.session)
+
+    def _hold_notification(self, notification: Message) -> None:
+        """A client's notification while the server is not reading: it would
+        pile up without end (a client is not slowed by a server). Only the
+        latest is kept, and written once the backlog is below its bound: each
+        says the same thing (roots changed: ask again)."""
+        if self._held_notification is None:
+            self._log.warning(
+                "server.notification_held",
+                method=notification.get("method"),
+                backlog_bytes=self._backlog_bytes,
+                detail="the server is not reading its input: the latest such "
+                "notification is kept and written when it reads again",
+            )
+        self._held_notification = notification
 
     # -- requests that came while the server was starting ---------------------
 
@@ -540,13 +568,14 @@ class Upstream:
                 out.append(message)
         return out
 
-    def _write_soon(self, message: Message) -> None:
-        """Write a message of the broker's own (a ping reply, a cancellation).
+    def _write_soon(self, messages: list[Message]) -> None:
+        """Write messages of the broker's own (a ping reply, a cancellation),
+        or answers the server asked a client for.
 
         Client requests stop at the backlog's limit (plus the one read that
         crossed it); these do not, so a server that keeps sending requests
         while it reads nothing is stopped past :data:`CONTROL_SLACK` more."""
-        self._send_nowait([message])
+        self._send_nowait(messages)
         limit = self._max_backlog + self.settings.max_message_bytes + READ_CHUNK + CONTROL_SLACK
         if self._backlog_bytes > limit:
             self._abandon(
@@ -570,6 +599,10 @@ class Upstream:
                 finally:
                     self._writing = False
                     self._backlog_bytes -= size
+                held = self._held_notification
+                if held is not None and self._backlog_bytes < self._max_backlog:
+                    self._held_notification = None
+                    self._send_nowait([held])
 
     def _abandon(self, why: str) -> None:
         """End this connection (the server is stuck); the supervisor restarts it."""
@@ -746,6 +779,7 @@ class Upstream:
             self._link_nursery = tasks
             self._backlog.clear()  # anything left was for the previous connection
             self._backlog_bytes = 0
+            self._held_notification = None
             self._abandoned = None
             self._link = link
             tasks.start_soon(self._watch_startup, tasks.cancel_scope)
@@ -826,7 +860,7 @@ class Upstream:
                     f"{interval:g} s apart)"
                 )
                 return
-            self._write_soon(self._protocol.ping())
+            self._write_soon([self._protocol.ping()])
 
     async def _watch_startup(self, scope: trio.CancelScope) -> None:
         with trio.move_on_after(STARTUP_TIMEOUT):
@@ -987,7 +1021,7 @@ class Upstream:
                 for session in self._protocol.sessions:
                     cast(SessionHandle, session).deliver(action.message, size)
             elif isinstance(action, SendUpstream):
-                self._write_soon(action.message)
+                self._write_soon([action.message])
             elif isinstance(action, Warn):
                 self._log.warning(action.event, detail=action.detail)
             elif isinstance(action, ListenLater):

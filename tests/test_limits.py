@@ -107,6 +107,52 @@ async def test_a_full_backlog_answers_at_once(nursery: trio.Nursery, autojump_cl
         assert "is not reading its input" in message["error"]["message"]
 
 
+async def test_notifications_to_a_server_that_stops_reading_do_not_pile_up(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    stuck = ScriptedServer(nursery, label="stuck", stop_reading=True)
+    broker = await start(nursery, {"stuck": stuck}, LIMITS, server_timeout=60)
+    upstream = broker.upstreams["stuck"]
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    await client.send(tool_call(0, "echo"))  # after this one it reads nothing
+    for n in range(100):  # 1 MB of roots/list_changed against a 128 KiB backlog
+        note = jsonrpc.notification(
+            "notifications/roots/list_changed", {"_meta": {"n": n, "pad": "x" * 10_000}}
+        )
+        await client.send(note)
+        await trio.testing.wait_all_tasks_blocked()
+    assert upstream._backlog_bytes < 2 * LIMITS.max_queued_bytes
+    # The latest is kept, to be written when the server reads again.
+    held = upstream._held_notification
+    assert held is not None and held["params"]["_meta"]["n"] == 99
+    assert upstream.statistics().last_error is None  # (a client's notes stop no server)
+
+
+async def test_answers_a_server_asks_for_while_it_reads_nothing_stop_it(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # The server asks for roots again and again, reading nothing (the answers
+    # pile up): as for pings, past the backlog and CONTROL_SLACK it is stuck.
+    stuck = ScriptedServer(nursery, label="stuck", stop_reading=True)
+    broker = await start(nursery, {"stuck": stuck}, LIMITS, server_timeout=60)
+    upstream = broker.upstreams["stuck"]
+    client = await open_client(nursery, broker)
+    capabilities = {"roots": {"listChanged": True}}
+    params = {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {}}
+    await client.request("initialize", params)
+    await client.send(jsonrpc.notification("notifications/initialized"))
+    asks = "\n".join(f'{{"jsonrpc":"2.0","id":"q{n}","method":"roots/list"}}' for n in range(400))
+    await client.send(tool_call(0, "raw", line=asks))
+    roots = [{"uri": "file:///" + "x" * 10_000}]
+    with trio.fail_after(10):
+        while upstream.statistics().last_error is None:
+            ask = await client.receive()
+            if ask.get("method") == "roots/list":  # 4 MB of answers in all
+                await client.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": roots}})
+    assert "stopped reading its input" in str(upstream.statistics().last_error)
+
+
 async def test_a_client_that_never_reads_is_cut_off_at_the_byte_limit(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
