@@ -168,6 +168,7 @@ class Upstream:
             settings.max_server_in_flight,
             server_requests=config.server_requests,
             max_waiting=settings.max_waiting_requests,
+            max_waiting_bytes=settings.max_queued_bytes,
             warm_up=warm_up,
             expected_tools=expected_tools,
             state=ServerState.IDLE if lazy else ServerState.STARTING,
@@ -268,7 +269,10 @@ class Upstream:
         self._max_backlog = settings.max_queued_bytes
         self._timeouts = TimeoutPolicy.for_server(config, settings)
         self._protocol.reconfigure(
-            self._timeouts, settings.max_server_in_flight, settings.max_waiting_requests
+            self._timeouts,
+            settings.max_server_in_flight,
+            settings.max_waiting_requests,
+            settings.max_queued_bytes,
         )
         self._timeouts_changed.set()
         self._policy = self._backoff.policy = RestartPolicy.for_server(config, settings)

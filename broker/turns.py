@@ -17,7 +17,8 @@ on; ``"auto"`` turns on when the server first sends such a request;
   whose turn it is (the *holder*). Its session then holds the turn.
 - Otherwise it is *held*: opened (it has its upstream id and its deadline,
   so a timeout, a cancellation or a departure treats it like any other) but
-  not written, in arrival order, at most ``limit`` of them.
+  not written, in arrival order, at most ``limit`` of them and ``max_bytes``
+  of what they hold (``jsonrpc.held_size``; one is always taken).
 - While others wait, the holder may add :data:`HOLDER_EXTRA` more requests
   in its turn; after that its requests wait behind the others', so a chatty
   session cannot keep the turn for ever.
@@ -40,6 +41,7 @@ from collections.abc import Hashable
 import attrs
 
 from broker import jsonrpc
+from broker.config import DEFAULT_MAX_QUEUED_BYTES
 from broker.jsonrpc import Message
 
 MODES = ("auto", "exclusive", "concurrent")
@@ -49,18 +51,26 @@ DEFAULT_LIMIT = 1024
 ROOTS_CHANGED = "notifications/roots/list_changed"
 
 
+DEFAULT_MAX_BYTES = DEFAULT_MAX_QUEUED_BYTES
+
+
 @attrs.define(slots=True)
 class Held:
     session: Hashable
     message: Message
+    size: int = 0  # what it holds (jsonrpc.held_size)
 
 
 class Turns:
-    def __init__(self, mode: str = "auto", limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(
+        self, mode: str = "auto", limit: int = DEFAULT_LIMIT, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown serverRequests mode {mode!r}")
         self.mode = mode
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.held_bytes = 0  # what the held requests hold, together
         self.on = mode == "exclusive"
         self.holder: Hashable | None = None
         # upstream id -> a request waiting for its session's turn, oldest first.
@@ -71,7 +81,7 @@ class Turns:
 
     def renewed(self) -> Turns:
         """The gate for a restarted server: what was learnt, nobody's turn."""
-        fresh = Turns(self.mode, self.limit)
+        fresh = Turns(self.mode, self.limit, self.max_bytes)
         fresh.on = self.on
         fresh.uses_roots = self.uses_roots
         return fresh
@@ -94,8 +104,11 @@ class Turns:
     def has_roots_of(self, session: Hashable) -> bool:
         return self._roots_of == session
 
-    def full(self) -> bool:
-        return len(self.held) >= self.limit
+    def full(self, size: int = 0) -> bool:
+        """Whether a request holding ``size`` bytes may not be held too."""
+        if len(self.held) >= self.limit:
+            return True
+        return bool(self.held) and self.held_bytes + size > self.max_bytes
 
     def admit(self, session: Hashable, busy: int) -> bool:
         """Whether a request of ``session`` may go to the server now (the gate
@@ -111,8 +124,9 @@ class Turns:
             return True
         return False
 
-    def hold(self, upstream_id: int, session: Hashable, message: Message) -> None:
-        self.held[upstream_id] = Held(session, message)
+    def hold(self, upstream_id: int, session: Hashable, message: Message, size: int = 0) -> None:
+        self.held[upstream_id] = Held(session, message, size)
+        self.held_bytes += size
 
     def take(self, session: Hashable) -> list[Message]:
         """``session`` holds the turn now: what the server must hear first."""
@@ -136,13 +150,24 @@ class Turns:
         first = next(iter(self.held.values())).session
         out = self.take(first)
         for upstream_id in [uid for uid, held in self.held.items() if held.session == first]:
-            out.append(self.held.pop(upstream_id).message)
+            held = self.held.pop(upstream_id)
+            self.held_bytes -= held.size
+            out.append(held.message)
         return out
 
     def drop(self, upstream_id: int) -> bool:
         """Forget a held request (cancelled, timed out, its session gone);
         False if it was not held (it is at the server)."""
-        return self.held.pop(upstream_id, None) is not None
+        held = self.held.pop(upstream_id, None)
+        if held is None:
+            return False
+        self.held_bytes -= held.size
+        return True
+
+    def clear(self) -> None:
+        """Forget every held request (the server is gone: they are failed)."""
+        self.held.clear()
+        self.held_bytes = 0
 
     def session_gone(self, session: Hashable) -> None:
         if self._roots_of == session:

@@ -71,7 +71,7 @@ from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
 from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
-from broker.turns import DEFAULT_LIMIT, Turns
+from broker.turns import DEFAULT_LIMIT, DEFAULT_MAX_BYTES, Turns
 from broker.upstream_actions import (
     Action,
     Broadcast,
@@ -106,6 +106,7 @@ class UpstreamProtocol:
         *,
         server_requests: str = "auto",
         max_waiting: int = DEFAULT_LIMIT,
+        max_waiting_bytes: int = DEFAULT_MAX_BYTES,
         warm_up: bool = False,
         expected_tools: frozenset[str] | None = None,
         state: ServerState = ServerState.INITIALIZING,
@@ -135,7 +136,7 @@ class UpstreamProtocol:
         self.warming = WarmUp(expected_tools)  # (its tools: warm-up instances, once listed)
         # What calls are checked against: its tools, if it was expected to offer some.
         self.checked: frozenset[str] | None = None
-        self.turns = Turns(server_requests, max_waiting)
+        self.turns = Turns(server_requests, max_waiting, max_waiting_bytes)
         self.released: list[Message] = []  # requests whose turn came, to write now
         # The server connection's one state (broker/states.py), kept across its
         # processes (restarted). A protocol made without one is for a server
@@ -221,11 +222,18 @@ class UpstreamProtocol:
 
     # -- the handshake ------------------------------------------------------
 
-    def reconfigure(self, timeouts: TimeoutPolicy, max_in_flight: int, max_waiting: int) -> None:
+    def reconfigure(
+        self,
+        timeouts: TimeoutPolicy,
+        max_in_flight: int,
+        max_waiting: int,
+        max_waiting_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         """New limits and timeouts (a reload), for what comes next."""
         self.deadlines.set_policy(timeouts)
         self.requests.limit = max_in_flight
         self.turns.limit = max_waiting
+        self.turns.max_bytes = max_waiting_bytes
 
     def start(self) -> Message:
         """The first message to write to a freshly started server: the
@@ -365,17 +373,20 @@ class UpstreamProtocol:
             actions: list[Action] = [SendUpstream(m) for m in turns.take(session)]
             actions.append(SendUpstream(request))
             return actions
-        if turns.full():
-            self.requests.forget(upstream_id)
+        size = _held_size(request)
+        if turns.full(size):
+            entry = self.requests.forget(upstream_id)
             self.deadlines.discard(upstream_id)
             raise JsonRpcError(
                 LIMIT_REACHED,
                 f"MCP server {self.name!r} serves one client at a time (it sends requests to "
-                f"clients) and {len(turns.held)} requests already wait for their turn",
+                f"clients) and {len(turns.held)} requests ({turns.held_bytes} bytes) already "
+                "wait for their turn (broker.maxWaitingRequests, broker.maxQueuedBytes)",
                 data={"server": self.name},
-                id=request["id"],
+                # (the request's own id: it carries the upstream id by now)
+                id=None if entry is None else entry.client_id,
             )
-        turns.hold(upstream_id, session, request)
+        turns.hold(upstream_id, session, request, size)
         return []
 
     def _settle(self) -> None:
@@ -788,7 +799,7 @@ class UpstreamProtocol:
         self.move(trigger)
         self.last_error = reason
         self.deadlines = Deadlines(self.deadlines.policy)
-        self.turns.held.clear()  # (failed below with the rest)
+        self.turns.clear()  # (failed below with the rest)
         self.released.clear()
         failed = [self._fail(entry, reason) for entry in self.requests.drain()]
         modern = self.modern_server
@@ -1005,6 +1016,14 @@ def _uri_of(request: Message) -> str:
     if not isinstance(uri, str):
         raise JsonRpcError(INVALID_PARAMS, f"{request['method']} needs params.uri (a string)")
     return uri
+
+
+def _held_size(request: Message) -> int:
+    """What a request waiting for its turn holds (as a queue counts it)."""
+    try:
+        return jsonrpc.held_size(jsonrpc.encode(request))
+    except TypeError:  # (the writer answers for what it cannot encode)
+        return 0
 
 
 def _as_sent(request: Message) -> Message:

@@ -238,10 +238,34 @@ def test_waiting_is_bounded() -> None:
     call(proto, A)
     call(proto, B)
     call(proto, B)
+    request = {"jsonrpc": "2.0", "id": "c1", "method": "tools/call", "params": {"name": "t"}}
     with pytest.raises(JsonRpcError) as raised:
-        call(proto, C)
+        proto.client_request(C, request)
     assert raised.value.code == LIMIT_REACHED
+    assert raised.value.id == "c1"  # (its own id, not the upstream one it had been given)
     assert len(proto.requests) == 3  # the refused one left nothing behind
+
+
+def test_waiting_is_bounded_in_bytes_too() -> None:
+    proto = protocol("exclusive", max_waiting_bytes=100_000)
+    call(proto, A)
+
+    def big(id: str, size: int) -> dict[str, Any]:
+        arguments = {"data": "x" * size}
+        params = {"name": "t", "arguments": arguments}
+        return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
+
+    assert proto.client_request(B, big("b1", 60_000)) == []  # held
+    with pytest.raises(JsonRpcError) as raised:
+        proto.client_request(B, big("b2", 60_000))
+    assert raised.value.code == LIMIT_REACHED and raised.value.id == "b2"
+    assert "broker.maxQueuedBytes" in raised.value.message
+    assert proto.client_request(C, big("c1", 30_000)) == []  # there is room for this one
+    assert len(proto.turns.held) == 2 and 90_000 < proto.turns.held_bytes <= 100_000
+    assert proto.client_cancelled(B, {"requestId": "b1"}) is None
+    assert proto.client_request(B, big("b3", 60_000)) == []  # room again
+    proto.server_gone("exited")
+    assert proto.turns.held_bytes == 0
 
 
 def test_a_new_holder_is_asked_for_its_roots() -> None:
