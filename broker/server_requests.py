@@ -22,6 +22,12 @@ The request reaches the client with an id of the broker's own,
 ``"mcpbroker:SERVER:N"`` (unique per server, so sessions never see two
 servers' requests collide), and the client's answer goes back with the
 server's id restored.
+
+What waits for a client's answer is bounded: at most :data:`MAX_PENDING`
+requests per server instance (past that the server gets ``-32005`` at once),
+each for at most the server's request timeout (then the server gets
+``-32001`` and the client ``notifications/cancelled``): a client that never
+answers, or a server that keeps asking, cannot grow the table without end.
 """
 
 from __future__ import annotations
@@ -32,7 +38,14 @@ from typing import Any
 import attrs
 
 from broker import jsonrpc
-from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Message, RequestId
+from broker.jsonrpc import (
+    INTERNAL_ERROR,
+    LIMIT_REACHED,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    Message,
+    RequestId,
+)
 
 ID_PREFIX = "mcpbroker:"
 CAPABILITY_OF = {
@@ -40,6 +53,10 @@ CAPABILITY_OF = {
     "elicitation/create": "elicitation",
     "roots/list": "roots",
 }
+# A server's requests that may wait for clients' answers, per server instance
+# (and URL-mode elicitations whose completion may still come: the oldest is
+# forgotten past it).
+MAX_PENDING = 1024
 
 
 def supports(capabilities: dict[str, Any], method: str, params: dict[str, Any]) -> bool:
@@ -79,6 +96,17 @@ class _Pending:
     session: Hashable
     server_id: RequestId
     method: str
+    sent: float = 0.0  # when it went to the client
+
+
+@attrs.frozen
+class Expired:
+    """A request of the server's its client did not answer in time: the
+    server's error (``error``) and the client's cancellation (``cancel``)."""
+
+    session: Hashable
+    error: Message
+    cancel: Message
 
 
 class ClientIds:
@@ -112,12 +140,13 @@ class ServerRequests:
         request: Message,
         causes: list[Hashable],
         capabilities: dict[Hashable, dict[str, Any]],
+        now: float = 0.0,
     ) -> Route | Refusal:
         """Where a server's request goes (a Route), or what the server gets instead.
 
         ``causes`` lists, once each, the sessions with requests at the server
         when it sent this one; ``capabilities`` maps the sessions using the
-        server to what they declared.
+        server to what they declared; ``now``, when it goes (for :meth:`expire`).
         """
         method, params = request["method"], request.get("params") or {}
         if method not in CAPABILITY_OF:
@@ -153,9 +182,19 @@ class ServerRequests:
                 f"the {needs!r} capability",
                 "not capable",
             )
+        if len(self._pending) >= MAX_PENDING:
+            return _refuse(
+                request,
+                LIMIT_REACHED,
+                f"mcpbroker: {len(self._pending)} requests of this server already wait for "
+                f"clients' answers (the limit is {MAX_PENDING})",
+                "too many",
+            )
         downstream_id = self.ids.take()
-        self._pending[downstream_id] = _Pending(cause, request["id"], method)
+        self._pending[downstream_id] = _Pending(cause, request["id"], method, now)
         if method == "elicitation/create" and isinstance(params.get("elicitationId"), str):
+            if len(self._elicitations) >= MAX_PENDING:  # (the oldest's completion: dropped)
+                del self._elicitations[next(iter(self._elicitations))]
             self._elicitations[params["elicitationId"]] = cause
         return Route(cause, {**request, "id": downstream_id})
 
@@ -185,6 +224,29 @@ class ServerRequests:
         if not isinstance(elicitation_id, str):
             return None
         return self._elicitations.pop(elicitation_id, None)
+
+    def next_deadline(self, timeout: float) -> float | None:
+        """When the oldest request waiting for a client's answer expires."""
+        for pending in self._pending.values():  # (in the order they were sent)
+            return pending.sent + timeout
+        return None
+
+    def expire(self, now: float, timeout: float) -> list[Expired]:
+        """The requests that waited ``timeout`` seconds for an answer, forgotten."""
+        expired: list[Expired] = []
+        for downstream_id, pending in list(self._pending.items()):
+            if pending.sent + timeout > now:
+                break  # (the rest were sent later)
+            del self._pending[downstream_id]
+            error = jsonrpc.error_response(
+                pending.server_id,
+                REQUEST_TIMEOUT,
+                f"mcpbroker: the client did not answer {pending.method} within {timeout:g} s",
+            )
+            reason = {"requestId": downstream_id, "reason": "timed out"}
+            cancel = jsonrpc.notification("notifications/cancelled", reason)
+            expired.append(Expired(pending.session, error, cancel))
+        return expired
 
     def session_gone(self, session: Hashable) -> list[Message]:
         """Errors for the server's requests a departed session will never answer."""

@@ -614,16 +614,25 @@ class UpstreamProtocol:
         server = self.modern_server
         if server is not None and server.asking:  # calls waiting for their clients' answers
             actions += self._bridged(server.bridged(server.asking.expire(now)), now)
+        # The server's own requests its clients did not answer in time.
+        policy = self.deadlines.policy
+        for expired in self.server_requests.expire(now, policy.timeout) if policy.enabled else ():
+            actions.append(SendUpstream(expired.error))
+            actions.append(Deliver(expired.session, expired.cancel))
+            actions.append(Warn("server.request_unanswered", expired.error["error"]["message"]))
         return actions
 
     def next_deadline(self) -> float | None:
         """When :meth:`expire` has something to do next (None: nothing waits):
-        a request's deadline, or a call's whose clients were asked its questions."""
-        first = self.deadlines.next_deadline()
-        asked = None if self.modern_server is None else self.modern_server.asking.next_deadline()
-        if first is None or asked is None:
-            return asked if first is None else first
-        return min(first, asked)
+        a request's deadline, a call's whose clients were asked its questions,
+        or one of the server's requests to a client."""
+        policy = self.deadlines.policy
+        deadlines = [
+            self.deadlines.next_deadline(),
+            None if self.modern_server is None else self.modern_server.asking.next_deadline(),
+            self.server_requests.next_deadline(policy.timeout) if policy.enabled else None,
+        ]
+        return min((d for d in deadlines if d is not None), default=None)
 
     def client_cancelled(self, session: Hashable, params: dict[str, Any]) -> Message | None:
         """Translate a client's ``notifications/cancelled``; None if nothing to cancel."""
@@ -684,7 +693,7 @@ class UpstreamProtocol:
             return self._response(message, now)
         if kind is Kind.NOTIFICATION:
             return self._notification(message, now)
-        return self._server_request(message, related)
+        return self._server_request(message, related, now)
 
     def response_fast(self, message: Any) -> Hashable | None:
         """The common case of :meth:`server_message`, cheaply: the answer to a
@@ -975,7 +984,9 @@ class UpstreamProtocol:
             return [ListChanged(message)]
         return [Broadcast(message)]
 
-    def _server_request(self, message: Message, related: int | str | None = None) -> list[Action]:
+    def _server_request(
+        self, message: Message, related: int | str | None = None, now: float = 0.0
+    ) -> list[Action]:
         method = message["method"]
         if method == "ping":
             return [SendUpstream(jsonrpc.result_response(message["id"], {}))]
@@ -990,7 +1001,7 @@ class UpstreamProtocol:
             causes = self.requests.sessions(turns.held)
             if method in CAPABILITY_OF:
                 turns.server_asks(method, causes)
-        route = self.server_requests.route(message, causes, self.sessions)
+        route = self.server_requests.route(message, causes, self.sessions, now)
         if isinstance(route, Route):
             if method == "roots/list":
                 turns.roots_asked(route.session)

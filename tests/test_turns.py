@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from broker import jsonrpc
 from broker.jsonrpc import INTERNAL_ERROR, LIMIT_REACHED, METHOD_NOT_FOUND, JsonRpcError
-from broker.server_requests import CAPABILITY_OF, supports
+from broker.server_requests import CAPABILITY_OF, MAX_PENDING, Route, ServerRequests, supports
 from broker.states import ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.turns import HOLDER_EXTRA
@@ -144,6 +144,57 @@ def test_elicitation_complete_goes_to_the_session_that_got_it() -> None:
 
 
 # -- the gate ---------------------------------------------------------------------
+
+
+def test_requests_waiting_for_a_clients_answer_are_bounded() -> None:
+    proto = protocol("concurrent")
+    call(proto, A)
+    for n in range(MAX_PENDING):
+        [deliver] = proto.server_message({"jsonrpc": "2.0", "id": n, "method": "roots/list"})
+        assert isinstance(deliver, Deliver) and deliver.session == A
+    [refusal, warn] = proto.server_message({"jsonrpc": "2.0", "id": "x", "method": "roots/list"})
+    assert isinstance(refusal, SendUpstream) and isinstance(warn, Warn)
+    assert refusal.message["id"] == "x" and refusal.message["error"]["code"] == LIMIT_REACHED
+    # An answer makes room for one more.
+    proto.client_answer(A, {"jsonrpc": "2.0", "id": "mcpbroker:s:1", "result": {"roots": []}})
+    [deliver] = proto.server_message({"jsonrpc": "2.0", "id": "y", "method": "roots/list"})
+    assert isinstance(deliver, Deliver)
+
+
+def test_a_request_a_client_never_answers_expires_with_the_servers_timeout() -> None:
+    proto = protocol("concurrent")  # (a timeout of 5 s)
+    [sent_call] = sent(call(proto, A, now=0))
+    [deliver] = proto.server_message(
+        {"jsonrpc": "2.0", "id": "q", "method": "sampling/createMessage", "params": {}}, now=2
+    )
+    asked = deliver.message["id"]
+    answer(proto, sent_call["id"])  # (the call ends; the question still waits)
+    assert proto.next_deadline() == 7
+    assert proto.expire(now=6.9) == []
+    error, cancel, warn = proto.expire(now=7)
+    assert isinstance(error, SendUpstream) and error.message["id"] == "q"
+    assert error.message["error"]["code"] == jsonrpc.REQUEST_TIMEOUT
+    assert "did not answer sampling/createMessage within 5 s" in error.message["error"]["message"]
+    assert isinstance(cancel, Deliver) and cancel.session == A
+    assert cancel.message["method"] == "notifications/cancelled"
+    assert cancel.message["params"]["requestId"] == asked
+    assert isinstance(warn, Warn) and proto.next_deadline() is None
+    # A late answer goes nowhere.
+    late = {"jsonrpc": "2.0", "id": asked, "result": {}}
+    assert proto.client_answer(A, late) == []
+
+
+def test_url_elicitations_whose_completion_may_come_are_bounded() -> None:
+    requests = ServerRequests("s")
+    capable = {A: EVERYTHING}
+    for n in range(MAX_PENDING + 1):
+        params = {"mode": "url", "elicitationId": f"e{n}", "url": "https://x", "message": "m"}
+        ask = {"jsonrpc": "2.0", "id": n, "method": "elicitation/create", "params": params}
+        route = requests.route(ask, [A], capable)
+        assert isinstance(route, Route)
+        assert requests.answer(A, {"jsonrpc": "2.0", "id": route.message["id"], "result": {}})
+    assert requests.elicitation_complete({"elicitationId": "e0"}) is None  # the oldest: forgotten
+    assert requests.elicitation_complete({"elicitationId": f"e{MAX_PENDING}"}) == A
 
 
 def test_auto_is_concurrent_until_the_server_asks() -> None:
