@@ -101,6 +101,9 @@ INBOX_BYTES = 32 * 1024 * 1024
 # 64 clients x 16, and throughput up about a tenth).
 DISPATCH_BATCH = 8
 READ_CHUNK = 256 * 1024  # the most a link's read takes (for the backlog's slack)
+# Bytes below which what waits in the backlog is copied to its own size (an
+# encoder's output may hold twice its size, and never less than 4 KiB).
+PINNED = 64 * 1024
 STARTUP_TIMEOUT = 30.0
 # How long after its start an instance that warms up (per-session, pool) may
 # take to offer the tools the catalog shows before it is taken as ready anyway.
@@ -536,7 +539,11 @@ class Upstream:
                 return  # likewise: the reader sees the end
             if not units:
                 return
-        self._backlog += units
+        # (small ones copied to their own size: orjson's output keeps the buffer
+        # it was written in, 4 KiB at least, and 200,000 small answers waiting
+        # for a server that read slowly held 800 MB; a link's own units, a bytes
+        # subclass such as the HTTP link's, are built as copies already)
+        self._backlog += [_compact(unit) for unit in units]
         self._backlog_bytes += sum(map(len, units))
         self._backlog_ready.set()
 
@@ -1052,6 +1059,11 @@ class Upstream:
         await trio.sleep(delay)
         if server is not None and self._protocol.modern_server is server:
             self._apply(server.listen_now())
+
+
+def _compact(unit: bytes) -> bytes:
+    """``unit`` in memory of its own size (see :meth:`Upstream._send_nowait`)."""
+    return bytes(memoryview(unit)) if type(unit) is bytes and len(unit) < PINNED else unit
 
 
 def _count(item: InboxItem) -> int:

@@ -13,6 +13,7 @@ import contextlib
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -151,6 +152,48 @@ async def test_answers_a_server_asks_for_while_it_reads_nothing_stop_it(
             if ask.get("method") == "roots/list":  # 4 MB of answers in all
                 await client.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": roots}})
     assert "stopped reading its input" in str(upstream.statistics().last_error)
+
+
+def _malloc_in_use() -> int:
+    """Bytes the C allocator has handed out (glibc's ``mallinfo2``): what
+    Python's own allocator does not keep (objects over 512 bytes)."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+            )
+        ]  # fmt: skip
+
+    mallinfo2 = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if mallinfo2 is None:
+        pytest.skip("needs glibc 2.33 or later (mallinfo2)")
+    mallinfo2.restype = Info
+    return int(mallinfo2().uordblks)
+
+
+async def test_what_waits_for_a_server_holds_its_size(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # 5,000 pings from a server that reads nothing: the broker's answers (45
+    # bytes each) wait in its backlog. Each held the 4 KiB buffer orjson wrote
+    # it in (20 MB).
+    settings = attrs.evolve(SETTINGS, max_message_bytes=1 << 20)  # (the call carries them)
+    stuck = ScriptedServer(nursery, label="stuck", stop_reading=True)
+    broker = await start(nursery, {"stuck": stuck}, settings, server_timeout=60)
+    upstream = broker.upstreams["stuck"]
+    client = await open_client(nursery, broker, settings=settings)
+    await client.initialize()
+    pings = "\n".join(f'{{"jsonrpc":"2.0","id":"p{n}","method":"ping"}}' for n in range(5000))
+    before = _malloc_in_use()
+    await client.send(tool_call(0, "raw", line=pings))
+    with trio.fail_after(5):
+        while upstream._backlog_bytes < 5000 * 40:
+            await trio.sleep(0.01)
+    assert _malloc_in_use() - before < 5_000_000  # (about 2 MB; 22 MB without the copies)
 
 
 async def test_a_client_that_never_reads_is_cut_off_at_the_byte_limit(
