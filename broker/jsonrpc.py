@@ -251,6 +251,22 @@ def long_id(id: Any) -> JsonRpcError | None:
     )
 
 
+def bad_progress_token(token: Any, id: RequestId | None = None) -> JsonRpcError | None:
+    """The error (answering ``id``) for a ``progressToken`` the broker does not
+    keep in its tables: one that is not a string or a number (MCP's
+    ``ProgressToken``), or a string longer than :data:`MAX_ID_LENGTH` (as for
+    ids; not echoed). None for a good one."""
+    if type(token) is str:
+        if len(token) <= MAX_ID_LENGTH:
+            return None
+        why = f"a progressToken of {len(token)} characters (the limit is {MAX_ID_LENGTH})"
+    elif type(token) is int or type(token) is float:
+        return None
+    else:
+        why = "a progressToken must be a string or a number"
+    return JsonRpcError(INVALID_PARAMS, f"Invalid params: {why}", id=id)
+
+
 def id_key(value: RequestId) -> tuple[type, RequestId]:
     """A dict key that keeps ``1`` and ``"1"`` apart (they are different ids)."""
     return (type(value), value)

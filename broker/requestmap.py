@@ -20,7 +20,14 @@ from typing import Any
 
 import attrs
 
-from broker.jsonrpc import INVALID_REQUEST, LIMIT_REACHED, JsonRpcError, Message, RequestId
+from broker.jsonrpc import (
+    INVALID_REQUEST,
+    LIMIT_REACHED,
+    JsonRpcError,
+    Message,
+    RequestId,
+    bad_progress_token,
+)
 from broker.records import Record
 
 # -- notes: what an in-flight request's answer needs done to it ---------------
@@ -157,15 +164,23 @@ class RequestMap:
                 data={"server": self.server},
                 id=client_id,
             )
+        params = request.get("params")
+        meta = params.get("_meta") if type(params) is dict else None  # (a modern call's: all)
+        if isinstance(meta, dict) and "progressToken" in meta:
+            token = meta["progressToken"]
+            if type(token) is not int and bad_progress_token(token) is not None:
+                # (kept in the table below: not any value, of any size. Raised
+                # unnamed: an error in a local of this frame would hold it, and
+                # the request with it, in a cycle until the garbage collector)
+                raise bad_progress_token(token, client_id)  # type: ignore[misc]
+        else:
+            meta = None  # (no token to swap)
         upstream_id = self._next_id
         self._next_id += 1
         entry = InFlight(session, client_id, request["method"])
-        params = request.get("params")
-        if type(params) is dict:
-            meta = params.get("_meta")  # (one lookup: a modern client's calls all have one)
-            if isinstance(meta, dict) and "progressToken" in meta:
-                entry.client_token = meta["progressToken"]
-                params["_meta"] = {**meta, "progressToken": upstream_id}
+        if meta is not None:
+            entry.client_token = meta["progressToken"]
+            request["params"]["_meta"] = {**meta, "progressToken": upstream_id}
         request["id"] = upstream_id
         self._by_upstream[upstream_id] = entry
         self._by_client[key] = upstream_id

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker.jsonrpc import INVALID_REQUEST, JsonRpcError, RequestId
+from broker.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, JsonRpcError, RequestId
 from broker.requestmap import InFlight, RequestMap
 
 A, B = "session-a", "session-b"
@@ -103,6 +103,53 @@ def test_progress_token_rewritten_and_restored() -> None:
     note = progress(upstream_id, 5)
     assert requests.progress(note) == InFlight(A, 1, "tools/call", "tok-a")
     assert note["params"] == {"progressToken": "tok-a", "progress": 5}
+
+
+@pytest.mark.parametrize(
+    ("token", "why"),
+    [
+        ("t" * 257, "a progressToken of 257 characters (the limit is 256)"),
+        ("x" * 1_000_000, "a progressToken of 1000000 characters"),
+        ({"big": "x" * 1000}, "must be a string or a number"),
+        (["a"], "must be a string or a number"),
+        (True, "must be a string or a number"),
+    ],
+)
+def test_a_progress_token_too_long_or_of_no_tokens_type_is_refused(token: Any, why: str) -> None:
+    requests = RequestMap()
+    with pytest.raises(JsonRpcError) as refused:
+        requests.open(A, request("c", token=token))
+    assert refused.value.code == INVALID_PARAMS and refused.value.id == "c"
+    assert why in refused.value.message
+    assert len(requests) == 0  # nothing kept
+    for fine in ("t" * 256, 7, 2.5):
+        requests.open(A, request(f"ok-{fine!r}", token=fine))
+    assert len(requests) == 3
+
+
+def test_a_refused_token_leaves_no_cycle_holding_the_request() -> None:
+    # A refusal the caller has answered leaves nothing that holds the
+    # request: not the frame that raised it (the daemon runs the garbage
+    # collector rarely, and 200 refused 1 MB tokens held 200 MB).
+    import gc
+    import sys
+    import types
+
+    requests = RequestMap()
+    sent = request("c", token="x" * 300)
+    gc.disable()
+    try:
+        try:
+            requests.open(A, sent)
+        except JsonRpcError as refused:
+            assert refused.code == INVALID_PARAMS
+        here = sys._getframe()
+        frames = [
+            r for r in gc.get_referrers(sent) if isinstance(r, types.FrameType) and r is not here
+        ]
+        assert frames == []
+    finally:
+        gc.enable()
 
 
 def test_progress_tokens_of_two_sessions_stay_apart() -> None:
