@@ -15,6 +15,12 @@ class TransportClosed(Exception):
     """The peer went away, or the stream was closed under us."""
 
 
+class NotReading(TransportClosed):
+    """The transport gave up on a client that does not read what it is sent
+    (a Streamable HTTP session's events piling up): the message says so, for
+    the session's close reason."""
+
+
 class map_transport_errors:
     """``with map_transport_errors():`` turns trio and OS errors into TransportClosed.
 

@@ -40,7 +40,7 @@ import trio
 
 from actors.audit import AuditLog
 from actors.downstream.connection import Connection
-from actors.errors import TransportClosed
+from actors.errors import NotReading, TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import SMALL_MESSAGE, Delivery, Outgoing, SessionHandle, open_outbox
 from actors.registry import Registry
@@ -669,6 +669,9 @@ class Session:
         if out:
             try:
                 await self._connection.send(out)
+            except NotReading as exc:  # (the transport cut it off)
+                self._handle.disconnect(str(exc))
+                return False
             except TransportClosed:
                 self._handle.disconnect("client closed the connection")
                 return False

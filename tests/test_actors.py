@@ -928,3 +928,29 @@ async def test_a_401_the_tokens_cannot_cure_shows_in_status_and_the_log() -> Non
         assert "mcpbroker auth s" in (upstream.statistics().last_error or "")
         assert events.count("server.unauthorized") == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_client_the_transport_gave_up_on_is_closed_with_the_transports_reason(
+    nursery: trio.Nursery,
+) -> None:
+    # (a Streamable HTTP session whose events pile up: actors/downstream/http.py)
+    from actors.errors import NotReading
+
+    class NotReadingConnection(StreamConnection):
+        async def send(self, messages: Any) -> None:
+            raise NotReading("outbound queue full: 1025 events wait: client not reading")
+
+    broker = await start_upstream(nursery, ScriptedServer(nursery))
+    ours, theirs = trio.testing.memory_stream_pair()
+    connection = NotReadingConnection(theirs, SETTINGS.max_message_bytes)
+    session = Session(connection, broker.upstreams, broker.registry, SETTINGS)
+    nursery.start_soon(session.run)
+    client = Client(ours, session)
+    await client.send({"mcpbroker": {"servers": ["s"]}})
+    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}
+    await client.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+    with trio.fail_after(5):
+        while session.handle.close_reason is None:
+            await trio.sleep(0.01)
+    assert session.handle.close_reason.startswith("outbound queue full")
+    assert "client not reading" in session.handle.close_reason

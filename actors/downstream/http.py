@@ -36,7 +36,7 @@ import trio
 from actors.downstream.http_modern import ModernHttp
 from actors.downstream.http_server import HttpServer
 from actors.downstream.replies import Receive, Send, respond, write
-from actors.errors import TransportClosed
+from actors.errors import NotReading, TransportClosed
 from actors.logs import get_logger
 from actors.mailbox import Outgoing
 from broker.jsonrpc import JsonRpcError
@@ -103,7 +103,7 @@ class HttpConnection:
                 number = self.streams.add(message, wire.encode(message))
             except wire.Overflow as exc:
                 self._log.warning("http.session_not_reading", detail=str(exc))
-                raise TransportClosed(str(exc)) from None
+                raise NotReading(f"outbound queue full: {exc}") from None
             if number is not None:
                 touched.add(number)
         if self.streams.dropped and not self._told_dropped:
