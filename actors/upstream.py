@@ -660,6 +660,12 @@ class Upstream:
             except* LaunchError as group:  # retrying cannot help: say so once, then wait
                 # (except*: it comes out of the connection's nursery in a group)
                 unreachable = cast(LaunchError, group.exceptions[0])
+            except* Exception as group:  # a link's task failed: this server, not the daemon
+                self._log.error("server.link_failed", exc_info=group)
+                first = group.exceptions[0]
+                self._went_down(
+                    f"was stopped after an internal error ({type(first).__name__}: {first})"
+                )
             if unreachable is not None:
                 self._went_down(str(unreachable), ServerTrigger.UNREACHABLE)
                 await self._wait_retry(None)  # (a reload)
@@ -754,6 +760,10 @@ class Upstream:
             except LaunchError as exc:
                 nursery.cancel_scope.cancel()
                 return exc
+            except Exception as exc:  # a library's refusal no check foresaw: this server alone
+                self._log.exception("server.launch_failed")
+                nursery.cancel_scope.cancel()
+                return LaunchError(f"could not be started ({type(exc).__name__}: {exc})")
             self._log.info("server.started", **link.info, target=self._target)
             self._set_status(ServerTrigger.LAUNCHED)
             try:

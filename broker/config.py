@@ -23,6 +23,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import cattrs
@@ -479,7 +480,44 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         raise ConfigError(
             f'"{where}.type" must be one of {", ".join(sorted(TRANSPORTS))}, not {server.type!r}'
         )
+    _check_launchable(where, server)
     return server
+
+
+# A header's name is an HTTP token; its value visible ASCII, spaces and tabs
+# (RFC 9110 5.5; what httpx and the WebSocket handshake can send).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _check_launchable(where: str, server: ServerConfig) -> None:
+    """Values the launch of the server would choke on, refused here with the
+    key named: a reload that accepted them only failed when the server started."""
+    texts = [("command", server.command or ""), ("cwd", server.cwd or "")]
+    texts += [(f"args[{i}]", arg) for i, arg in enumerate(server.args)]
+    texts += [(f"env.{key}", value) for key, value in server.env.items()]
+    for key, text in texts:
+        if "\0" in text:
+            raise ConfigError(f'"{where}.{key}" must not contain a NUL character')
+    for key in server.env:
+        if not key or "=" in key or "\0" in key:
+            raise ConfigError(
+                f'"{where}.env" has the name {key!r}: an environment variable\'s name '
+                'must not be empty, nor contain "=" or a NUL character'
+            )
+    for key, value in server.headers.items():
+        if not _HEADER_NAME.fullmatch(key):
+            raise ConfigError(f'"{where}.headers" has {key!r}, which is not a header name')
+        if not _HEADER_VALUE.fullmatch(value):
+            raise ConfigError(
+                f'"{where}.headers.{key}" must be plain ASCII text, without line breaks '
+                "or control characters (a curly quote pasted from a web page is not)"
+            )
+    if server.url is not None:
+        try:
+            urlsplit(server.url).port  # noqa: B018 (it raises on a bad port)
+        except ValueError as exc:
+            raise ConfigError(f'"{where}.url" is not a valid URL ({exc})') from None
 
 
 def _check_recovery(

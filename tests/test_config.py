@@ -258,3 +258,32 @@ def test_per_client_eras_need_one_shared_instance_an_era(entry: dict[str, Any]) 
     it does not combine with the modes that open it otherwise, nor with
     HTTP+SSE, which has no modern revision."""
     assert '"mcpServers.a.era": "per-client"' in config_error(servers(a=entry))
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        (stdio(args=["a\0b"]), '"mcpServers.s.args[0]" must not contain a NUL'),
+        (stdio(command="np\0x"), '"mcpServers.s.command" must not contain a NUL'),
+        (stdio(cwd="/tmp\0"), '"mcpServers.s.cwd" must not contain a NUL'),
+        (stdio(env={"A": "\0"}), '"mcpServers.s.env.A" must not contain a NUL'),
+        (stdio(env={"NODE_OPTIONS=": "x"}), "'NODE_OPTIONS=': an environment variable's"),
+        (stdio(env={"": "x"}), "has the name '': an environment variable's"),
+        ({"url": "http://[::1/mcp"}, '"mcpServers.s.url" is not a valid URL'),
+        ({"url": "http://h:99999/mcp"}, '"mcpServers.s.url" is not a valid URL'),
+        (
+            {"url": "http://h/mcp", "headers": {"Authorization": "Bearer \u2019tok\u2019"}},
+            '"mcpServers.s.headers.Authorization" must be plain ASCII text',
+        ),
+        ({"url": "ws://h/mcp", "headers": {"X": "a\r\nB: c"}}, '"mcpServers.s.headers.X" must'),
+        ({"url": "http://h/mcp", "headers": {"X Y": "a"}}, "has 'X Y', which is not a header"),
+    ],
+)
+def test_values_a_launch_would_choke_on_are_refused(entry: dict[str, Any], fragment: str) -> None:
+    # (they passed, and the daemon died when the server started: at serve or a reload)
+    assert fragment in config_error(servers(s=entry))
+
+
+def test_a_header_secret_is_not_shown_in_the_error() -> None:
+    message = config_error(servers(s={"url": "http://h/mcp", "headers": {"X": "s3cret\u00e9"}}))
+    assert "s3cret" not in message

@@ -209,6 +209,18 @@ async def test_headers_take_a_token_from_the_environment(
                 assert "s3cret" not in str(daemon.statistics())
 
 
+def test_a_header_whose_variable_holds_non_ascii_is_a_launch_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (httpx raised UnicodeEncodeError out of the link, and the daemon died)
+    from actors.links.link import LaunchError, configured_headers
+
+    monkeypatch.setenv("HTTP_TEST_TOKEN", "s3cr\u00e9t")
+    with pytest.raises(LaunchError, match="the header Authorization") as info:
+        configured_headers({"Authorization": "Bearer ${HTTP_TEST_TOKEN}"})
+    assert "s3cr" not in str(info.value)
+
+
 async def test_a_killed_server_fails_the_calls_in_flight_and_is_reached_again(
     socket_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -391,6 +391,43 @@ async def test_an_upstream_that_cannot_be_reached_has_failed(
     assert stats.last_error == "has no command to start"
 
 
+async def test_a_launch_that_raises_anything_fails_that_server_alone(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # (a library's refusal no check foresaw: httpx's UnicodeEncodeError on a
+    # header, open_process's ValueError on a NUL; it killed the daemon)
+    async def refused(context: LinkContext) -> Any:
+        raise ValueError("embedded null byte")
+
+    up, _ = upstream(refused)
+    nursery.start_soon(up.run)
+    await trio.sleep(60)
+    assert up.status is S.FAILED
+    assert up.statistics().last_error == "could not be started (ValueError: embedded null byte)"
+
+
+async def test_a_link_task_that_raises_restarts_that_server_alone(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    launches = 0
+
+    async def broken(context: LinkContext) -> Any:
+        nonlocal launches
+        launches += 1
+
+        async def fail() -> None:
+            raise UnicodeEncodeError("ascii", "\u2019", 0, 1, "ordinal not in range(128)")
+
+        context.nursery.start_soon(fail)
+        await trio.sleep_forever()
+
+    up, _ = upstream(broken)
+    nursery.start_soon(up.run)
+    await trio.sleep(5)
+    assert launches >= 2  # (restarted, with backoff)
+    assert "UnicodeEncodeError" in (up.statistics().last_error or "")
+
+
 # -- the Session actor moves its session -----------------------------------------
 
 

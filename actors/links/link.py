@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -81,12 +82,24 @@ def configured_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """A url server's ``headers``, each ``${NAME}`` replaced by the daemon's
     environment variable (LaunchError naming one that is not set)."""
     try:
-        return {key: expand(value, os.environ) for key, value in headers.items()}
+        expanded = {key: expand(value, os.environ) for key, value in headers.items()}
     except MissingVariable as exc:
         raise LaunchError(
             f"has headers that use ${{{exc.name}}}, and the environment variable "
             f"{exc.name} is not set (in the environment the daemon was started with)"
         ) from None
+    for key, value in expanded.items():
+        # (the config check refused such a value written in the file; this is
+        # one a ${NAME} brought: named, not shown, as it may be a secret)
+        if not _SENDABLE.fullmatch(value):
+            raise LaunchError(
+                f"has the header {key} whose value, once its ${{NAME}} are replaced, is "
+                "not plain ASCII text (a non-ASCII or control character)"
+            )
+    return expanded
+
+
+_SENDABLE = re.compile(r"[\t\x20-\x7e]*")
 
 
 @attrs.frozen
