@@ -238,6 +238,11 @@ def open_registry(statistics: Callable[[], Any], calls: CallStats) -> CollectorR
 
 
 def render(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    """The scrape's body and content type, in the format ``accept`` asks for."""
-    encoder, content_type = choose_encoder(accept)
+    """The scrape's body and content type, in the format ``accept`` asks for
+    (the text format if ``accept`` cannot be read: a malformed ``version=``
+    raised TypeError out of prometheus_client)."""
+    try:
+        encoder, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):
+        encoder, content_type = choose_encoder("")
     return encoder(registry), content_type

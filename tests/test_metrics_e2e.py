@@ -4,23 +4,35 @@ and every metric the Grafana dashboard shows is there."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import psutil
 import pytest
+import structlog
 import trio
 from mcp.shared.exceptions import MCPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.daemon import Daemon
+from actors.downstream.metrics import (
+    MAX_CONNECTIONS,
+    REFUSALS_BURST,
+    RENDER_SHARE,
+    serve_metrics,
+)
 from actors.downstream.unix import StartError
 from broker.config import ConfigError, parse_config, with_metrics
+from broker.wire.websocket import Policy
 from cli.status import render
 from tests.conftest import REPO, running_daemon, sdk_server, shim_client
 
@@ -264,3 +276,96 @@ async def test_the_daemon_will_not_start_what_it_cannot_serve_safely(
         daemon = Daemon(parse_config({"mcpServers": {}, "broker": broker}), socket_path)
         with trio.fail_after(10), pytest.raises(StartError, match=message):
             await daemon.run()
+
+
+# -- the listener, bounded: nothing a local user sends costs the daemon much ----
+
+
+@asynccontextmanager
+async def listener(render: Any) -> AsyncIterator[int]:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_metrics, "127.0.0.1", 0, Policy, render)
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+async def ask(port: int, head: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(head)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return answer
+
+
+SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+async def test_a_malformed_accept_gets_the_text_format_and_a_failing_render_one_scrape() -> None:
+    # (choose_encoder raised TypeError on "version=x": it reached the daemon's nursery)
+    from prometheus_client import CollectorRegistry
+
+    from actors.metrics import render
+
+    renders = 0
+
+    def flaky(accept: str) -> tuple[bytes, str]:
+        nonlocal renders
+        renders += 1
+        if renders == 1:
+            raise RuntimeError("a bug")
+        return render(CollectorRegistry(), accept)
+
+    with trio.fail_after(10):
+        async with listener(flaky) as port:
+            assert await ask(port, SCRAPE + b"\r\n") == b""  # (closed: the listener lives)
+            for accept in (b"text/plain; version=x", b"application/openmetrics-text; version=a"):
+                answer = await ask(port, SCRAPE + b"Accept: " + accept + b"\r\n\r\n")
+                assert answer.startswith(b"HTTP/1.1 200 ") and b"text/plain" in answer
+
+
+async def test_connections_are_capped_and_an_idle_one_is_closed_soon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (1,100 idle connections used up the daemon's descriptors: no host got in)
+    import actors.downstream.metrics as listener_module
+
+    monkeypatch.setattr(listener_module, "HEAD_TIMEOUT", 0.5)
+    with trio.fail_after(10):
+        async with listener(lambda accept: (b"m 1\n", "text/plain")) as port:
+            idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
+            await trio.sleep(0.1)
+            with trio.fail_after(0.4):  # (over the cap: closed as it comes)
+                assert await ask(port, SCRAPE + b"\r\n") == b""
+            with trio.fail_after(1):  # (idle past HEAD_TIMEOUT: closed)
+                assert await idle[0].receive_some(100) == b""
+            for stream in idle:
+                await stream.aclose()
+            assert (await ask(port, SCRAPE + b"\r\n")).startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_scrape_loop_gets_renders_spaced_out() -> None:
+    # (34 scrapes a second of 30 ms each slowed every session's calls to 100 ms)
+    rendered: list[float] = []
+
+    def slow(accept: str) -> tuple[bytes, str]:
+        rendered.append(trio.current_time())
+        time.sleep(0.01)  # (the collector's psutil work)
+        return b"m 1\n", "text/plain"
+
+    with trio.fail_after(10):
+        async with listener(slow) as port, trio.open_nursery() as scrapers:
+            for _ in range(5):
+                scrapers.start_soon(ask, port, SCRAPE + b"\r\n")
+    gaps = [b - a for a, b in itertools.pairwise(rendered)]
+    assert len(rendered) == 5 and min(gaps) >= 0.09 * (1 - RENDER_SHARE), gaps
+
+
+async def test_refused_scrapes_are_logged_within_a_budget() -> None:
+    with structlog.testing.capture_logs() as captured, trio.fail_after(20):
+        async with listener(lambda accept: (b"", "text/plain")) as port:
+            for _ in range(60):
+                await ask(port, b"GET /metrics HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+    refused = [entry for entry in captured if entry["event"] == "metrics.refused"]
+    assert REFUSALS_BURST <= len(refused) < REFUSALS_BURST + 10, len(refused)
