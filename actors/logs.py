@@ -4,6 +4,7 @@ by the shim writes)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -47,6 +48,28 @@ class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
         return os.fdopen(fd, "a", encoding="utf-8")
 
 
+class _Forgiving:
+    """The log's stream, whose failures cost log lines, not the daemon: a
+    stderr whose reader went away (``serve | tee`` after tee ended, a closed
+    terminal) raised BrokenPipeError or EIO out of every ``log.*()`` call,
+    and the first one after killed the daemon. The stdlib handler behind
+    ``--log-file`` already goes on the same way (it prints "Logging error")."""
+
+    def __init__(self, stream: TextIO | RotatingLog) -> None:
+        self._stream = stream
+        self.lost = 0  # lines that could not be written
+
+    def write(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+        except (OSError, ValueError):  # (ValueError: the stream was closed)
+            self.lost += 1
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+
 def configure_logging(
     level: str = "info",
     *,
@@ -71,7 +94,7 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.WriteLoggerFactory(file=stream),  # type: ignore[arg-type]
+        logger_factory=structlog.WriteLoggerFactory(file=_Forgiving(stream)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

@@ -63,3 +63,30 @@ def test_serve_writes_json_lines_to_its_log_file(tmp_path: Path) -> None:
     events = [json.loads(line)["event"] for line in (tmp_path / "s.log").read_text().splitlines()]
     assert "daemon.listening" in events and "daemon.stopped" in events
     assert stderr == b""
+
+
+class Gone:
+    """A stderr whose reader went away (``serve | tee`` after tee ended)."""
+
+    def write(self, text: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise OSError(5, "Input/output error")  # (a closed terminal)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_a_log_stream_that_fails_costs_lines_not_the_caller() -> None:
+    # (the BrokenPipeError came out of the next log.info(): the daemon died)
+    import structlog
+
+    from actors.logs import configure_logging, get_logger
+
+    try:
+        configure_logging("info", stream=Gone())  # type: ignore[arg-type]
+        get_logger(session=1).info("session.opened")
+        get_logger().error("server.down", reason="x")
+    finally:
+        structlog.reset_defaults()
