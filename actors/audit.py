@@ -12,14 +12,17 @@ log (actors/logs.py ``RotatingLog``: 10 MiB, 3 older files kept, mode 0600).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-from actors.logs import RotatingLog
+from actors.logs import RotatingLog, get_logger
 from broker.calls import AuditRecord
+
+FAILURE_REPORT_EVERY = 60.0  # seconds between two log lines of a failing audit log
 
 
 class AuditLog:
@@ -27,6 +30,8 @@ class AuditLog:
         """Opens ``path`` (raises UnsafePath or OSError if it cannot)."""
         self.path = path
         self._file = RotatingLog(path)
+        self._lost = 0  # records not written since the last report
+        self._reported = -FAILURE_REPORT_EVERY
 
     def write(self, records: Iterable[AuditRecord], session: int, client: Any) -> None:
         """Write the records of one session's calls (``client``: its clientInfo)."""
@@ -51,5 +56,20 @@ class AuditLog:
             lines.append(orjson.dumps(line, default=repr).decode())
         # One write of the batch's lines (RotatingLog: one record each, so a
         # rotation never splits a line; a file may pass its size by a batch).
-        self._file.write("\n".join(lines) + "\n")
-        self._file.flush()
+        # A file that cannot be written (a full disk) loses records, not the
+        # calls: the OSError cut the session in the middle of its answers.
+        try:
+            self._file.write("\n".join(lines) + "\n")
+            self._file.flush()
+        except (OSError, ValueError) as exc:
+            self._failed(len(lines), exc)
+
+    def _failed(self, records: int, exc: Exception) -> None:
+        self._lost += records
+        now = time.monotonic()
+        if now - self._reported >= FAILURE_REPORT_EVERY:
+            get_logger().error(
+                "audit.write_failed", path=self.path, error=str(exc), records_lost=self._lost
+            )
+            self._lost = 0
+            self._reported = now

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import trio
 from mcp.shared.exceptions import MCPError
 
@@ -67,3 +68,26 @@ async def test_every_tool_call_is_audited_with_its_outcome(
     else:
         assert not any("arguments" in r for r in lines)
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+class FullDisk:
+    def write(self, text: str) -> None:
+        pass  # (buffered)
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_an_audit_log_that_cannot_be_written_loses_records_not_sessions(tmp_path: Path) -> None:
+    # (the ENOSPC of the flush came out into the session, which was cut mid-call)
+    from actors.audit import AuditLog
+    from broker.calls import AuditRecord
+
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    audit._file = FullDisk()  # type: ignore[assignment]
+    record = AuditRecord("files", "read", 0.5, "ok")
+    with structlog.testing.capture_logs() as captured:
+        for _ in range(3):
+            audit.write([record, record], session=1, client={"name": "c"})
+    failures = [entry for entry in captured if entry["event"] == "audit.write_failed"]
+    assert len(failures) == 1 and failures[0]["records_lost"] == 2, failures
