@@ -246,21 +246,24 @@ class Daemon:
         ``self.config`` keeps the old values of those until then. Raises
         StartError (nothing changed) if the new token file cannot be read."""
         change = diff(self.config, new)
+        live = {c.field: c.new for c in change.settings if c.effect is Effect.LIVE}
+        settings = attrs.evolve(self.config.broker, **live)
+        # Every policy is made before any is applied: one that cannot be (a
+        # listener off loopback left without its token) refuses the reload
+        # whole; it left the listeners before it changed, and without a token.
+        websocket, http, metrics = (
+            self._policy(policy, address, settings, kind)
+            for policy, address, kind in (
+                (self._websocket_policy, self.config.broker.websocket, "WebSocket"),
+                (self._http_policy, self.config.broker.http, "HTTP"),
+                (self._metrics_policy, self.config.broker.metrics, "metrics"),
+            )
+        )
         for upstream in self.upstreams.values():  # a reload tries failed servers again
             upstream.retry()
         if change.empty:
             return change
-        live = {c.field: c.new for c in change.settings if c.effect is Effect.LIVE}
-        settings = attrs.evolve(self.config.broker, **live)
-        if self._websocket_policy is not None and self.config.broker.websocket:
-            host = parse_address(self.config.broker.websocket)[0]
-            self._websocket_policy = policy_for(host, settings)
-        if self._http_policy is not None and self.config.broker.http:
-            host = parse_address(self.config.broker.http)[0]
-            self._http_policy = policy_for(host, settings, "HTTP")
-        if self._metrics_policy is not None and self.config.broker.metrics:
-            host = parse_address(self.config.broker.metrics)[0]
-            self._metrics_policy = policy_for(host, settings, "metrics")
+        self._websocket_policy, self._http_policy, self._metrics_policy = websocket, http, metrics
         servers = dict(self.config.servers)
         for name, server_change in change.updated.items():
             servers[name] = server_change.new
@@ -277,6 +280,15 @@ class Daemon:
             servers=list(change.updated),
         )
         return change
+
+    @staticmethod
+    def _policy(
+        current: Policy | None, address: str | None, settings: BrokerSettings, kind: str
+    ) -> Policy | None:
+        """A running listener's policy under ``settings`` (StartError if it cannot be)."""
+        if current is None or not address:
+            return current
+        return policy_for(parse_address(address)[0], settings, kind)
 
     async def _start_http(self, nursery: trio.Nursery, host: str, port: int) -> None:
         settings = self.config.broker

@@ -135,6 +135,30 @@ async def test_the_daemon_applies_what_is_live_and_reports_the_rest(
             assert daemon.reconfigure(daemon.config).empty
 
 
+async def test_a_refused_reload_leaves_every_listener_as_it_was(
+    socket_path: str, tmp_path: Any
+) -> None:
+    # (the WebSocket listener's policy was replaced, without a token, before the
+    # metrics one refused the file: it then admitted anyone until a restart)
+    from actors.downstream.unix import StartError
+
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    broker = {"websocket": "127.0.0.1:0", "metrics": "0.0.0.0:0", "tokenFile": str(token)}
+    servers = {"sdk": sdk_server()}
+    with trio.fail_after(60):
+        async with running_daemon(servers, socket_path, broker=broker) as daemon:
+            url = daemon.websocket_url
+            assert url is not None
+            without = {key: value for key, value in broker.items() if key != "tokenFile"}
+            with pytest.raises(StartError, match="metrics listener on 0"):
+                daemon.reload(parse_config({"mcpServers": servers, "broker": without}))
+            with pytest.raises(trio_websocket.HandshakeError):
+                async with trio_websocket.open_websocket_url(url):
+                    pass
+            assert daemon.config.broker.token_file == str(token)
+
+
 def test_settings_are_values() -> None:
     assert BrokerSettings() == BrokerSettings()
     assert attrs.evolve(BrokerSettings(), separator=".") != BrokerSettings()
