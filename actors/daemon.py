@@ -76,6 +76,7 @@ DRAIN_POLL = 0.05
 # How long a stopping daemon waits for its sessions to write their last answers and close.
 CLOSE_SESSIONS_TIMEOUT = 10.0
 STOPPING = "the daemon is stopping"
+RELOAD_READ_TIMEOUT = 10.0  # seconds a reload may take to read and check the file
 
 
 def take_start_mode(environ: MutableMapping[str, str], socket_activated: bool = False) -> str:
@@ -127,6 +128,7 @@ class Daemon:
         self.config = config
         self.socket_path = socket_path
         self._load = load
+        self._reloading = trio.Lock()
         self.upstreams = {
             name: _server(name, server, config.broker)
             for name, server in config.enabled_servers.items()
@@ -170,9 +172,9 @@ class Daemon:
             metrics=self.metrics_url,
         )
 
-    def _control(self, command: str, servers: tuple[str, ...] = ()) -> Any:
+    async def _control(self, command: str, servers: tuple[str, ...] = ()) -> Any:
         if command == "reload":
-            return self.reload_file()
+            return await self.reload_file()
         if command == "tokens":
             return self.tokens_changed(servers)
         assert command == "status"
@@ -368,24 +370,37 @@ class Daemon:
             self.upstreams[name].retry()
         return {"tokens": known, "unknown": [name for name in names if name not in known]}
 
-    def reload_file(self) -> dict[str, Any]:
+    async def reload_file(self) -> dict[str, Any]:
         """Read the configuration again and apply it (``mcpbroker reload``,
         SIGHUP). Returns what ``mcpbroker reload`` prints: ``{"reloaded":
         report}``, or ``{"error": why}`` when the new configuration is refused
         (it cannot be read, is not valid, or a token file cannot be read): the
-        old one then goes on, unchanged."""
-        if self._stopping is not None:
-            return self._refuse_reload(ConfigError(STOPPING))
-        self.notifier.reloading()
-        try:
-            if self._load is None:
-                raise ConfigError("this daemon was given no configuration file to read again")
-            report = self.reload(self._load())
-        except (ConfigError, StartError) as exc:
-            return self._refuse_reload(exc)
-        finally:
-            self.notifier.ready(self._ready_status())  # (the old configuration, if refused)
-        return {"reloaded": attrs.asdict(report)}
+        old one then goes on, unchanged.
+
+        The file is read and checked in a thread, within RELOAD_READ_TIMEOUT:
+        read on the event loop, a config that is a named pipe (``sops
+        exec-file``) blocked every session for good, and SIGTERM with them."""
+        async with self._reloading:  # (one at a time: applied in the order asked)
+            if self._stopping is not None:
+                return self._refuse_reload(ConfigError(STOPPING))
+            self.notifier.reloading()
+            try:
+                if self._load is None:
+                    raise ConfigError("this daemon was given no configuration file to read again")
+                with trio.move_on_after(RELOAD_READ_TIMEOUT):
+                    new = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+                    if self._stopping is not None:
+                        raise ConfigError(STOPPING)
+                    report = self.reload(new)
+                    return {"reloaded": attrs.asdict(report)}
+                raise ConfigError(
+                    f"the configuration file could not be read within {RELOAD_READ_TIMEOUT:g} s "
+                    "(a named pipe, as `sops exec-file` gives, is read once: restart the daemon)"
+                )
+            except (ConfigError, StartError) as exc:
+                return self._refuse_reload(exc)
+            finally:
+                self.notifier.ready(self._ready_status())  # (the old configuration, if refused)
 
     def _refuse_reload(self, exc: Exception) -> dict[str, Any]:
         self._log.error("config.reload_refused", error=str(exc))

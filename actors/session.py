@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -108,7 +108,7 @@ class Session:
         upstreams: Mapping[str, ServerActor],
         registry: Registry,
         settings: BrokerSettings,
-        control: Callable[[str, tuple[str, ...]], Any] | None = None,
+        control: Callable[[str, tuple[str, ...]], Awaitable[Any]] | None = None,
         *,
         view: tuple[str, ...] | None = None,
         transparent: bool = False,
@@ -431,7 +431,9 @@ class Session:
         """Answer a control command (about ``servers``, if it names some) with
         one line of JSON; the connection then closes."""
         self.is_control = True
-        answer = self._control(command, servers) if self._control else {"error": "no control here"}
+        answer = (
+            await self._control(command, servers) if self._control else {"error": "no control here"}
+        )
         await self._reply(answer)
         self._handle.close_reason = f"answered {command!r}"
 

@@ -282,7 +282,9 @@ async def _run_daemon(config: Any, socket_path: str, load: Any = None) -> None:
                 name = signal.Signals(signum).name
                 if signum == signal.SIGHUP:
                     log.info("daemon.reload_requested", signal=name)
-                    daemon.reload_file()  # (it logs what it did, or why it refused)
+                    # (a task: the signals are still heard while it reads the file;
+                    # it logs what it did, or why it refused)
+                    nursery.start_soon(daemon.reload_file)
                 elif not stopping:
                     log.info("daemon.stopping", signal=name)
                     stopping = True

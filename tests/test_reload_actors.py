@@ -447,3 +447,33 @@ async def test_a_restart_by_reload_asks_the_new_process_what_its_sessions_asked(
     await link.send(updated)
     await settle()
     assert updated in client.messages
+
+
+async def test_a_reload_whose_file_never_comes_blocks_nobody_and_is_refused(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    # (a config that is a named pipe, read again on the event loop: every session
+    # hung, and SIGTERM with them)
+    import threading
+
+    daemon = await start(nursery, scripts.config("a"))
+    released = threading.Event()
+
+    def load() -> Config:
+        released.wait(15)  # (open() of a named pipe that nobody writes)
+        return scripts.config("a")
+
+    daemon._load = load
+    client = await connect(nursery, daemon)
+    answered: list[Any] = []
+
+    async def reload() -> None:
+        answered.append(await daemon.reload_file())
+
+    nursery.start_soon(reload)
+    await client.call(7, "a__sleep", seconds=1)
+    assert "result" in await client.answer(7)
+    assert not answered  # (still reading)
+    await trio.sleep(11)
+    released.set()
+    assert "could not be read within 10 s" in answered[0]["error"]
