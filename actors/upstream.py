@@ -60,6 +60,7 @@ from actors.server_actor import (
     ServerEvent,
     UpstreamStatistics,
 )
+from actors.stderr import LineBudget
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.jsonrpc import (
@@ -195,6 +196,11 @@ class Upstream:
         self._retired: str | None = None  # why retire() stopped it for good
         self._heard = False  # the server sent something since the last ping (liveness)
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        # Lines on stdout that are not JSON-RPC (a server's debug prints) are
+        # logged within the budget stderr gets (actors/stderr.py), the rest
+        # counted: 100,000 of them wrote 27 MB of log and stalled every session.
+        self._invalid_budget = LineBudget(now=-math.inf)
+        self._invalid_unlogged = 0
 
     # -- the actor's public face -------------------------------------------
 
@@ -906,6 +912,16 @@ class Upstream:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
         self._unpark()  # what waited for it to start is answered: it is down
 
+    def _invalid_message(self, error: str, line: bytes) -> None:
+        if not self._invalid_budget.take(1, trio.current_time()):
+            self._invalid_unlogged += 1
+            return
+        more = {"not_logged_before": self._invalid_unlogged} if self._invalid_unlogged else {}
+        self._invalid_unlogged = 0
+        self._log.warning(
+            "server.invalid_message", error=error, line=line[:200].decode(errors="replace"), **more
+        )
+
     # -- reader -------------------------------------------------------------
 
     async def _read(self, link: Link) -> str:
@@ -965,11 +981,7 @@ class Upstream:
                         continue
                     actions = self._protocol.server_message(message, now, related)
                 except JsonRpcError as exc:
-                    self._log.warning(
-                        "server.invalid_message",
-                        error=exc.message,
-                        line=line[:200].decode(errors="replace"),
-                    )
+                    self._invalid_message(exc.message, line)
                     if not isinstance(exc.response_id, int):
                         continue
                     # An answer the broker cannot take (too deep, both "result"

@@ -954,3 +954,23 @@ async def test_a_client_the_transport_gave_up_on_is_closed_with_the_transports_r
             await trio.sleep(0.01)
     assert session.handle.close_reason.startswith("outbound queue full")
     assert "client not reading" in session.handle.close_reason
+
+
+async def test_a_flood_of_lines_that_are_not_json_rpc_is_logged_within_a_budget(
+    nursery: trio.Nursery,
+) -> None:
+    # (100,000 debug prints on stdout were 100,000 warnings: 27 MB of log, and
+    # every session stalled)
+    import structlog
+
+    from actors.stderr import BURST
+
+    script = ScriptedServer(nursery)
+    client = await open_client(nursery, await start_upstream(nursery, script))
+    await client.initialize()
+    garbage = "\n".join(["debug: not json"] * 3000 + ['{"jsonrpc":"2.0","id":ID,"result":{}}'])
+    with structlog.testing.capture_logs() as captured:
+        response = await client.request("tools/call", call("raw", line=garbage))
+    assert response["result"] == {}
+    logged = [entry for entry in captured if entry["event"] == "server.invalid_message"]
+    assert BURST <= len(logged) < BURST + 50, len(logged)
