@@ -760,7 +760,11 @@ class Upstream:
                 nursery.cancel_scope.cancel()
                 return None
             except OSError as exc:
-                self._went_down(f"could not be started ({exc.strerror or exc}: {self._target})")
+                # (the OSError of a cwd that does not exist names the cwd: saying
+                # the command sent the user looking for it on the PATH)
+                cwd = self.config.cwd
+                what = f"its cwd {cwd}" if cwd is not None and exc.filename == cwd else self._target
+                self._went_down(f"could not be started ({exc.strerror or exc}: {what})")
                 nursery.cancel_scope.cancel()
                 return None
             except LaunchError as exc:

@@ -428,6 +428,27 @@ async def test_a_link_task_that_raises_restarts_that_server_alone(
     assert "UnicodeEncodeError" in (up.statistics().last_error or "")
 
 
+async def test_a_cwd_that_does_not_exist_is_named_not_the_command(
+    nursery: trio.Nursery, tmp_path: Any
+) -> None:
+    # (the message named the command, and docs/troubleshooting.md answered it
+    # with "the command is not on the daemon's PATH")
+    import functools
+    import sys
+
+    from actors.links.stdio import launch_stdio
+
+    config = ServerConfig(command=sys.executable, cwd=str(tmp_path / "gone"))
+    up = Upstream("s", config, SETTINGS, functools.partial(launch_stdio, config))
+    with trio.fail_after(10):
+        nursery.start_soon(up.run)
+        while up.statistics().last_error is None:
+            await trio.sleep(0.01)
+    assert up.statistics().last_error == (
+        f"could not be started (No such file or directory: its cwd {tmp_path / 'gone'})"
+    )
+
+
 # -- the Session actor moves its session -----------------------------------------
 
 
