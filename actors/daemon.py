@@ -29,9 +29,10 @@ SIGKILL: actors/links/stdio.py), and the socket file is removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from functools import partial
 from typing import Any
 
@@ -46,6 +47,7 @@ from actors.downstream.http import serve_http
 from actors.downstream.metrics import serve_metrics
 from actors.downstream.stream import StreamConnection
 from actors.downstream.unix import (
+    ConfigRefused,
     StartError,
     claim_socket_path,
     hold_socket_lock,
@@ -208,20 +210,23 @@ class Daemon:
                 )
                 if address is not None:
                     host, port = address
-                    port = await nursery.start(
-                        serve_websocket,
-                        host,
-                        port,
-                        self._current_websocket_policy,
-                        self.upstreams,
-                        settings.max_message_bytes,
-                        self._serve_by_url,
-                    )
+                    with _listening("WebSocket", host, port):
+                        port = await nursery.start(
+                            serve_websocket,
+                            host,
+                            port,
+                            self._current_websocket_policy,
+                            self.upstreams,
+                            settings.max_message_bytes,
+                            self._serve_by_url,
+                        )
                     self.websocket_url = _url("ws", host, port, "/mcp")
                 if http_address is not None:
-                    await self._start_http(nursery, *http_address)
+                    with _listening("HTTP", *http_address):
+                        await self._start_http(nursery, *http_address)
                 if metrics is not None:
-                    await self._serve_metrics(nursery, *metrics)
+                    with _listening("metrics", *metrics):
+                        await self._serve_metrics(nursery, *metrics)
                 self._log.info(
                     "daemon.listening",
                     socket=self.socket_path,
@@ -333,7 +338,7 @@ class Daemon:
         try:
             return AuditLog(os.path.expanduser(path))
         except (UnsafePath, OSError) as exc:
-            raise StartError(f"cannot write the audit log {path}: {exc}") from None
+            raise ConfigRefused(f"cannot write the audit log {path}: {exc}") from None
 
     async def start_servers(self, nursery: trio.Nursery) -> None:
         """Start the Registry and every server's actor in ``nursery``, the
@@ -586,6 +591,23 @@ def _url(scheme: str, host: str, port: int, path: str) -> str:
     """A listener's URL (an IPv6 host in brackets)."""
     shown = f"[{host}]" if ":" in host else host
     return f"{scheme}://{shown}:{port}{path}"
+
+
+@contextlib.contextmanager
+def _listening(kind: str, host: str, port: int) -> Iterator[None]:
+    """A listener that cannot bind (its port taken, its address not this
+    machine's) is a one-line StartError, not the traceback of an OSError."""
+    try:
+        yield
+    except* OSError as group:
+        exc = _first_oserror(group)
+        why = exc.strerror or str(exc)
+        raise StartError(f"cannot listen for {kind} on {host}:{port}: {why}") from None
+
+
+def _first_oserror(group: BaseExceptionGroup[OSError]) -> OSError:
+    first = group.exceptions[0]
+    return _first_oserror(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:

@@ -181,7 +181,7 @@ def _main(argv: list[str]) -> int:
 def _serve(args: Any) -> int:
     import trio
 
-    from actors.downstream.unix import StartError
+    from actors.downstream.unix import ConfigRefused, StartError
     from actors.logs import RotatingLog, configure_logging, get_logger
     from actors.paths import UnsafePath, default_socket_path
     from broker.config import (
@@ -224,11 +224,12 @@ def _serve(args: Any) -> int:
         refused, rest = group.split((StartError, UnsafePath))
         if refused is None or rest is not None:
             raise
-        print(f"mcpbroker: {_first_leaf(refused)}", file=sys.stderr)
-        return 1
+        first = _first_leaf(refused)
+        print(f"mcpbroker: {first}", file=sys.stderr)
+        return 2 if isinstance(first, ConfigRefused) else 1
     except (StartError, UnsafePath) as exc:
         print(f"mcpbroker: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ConfigRefused) else 1  # (a restart would not mend it)
     log.info("daemon.stopped")
     return 0
 

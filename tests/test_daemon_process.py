@@ -181,6 +181,39 @@ async def test_a_bad_config_file_is_reported_with_the_key_at_fault(tmp_path: Pat
     assert b"mcpServers.x.args" in result.stderr and b"list of strings" in result.stderr
 
 
+async def test_a_config_that_cannot_be_served_exits_2_and_a_taken_port_says_so_in_a_line(
+    tmp_path: Path,
+) -> None:
+    # (both exited 1, with RestartPreventExitStatus=2 systemd restarted in vain;
+    # a taken port was a 68-line traceback)
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    cases = [
+        ({"metrics": "0.0.0.0:0"}, 2, "off loopback, needs a token"),
+        ({"websocket": "127.0.0.1:0", "tokenFile": str(tmp_path / "no")}, 2, "cannot read the"),
+        ({"auditLog": str(tmp_path / "no" / "a.jsonl")}, 2, "cannot write the audit log"),
+        ({"metrics": f"127.0.0.1:{port}"}, 1, f"cannot listen for metrics on 127.0.0.1:{port}"),
+        ({"websocket": f"127.0.0.1:{port}"}, 1, "cannot listen for WebSocket on"),
+    ]
+    with taken, trio.fail_after(60):
+        for broker, code, message in cases:
+            config = tmp_path / "c.json"
+            config.write_text(json.dumps({"mcpServers": {}, "broker": broker}))
+            result = await trio.run_process(
+                [MCPBROKER, "serve", "--config", str(config), "--socket", str(tmp_path / "s")],
+                env=ENV,
+                capture_stderr=True,
+                check=False,
+            )
+            lines = result.stderr.decode().strip().splitlines()
+            assert (result.returncode, len(lines)) == (code, 1), (broker, lines)
+            assert message in lines[0], lines
+
+
 class SocketStdio:
     """A shim's stdin and stdout as one end of a socket pair (not pipes: the
     shim then copies instead of splicing)."""

@@ -48,6 +48,13 @@ class StartError(Exception):
     """The daemon cannot serve this socket; the message says why, in one line."""
 
 
+class ConfigRefused(StartError):
+    """The configuration cannot be served as it is (a token file that cannot be
+    read, a listener off loopback without a token, an audit log that cannot be
+    opened): ``serve`` exits 2, as for a bad file, since a restart would not
+    mend it (docs/service.md, ``RestartPreventExitStatus=2``)."""
+
+
 class AlreadyRunning(StartError):
     """Another daemon serves this socket."""
 

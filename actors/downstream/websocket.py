@@ -66,26 +66,26 @@ class WebSocketConnection:
 
 def read_token(path: str) -> str:
     """The bearer token in ``path`` (surrounding whitespace removed)."""
-    from actors.downstream.unix import StartError
+    from actors.downstream.unix import ConfigRefused
 
     try:
         with open(path, encoding="utf-8") as file:
             token = file.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise StartError(f"cannot read the token file {path}: {exc}") from None
+        raise ConfigRefused(f"cannot read the token file {path}: {exc}") from None
     if not token or any(c.isspace() for c in token):
-        raise StartError(f"the token file {path} must hold one token (no spaces)")
+        raise ConfigRefused(f"the token file {path} must hold one token (no spaces)")
     return token
 
 
 def policy_for(host: str, settings: BrokerSettings, kind: str = "WebSocket") -> wire.Policy:
     """Who may connect to a listener on ``host`` (a ``kind`` one: WebSocket,
     HTTP), by the settings; off loopback, a token is required (docs/security.md)."""
-    from actors.downstream.unix import StartError
+    from actors.downstream.unix import ConfigRefused
 
     token = read_token(settings.token_file) if settings.token_file else None
     if token is None and not is_loopback(host):
-        raise StartError(
+        raise ConfigRefused(
             f"a {kind} listener on {host}, off loopback, needs a token "
             "(--token-file or broker.tokenFile)"
         )
