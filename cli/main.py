@@ -152,11 +152,11 @@ def _main(argv: list[str]) -> int:
     status.add_argument(
         "--watch",
         metavar="SECONDS",
-        type=float,
+        type=_watch_seconds,
         nargs="?",
         const=2.0,
         default=None,
-        help="print it again every SECONDS (default 2) until interrupted",
+        help="print it again every SECONDS (default 2, at least 0.1) until interrupted",
     )
     reload = commands.add_parser(
         "reload", help="make a running daemon read its configuration again (as SIGHUP does)"
@@ -176,6 +176,24 @@ def _main(argv: list[str]) -> int:
         print(json.dumps(demo_config(), indent=2))
         return 0
     return _serve(args)
+
+
+WATCH_MIN = 0.1  # seconds: `--watch 0` polled the daemon as fast as it could
+
+
+def _watch_seconds(text: str) -> float:
+    """``status --watch``'s SECONDS: a usage error (exit 2) unless a finite
+    number of at least WATCH_MIN (-1 and nan were a traceback)."""
+    import argparse
+    import math
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= WATCH_MIN):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, at least {WATCH_MIN:g}")
+    return seconds
 
 
 def _serve(args: Any) -> int:

@@ -49,3 +49,11 @@ def test_the_shims_failure_shows_only_the_failing_daemons_lines(tmp_path: Path) 
     assert done.returncode == 1
     assert "mcpServers.x.command" in done.stderr
     assert "stale line" not in done.stderr
+
+
+@pytest.mark.parametrize("seconds", ["-1", "nan", "inf", "0", "abc"])
+def test_a_bad_watch_interval_is_a_usage_error(seconds: str, tmp_path: Path) -> None:
+    # (-1 and nan printed the status, then a traceback; 0 polled without a pause)
+    done = run("status", "--socket", str(tmp_path / "none.sock"), "--watch", seconds)
+    assert done.returncode == 2 and "--watch: must be a number of seconds" in done.stderr
+    assert "Traceback" not in done.stderr
