@@ -390,8 +390,12 @@ def main(argv: list[str], system: str | None = None) -> int:
         if args.command == "install":
             config = os.path.abspath(args.config or default_config_path())
             socket_path = os.path.abspath(args.socket or default_socket_path())
-            if not args.dry_run:
+            try:  # (a dry run says what the real one would do: refuse too)
                 check_install(config, socket_path)
+            except ServiceError as exc:
+                if args.dry_run:
+                    raise ServiceError(f"the install would be refused: {exc}") from None
+                raise
             steps = install_plan(env, daemon_command(), config, socket_path)
         else:
             steps = uninstall_plan(env)

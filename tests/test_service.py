@@ -271,10 +271,11 @@ def test_install_writes_and_enables_the_units_and_uninstall_removes_them(home: H
 
 
 def test_dry_run_shows_the_files_and_commands_and_changes_nothing(home: Home) -> None:
-    done = home.run("install", "--dry-run", "--config", "/etc/mcp.json")
+    home.write_config()
+    done = home.run("install", "--dry-run", "--config", str(home.config))
     assert done.returncode == 0, done.stderr
     assert f"would write {home.units}/mcpbroker.service:" in done.stdout
-    assert "    ExecStart=" in done.stdout and "--config /etc/mcp.json" in done.stdout
+    assert "    ExecStart=" in done.stdout and f"--config {home.config}" in done.stdout
     assert "would run: systemctl --user enable mcpbroker.socket mcpbroker.service" in done.stdout
     assert not home.units.exists() and home.take_calls() == []
 
@@ -286,6 +287,14 @@ def test_install_refuses_without_a_config_or_with_a_bad_one(home: Home) -> None:
     home.config.write_text('{"mcpServers": {"x": {"command": 5}}}')
     done = home.run("install")
     assert done.returncode == 1 and "mcpServers.x.command" in done.stderr
+    assert not home.units.exists() and home.take_calls() == []
+
+
+def test_a_dry_run_says_the_install_would_be_refused(home: Home) -> None:
+    # (it showed the units and commands and exited 0; the real run refused)
+    done = home.run("install", "--dry-run", "--config", "/nonexistent/config.json")
+    assert done.returncode == 1 and done.stdout == ""
+    assert "the install would be refused: there is no config file" in done.stderr
     assert not home.units.exists() and home.take_calls() == []
 
 
