@@ -37,6 +37,7 @@ the server and the tool.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 from typing import Any
 
@@ -71,6 +72,10 @@ class ServerGroup:
         self._scopes: dict[Upstream, trio.CancelScope] = {}
         self._retired = False  # (no instance starts after retire(): see there)
         self._log = get_logger(server=name)
+        # The counters of the instances that ended (a per-session one whose
+        # session left): counters only go up, and Prometheus read each
+        # session's end as a counter reset.
+        self._ended: collections.Counter[str] = collections.Counter()
 
     def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
         """New live settings (see Upstream.reconfigure), for every instance, and
@@ -124,16 +129,19 @@ class ServerGroup:
         return list(self._scopes)
 
     def statistics(self) -> UpstreamStatistics:
-        parts = [instance.statistics() for instance in self._scopes] or [self._catalog.statistics()]
+        running = [instance.statistics() for instance in self._scopes]
+        parts = running or [self._catalog.statistics()]
+        counted = running if self._ended else parts  # (an ended catalog is in _ended)
+        ended = self._ended
         return attrs.evolve(
             self._catalog.statistics(),
-            restarts=sum(p.restarts for p in parts),
-            sessions=sum(p.sessions for p in parts),
+            restarts=ended["restarts"] + sum(p.restarts for p in counted),
+            sessions=self._sessions(parts),
             in_flight=sum(p.in_flight for p in parts),
             inbox=sum(p.inbox for p in parts),
-            requests=sum(p.requests for p in parts),
-            timeouts=sum(p.timeouts for p in parts),
-            errors=sum(p.errors for p in parts),
+            requests=ended["requests"] + sum(p.requests for p in counted),
+            timeouts=ended["timeouts"] + sum(p.timeouts for p in counted),
+            errors=ended["errors"] + sum(p.errors for p in counted),
             instances=len(parts),
             share=self.share,
             cpu=_total(p.cpu for p in parts),
@@ -142,6 +150,10 @@ class ServerGroup:
             parked=sum(p.parked for p in parts),
             pids=tuple(pid for p in parts for pid in p.pids),
         )
+
+    def _sessions(self, parts: list[UpstreamStatistics]) -> int:
+        """Sessions using the server: each instance has sessions of its own."""
+        return sum(p.sessions for p in parts)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -175,6 +187,9 @@ class ServerGroup:
                 await instance.run(task_status=task_status)
             finally:
                 del self._scopes[instance]
+                last = instance.statistics()
+                for counter in ("restarts", "requests", "timeouts", "errors"):
+                    self._ended[counter] += getattr(last, counter)
 
     def retire(self, reason: str) -> None:
         """Stop for good (see Upstream.retire): every instance answers what it
@@ -304,6 +319,10 @@ class PooledServer(ServerGroup):
 
     def _every_instance(self) -> list[Upstream]:
         return self._pool
+
+    def _sessions(self, parts: list[UpstreamStatistics]) -> int:
+        # (every instance of a pool hears every session: each counted it once)
+        return max((p.sessions for p in parts), default=0)
 
     async def wait_ready(self) -> None:
         """Wait until every instance of the pool is ready (for tests and tools)."""
