@@ -80,10 +80,12 @@ def configure_logging(
     stream = stream or sys.stderr
     if json is None:
         json = not stream.isatty()
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
+    # (JSON escapes control characters itself; the console format wrote a
+    # server's ESC sequences to the terminal or journal as they came)
+    renderers: list[Any] = (
+        [structlog.processors.JSONRenderer()]
         if json
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        else [_escape_controls, structlog.dev.ConsoleRenderer(colors=stream.isatty())]
     )
     structlog.configure(
         processors=[
@@ -91,12 +93,24 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            renderer,
+            *renderers,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.WriteLoggerFactory(file=_Forgiving(stream)),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
+
+
+# Control characters but tab and newline, as \u00XX (cli/logs.py the same).
+CONTROLS = {c: f"\\u{c:04x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
+def _escape_controls(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The console format's values with their control characters escaped."""
+    return {
+        key: value.translate(CONTROLS) if isinstance(value, str) else value
+        for key, value in event.items()
+    }
 
 
 def get_logger(**context: Any) -> Any:

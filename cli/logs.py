@@ -114,9 +114,20 @@ def parse(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+# Control characters other than tab and newline, as \u00XX (valid in a JSON
+# string too): a server's stderr line with ESC ]0; or ESC [2J retitled, cleared
+# or hid the reader's terminal (OSC 52 writes its clipboard).
+CONTROLS = {c: f"\\u{c:04x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (9, 10)}
+
+
 def render(line: str) -> str:
     """A JSON line as ``TIME LEVEL EVENT context... key=value...`` (the traceback
-    of an exception after it); any other line as it is."""
+    of an exception after it); any other line as it is. Control characters are
+    escaped either way."""
+    return _render(line).translate(CONTROLS)
+
+
+def _render(line: str) -> str:
     record = parse(line)
     if record is None or "event" not in record:
         return line
@@ -137,7 +148,7 @@ def _value(value: Any) -> str:
 
 
 def _raw(line: str) -> str:
-    return line
+    return line.translate(CONTROLS)
 
 
 def files_of(path: str) -> list[str]:

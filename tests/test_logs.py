@@ -90,3 +90,19 @@ def test_a_log_stream_that_fails_costs_lines_not_the_caller() -> None:
         get_logger().error("server.down", reason="x")
     finally:
         structlog.reset_defaults()
+
+
+def test_the_console_format_escapes_control_characters() -> None:
+    import io
+
+    import structlog
+
+    from actors.logs import configure_logging, get_logger
+
+    out = io.StringIO()
+    try:
+        configure_logging("info", stream=out, json=False)
+        get_logger(server="s").info("server.stderr", line="\x1b]0;PWNED\x07\x1b[2J")
+    finally:
+        structlog.reset_defaults()
+    assert "\x1b" not in out.getvalue() and "\\u001b]0;PWNED" in out.getvalue()

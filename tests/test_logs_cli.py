@@ -220,3 +220,12 @@ def test_a_negative_line_count_is_refused(tmp_path: Path) -> None:
     done = subprocess.run([MCPBROKER, "logs", "--file", str(log), "-n", "-3"],
                           env=ENV, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == 2 and "-n/--lines must be 0 or more" in done.stderr
+
+
+def test_control_characters_from_a_server_are_escaped_not_played() -> None:
+    # (ESC ]0; retitled the reader's terminal, ESC [2J cleared it, ESC [8m hid text)
+    hostile = "\x1b]0;PWNED\x07\x1b[2J\x1b[8mhidden\x9b"
+    line = json.dumps({"event": "server.stderr", "level": "info", "line": hostile})
+    for shown in (render(line), render("not json " + hostile)):
+        assert not any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in shown), shown
+        assert "\\u001b]0;PWNED\\u0007" in shown
