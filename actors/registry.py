@@ -57,6 +57,7 @@ from broker.listing import (
     changed_kinds,
     list_changed,
     new_clashes,
+    renamed,
     renamed_elsewhere,
 )
 from broker.states import DOWN, ServerState
@@ -71,6 +72,7 @@ RETRY_MAX = 300.0  # (the delay doubles on each failure in a row, up to this)
 class Subscribe:
     session: SessionHandle
     view: frozenset[str]
+    transparent: bool = False  # (its names carry no separator: broker/hello.py)
 
 
 @attrs.frozen
@@ -94,6 +96,7 @@ class Registry:
         self.events, self._events = trio.open_memory_channel[RegistryEvent](EVENTS_SIZE)
         self._client = InternalClient()
         self._subscribers: dict[SessionHandle, frozenset[str]] = {}
+        self._transparent: set[SessionHandle] = set()  # (of the subscribers)
         self._generation = dict.fromkeys(upstreams, 0)
         self._pending: dict[str, set[Kind]] = {}  # lists to refresh, per server being refreshed
         self._retry_kinds: dict[str, set[Kind]] = {}  # lists to fetch again, per server waiting
@@ -103,8 +106,10 @@ class Registry:
         for upstream in upstreams.values():
             upstream.events = self.events
 
-    async def subscribe(self, session: SessionHandle, view: tuple[str, ...]) -> None:
-        await self.events.send(Subscribe(session, frozenset(view)))
+    async def subscribe(
+        self, session: SessionHandle, view: tuple[str, ...], transparent: bool = False
+    ) -> None:
+        await self.events.send(Subscribe(session, frozenset(view), transparent))
 
     async def unsubscribe(self, session: SessionHandle) -> None:
         await self.events.send(Unsubscribe(session))
@@ -137,8 +142,11 @@ class Registry:
     def _handle(self, event: RegistryEvent) -> None:
         if isinstance(event, Subscribe):
             self._subscribers[event.session] = event.view
+            if event.transparent:
+                self._transparent.add(event.session)
         elif isinstance(event, Unsubscribe):
             self._subscribers.pop(event.session, None)
+            self._transparent.discard(event.session)
         elif event.server not in self.current.servers:
             return  # a server a reload removed
         elif event.status is not None:
@@ -316,9 +324,9 @@ class Registry:
         a new page size holds for the next list request."""
         old = self.current
         self.current = Catalog(old.servers.values(), settings.separator, settings.page_size)
-        if settings.separator != old.separator:
-            for server in self.current.servers:
-                self._notify(server, [kind for kind in KINDS if kind in (TOOLS, PROMPTS)])
+        if settings.separator != old.separator:  # (once a session, not once a server)
+            for session, note in renamed((TOOLS, PROMPTS), self._subscribers, self._transparent):
+                session.deliver(note)
 
     # -- a reload ---------------------------------------------------------------
 

@@ -420,7 +420,7 @@ class Session:
     async def _attach_one(self, upstream: ServerActor, view: tuple[str, ...]) -> None:
         info = self._protocol.client_info
         await upstream.send(Attach(self._handle, self._capabilities, self._modern, info))
-        await self._registry.subscribe(self._handle, view)
+        await self._registry.subscribe(self._handle, view, self._protocol.transparent)
 
     @property
     def _modern(self) -> bool:
@@ -546,7 +546,7 @@ class Session:
         info = self._protocol.client_info
         for upstream in self._attached:
             await upstream.send(Attach(self._handle, action.capabilities, self._modern, info))
-        await self._registry.subscribe(self._handle, action.view)
+        await self._registry.subscribe(self._handle, action.view, self._protocol.transparent)
 
     async def _detach(self) -> None:
         if self._attached is None:

@@ -27,7 +27,7 @@ each answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -153,6 +153,24 @@ def renamed_elsewhere(
                 for session, view in subscribers.items()
                 if cause not in view and not renamed.isdisjoint(view)
             )
+    return out
+
+
+def renamed(
+    kinds: Iterable[Kind], subscribers: Mapping[S, frozenset[str]], transparent: Container[S]
+) -> list[tuple[S, Message]]:
+    """Who is told what when the separator changed (``kinds``: those whose names
+    carry it): each subscriber once per notification, however many servers it
+    sees; not a ``transparent`` one, whose names carry no separator (and whose
+    initialize may not have offered ``listChanged`` for them)."""
+    out: list[tuple[S, Message]] = []
+    for method in dict.fromkeys(kind.notification for kind in kinds):
+        note = jsonrpc.notification(method)
+        out.extend(
+            (session, note)
+            for session, view in subscribers.items()
+            if view and session not in transparent
+        )
     return out
 
 

@@ -17,6 +17,7 @@ from broker.listing import (
     changed_kinds,
     list_changed,
     new_clashes,
+    renamed,
     renamed_elsewhere,
 )
 
@@ -273,3 +274,16 @@ def test_sessions_whose_names_a_change_elsewhere_renamed_are_told() -> None:
     # The clash going away renames it back: told again.
     assert renamed_elsewhere(after, before, "a", subscribers) == told
     assert renamed_elsewhere(before, before, None, subscribers) == []
+
+
+def test_a_new_separator_is_said_once_a_session_and_not_to_a_transparent_one() -> None:
+    subscribers = {
+        "every": frozenset({"a", "b", "c"}),
+        "alone": frozenset({"a"}),
+        "none": frozenset(),
+    }
+    told = renamed([TOOLS, PROMPTS], subscribers, {"alone"})
+    assert [(who, note["method"]) for who, note in told] == [
+        ("every", "notifications/tools/list_changed"),
+        ("every", "notifications/prompts/list_changed"),
+    ]

@@ -100,6 +100,34 @@ async def test_a_new_separator_renames_the_tools_and_says_so(nursery: trio.Nurse
     assert "result" in answer
 
 
+async def test_a_new_separator_is_said_once_to_each_session_whose_names_carry_it(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    # (one tools/ and one prompts/list_changed per server reached every session,
+    # and a transparent one too, whose names carry no separator)
+    scripts = {name: ScriptedServer(nursery) for name in ("a", "b", "c")}
+    broker = await start_broker(nursery, scripts)
+    every = await open_client(nursery, broker, servers=())
+    await every.send({"mcpbroker": {}})
+    await every.initialize()
+    alone = await open_client(nursery, broker, servers=("a",))
+    await alone.initialize()
+    for client in (every, alone):
+        await client.request("tools/list")
+        client.others.clear()
+    broker.registry.reconfigure(attrs.evolve(SETTINGS, separator="."))
+    for client in (every, alone):
+        with trio.move_on_after(5):
+            while True:
+                client.others.append(await client.receive())
+    told = [m.get("method") for m in every.others]
+    assert sorted(told) == [
+        "notifications/prompts/list_changed",
+        "notifications/tools/list_changed",
+    ]
+    assert alone.others == []
+
+
 async def test_the_daemon_applies_what_is_live_and_reports_the_rest(
     socket_path: str, tmp_path: Any
 ) -> None:
