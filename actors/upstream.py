@@ -294,6 +294,10 @@ class Upstream:
         of the old one are asked of the new process at its handshake, as a
         crash's restart asks them (docs/configuration.md)."""
         self._protocol.fanout = old._protocol.fanout.for_new_server()
+        # Its counters go on from the old one's (counters only go up: from 0,
+        # Prometheus read each restarting reload as a reset).
+        self._requests, self._timeouts_count = old._requests, old._timeouts_count
+        self._errors, self._restarts = old._errors, old._restarts
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""

@@ -477,3 +477,17 @@ async def test_a_reload_whose_file_never_comes_blocks_nobody_and_is_refused(
     await trio.sleep(11)
     released.set()
     assert "could not be read within 10 s" in answered[0]["error"]
+
+
+async def test_the_counters_of_a_server_a_reload_restarts_go_on(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    # (they started again from 0: a counter reset for Prometheus)
+    daemon = await start(nursery, scripts.config("a", a="a1"))
+    client = await connect(nursery, daemon)
+    for id in range(3):
+        assert "result" in await client.request(id, "tools/call", {"name": "a__echo"})
+    before = daemon.upstreams["a"].statistics().requests
+    assert daemon.reload(scripts.config("a", a="a2")).restarted == ("a",)
+    await settle()
+    assert daemon.upstreams["a"].statistics().requests >= before >= 3
