@@ -290,7 +290,15 @@ def parse_config(data: Any) -> Config:
             raise ConfigError(f'"broker.metrics": {exc}') from None
     if broker.audit_log is not None and not broker.audit_log.strip():
         raise ConfigError('"broker.auditLog" must be a file\'s path')
+    if (
+        len(warnings) > MAX_WARNINGS
+    ):  # (100,000 unknown keys were 100,000 lines, and a 4.7 MB answer)
+        more = len(warnings) - MAX_WARNINGS
+        warnings[MAX_WARNINGS:] = [f"{more} more warnings like these not shown"]
     return Config(servers=servers, broker=broker, warnings=tuple(warnings))
+
+
+MAX_WARNINGS = 20  # the warnings a file gets at most (serve's stderr, the log, reload's answer)
 
 
 _BROKER_KEYS = {

@@ -287,3 +287,12 @@ def test_values_a_launch_would_choke_on_are_refused(entry: dict[str, Any], fragm
 def test_a_header_secret_is_not_shown_in_the_error() -> None:
     message = config_error(servers(s={"url": "http://h/mcp", "headers": {"X": "s3cret\u00e9"}}))
     assert "s3cret" not in message
+
+
+def test_a_file_full_of_unknown_keys_gets_a_bounded_number_of_warnings() -> None:
+    # (100,000 unknown keys: 100,000 warning lines, and a 4.7 MB reload answer)
+    from broker.config import MAX_WARNINGS
+
+    config = parse_config(servers(s=stdio(**{f"k{i}": 1 for i in range(1000)})))
+    assert len(config.warnings) == MAX_WARNINGS + 1
+    assert config.warnings[-1] == f"{1000 - MAX_WARNINGS} more warnings like these not shown"
