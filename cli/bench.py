@@ -37,6 +37,7 @@ import attrs
 import orjson
 
 from actors.paths import default_config_path, default_socket_path
+from cli.limits import WANTED_DESCRIPTORS, raise_fd_limit
 from tools import bench_proc
 from tools.bench_engine import BenchError, Engine, Load, Progress, Result, Target
 
@@ -148,7 +149,7 @@ def run(
     """Run the load (through the daemon, then directly with --direct); the report."""
     from cli.status import fetch_status
 
-    _raise_fd_limit(args.clients)
+    raise_fd_limit(max(WANTED_DESCRIPTORS, 4 * args.clients + 64))
     socket_path = args.socket or default_socket_path()
     try:
         status = fetch_status(socket_path)
@@ -184,17 +185,6 @@ def run(
         if direct.url:
             report["direct_url"] = direct.url
     return report
-
-
-def _raise_fd_limit(clients: int) -> None:
-    """Many clients need many descriptors: take the hard limit if the soft one is short."""
-    try:
-        import resource
-    except ImportError:
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < clients + 64 and soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _direct_target(args: argparse.Namespace) -> Target:

@@ -209,6 +209,7 @@ def _serve(args: Any) -> int:
         with_listeners,
         with_metrics,
     )
+    from cli.limits import raise_fd_limit
 
     json_logs = {"auto": None, "console": False, "json": True}[args.log_format]
     try:
@@ -236,6 +237,7 @@ def _serve(args: Any) -> int:
         print(f"mcpbroker: warning: {warning}", file=sys.stderr)
     socket_path = args.socket or default_socket_path()
     _tune_gc()
+    raise_fd_limit()  # (a connection each client, pipes each server: 1024 is few)
     try:
         trio.run(_run_daemon, config, socket_path, load)
     except BaseExceptionGroup as group:  # (from the nursery the daemon runs in)

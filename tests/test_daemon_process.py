@@ -464,3 +464,35 @@ async def test_a_daemon_that_keeps_closing_the_session_is_given_up_on(socket_pat
     # connection that fails while being restored is retried on the same clock)
     assert 7 <= accepted <= 20, stderr  # the first connection, then six reconnects, backing off
     listener.close()
+
+
+async def test_the_daemon_raises_its_descriptor_limit(socket_path: str) -> None:
+    """Started with the common soft limit of a desktop session's processes
+    (here 256; 1024 is usual), the daemon takes up to 65,536 of the hard
+    limit: a few hundred idle connections locked every host out."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+    if wanted <= 256:
+        pytest.skip("the hard limit leaves nothing to raise")
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    with trio.fail_after(30):
+        process = await trio.lowlevel.open_process(
+            [MCPBROKER, "serve", "--config", config, "--socket", socket_path],
+            env=ENV,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=low_limit,
+        )
+        try:
+            while not await accepts_connections(socket_path):
+                assert process.poll() is None, "the daemon exited while starting"
+                await trio.sleep(0.02)
+            assert psutil.Process(process.pid).rlimit(psutil.RLIMIT_NOFILE)[0] == wanted
+        finally:
+            process.send_signal(signal.SIGTERM)
+            await process.wait()

@@ -184,3 +184,46 @@ async def test_a_message_over_the_limit_closes_with_1009(socket_path: str) -> No
                 assert caught.value.reason.code == 1009
                 assert caught.value.reason.reason
                 assert text(await small.call("sdk__echo", text="fine")) == "fine"
+
+
+async def test_connections_past_the_cap_are_refused_503_and_the_rest_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listener holds at most MAX_CONNECTIONS at once (2 here): a third
+    is refused 503 saying why; once one ends, a new one is taken. (Before,
+    idle sessions by the thousand took every descriptor of the daemon's,
+    and hosts on the unix socket were locked out.)"""
+    from actors.downstream import websocket as listener
+    from broker.wire.websocket import Policy
+
+    monkeypatch.setattr(listener, "MAX_CONNECTIONS", 2)
+    sessions = 0
+
+    async def open_session(connection: Any, view: Any, transparent: bool) -> None:
+        nonlocal sessions
+        sessions += 1
+        while (await connection.receive())[0]:
+            pass  # (until the client closes)
+
+    policy = Policy(frozenset(), frozenset(), None)
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
+                open_session,
+            )  # fmt: skip
+            url = f"ws://127.0.0.1:{port}/mcp"
+            async with (
+                trio_websocket.open_websocket_url(url, subprotocols=["mcp"]),
+                trio_websocket.open_websocket_url(url, subprotocols=["mcp"]),
+            ):
+                with pytest.raises(trio_websocket.ConnectionRejected) as refused:
+                    async with trio_websocket.open_websocket_url(url, subprotocols=["mcp"]):
+                        pass
+                assert refused.value.status_code == 503
+                assert b"more than 2 connections" in (refused.value.body or b"")
+            async with trio_websocket.open_websocket_url(url, subprotocols=["mcp"]):
+                while sessions < 3:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert sessions == 3

@@ -14,6 +14,7 @@ reads, so the message is never held whole.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -30,6 +31,9 @@ from broker.wire.frames import Frame
 
 CLOSE_TIMEOUT = 2.0
 HANDSHAKE_TIMEOUT = 10.0
+# Connections open at once (as the HTTP listener's); past it, a handshake is
+# refused 503: idle sessions by the thousand must not take every descriptor.
+MAX_CONNECTIONS = 2048
 RECEIVE_BUFFER = 256 * 1024
 
 # What the listener does with an accepted connection: run a session on it.
@@ -118,7 +122,23 @@ async def serve_websocket(
     reload may change it)."""
     log = get_logger()
 
+    open_now = 0
+
     async def handle(request: Any) -> None:
+        nonlocal open_now
+        if open_now >= MAX_CONNECTIONS:
+            reason = f"more than {MAX_CONNECTIONS} connections at once"
+            log.warning("websocket.refused", status=503, reason=reason, peer=str(request.remote))
+            with contextlib.suppress(trio_websocket.ConnectionClosed, trio.BrokenResourceError):
+                await request.reject(503, body=reason.encode() + b"\n")
+            return
+        open_now += 1
+        try:
+            await _serve_one(request)
+        finally:
+            open_now -= 1
+
+    async def _serve_one(request: Any) -> None:
         try:
             decision = wire.check_handshake(
                 request.path,
