@@ -7,9 +7,9 @@ child's stdin and stdout, plus what only a process has: its pid (in
 task of the link's own copies into the daemon's log (actors/stderr.py).
 
 Stopping a process follows MCP's stdio shutdown: close the server's stdin,
-wait for it to exit, then SIGTERM, then SIGKILL. Every wait is bounded, and
-the whole of it runs shielded, so a daemon being cancelled still leaves no
-process behind.
+wait for it to exit, then SIGTERM, then SIGKILL; then the same for what it
+left in its process group. Every wait is bounded, and the whole of it runs
+shielded, so a daemon being cancelled still leaves no process behind.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 
 import trio
@@ -87,7 +88,12 @@ def _widen(fd: int) -> None:
 
 
 async def stop(process: trio.Process, grace: float = STOP_GRACE_SECONDS) -> int | None:
-    """Close stdin, wait; SIGTERM, wait; SIGKILL. Returns the exit code."""
+    """Close stdin, wait; SIGTERM, wait; SIGKILL. Then what the server left
+    behind in its process group (it leads one: ``start_new_session``) gets
+    SIGTERM, and SIGKILL if it is still there after ``grace``: a server's
+    child that ignored SIGTERM and read no stdin outlived the daemon.
+    Returns the exit code."""
+    group = process.pid
     with trio.CancelScope(shield=True):
         if process.stdin is not None:
             with trio.move_on_after(grace):
@@ -99,4 +105,20 @@ async def stop(process: trio.Process, grace: float = STOP_GRACE_SECONDS) -> int 
                 break
             escalate()
         await process.wait()
+        # (at once: while a member of the group lives, its id is no new process's)
+        if _signal_group(group, signal.SIGTERM):
+            with trio.move_on_after(grace):
+                while _signal_group(group, 0):  # noqa: ASYNC110 (no event tells)
+                    await trio.sleep(0.05)
+                return process.returncode
+            _signal_group(group, signal.SIGKILL)
     return process.returncode
+
+
+def _signal_group(group: int, signum: int) -> bool:
+    """Send ``signum`` to process group ``group``; whether it has members."""
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
