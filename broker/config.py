@@ -19,6 +19,7 @@ warnings, not errors, so one host's config file works unchanged here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -215,9 +216,36 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except orjson.JSONDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
     try:
-        return parse_config(data)
+        config = parse_config(data)
     except ConfigError as exc:
         raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+    twice = duplicate_keys(raw)
+    if not twice:
+        return config
+    said = [f"key {key!r} is given more than once in an object: the last one is used"
+            for key in twice[:MAX_WARNINGS]]  # fmt: skip
+    return attrs.evolve(config, warnings=(*said, *config.warnings))
+
+
+def duplicate_keys(raw: bytes) -> list[str]:
+    """The keys that appear twice in one object of ``raw`` (valid JSON):
+    a decoder keeps the last, so a second server of the same name silently
+    replaced the first."""
+    twice: dict[str, None] = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                twice[key] = None
+            seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # (what orjson took and json does not: say nothing)
+        return []
+    return list(twice)
 
 
 def parse_config(data: Any) -> Config:
@@ -528,6 +556,10 @@ def _check_launchable(where: str, server: ServerConfig) -> None:
             raise ConfigError(f'"{where}.url" is not a valid URL ({exc})') from None
 
 
+MIN_RESTART_DELAY = 0.01
+MIN_PING_INTERVAL = 0.1
+
+
 def _check_recovery(
     where: str,
     delay: float | None,
@@ -537,16 +569,22 @@ def _check_recovery(
     ping_misses: int | None,
 ) -> None:
     """The restart and ping keys of a server entry or the broker section."""
-    if delay is not None and delay <= 0:
-        raise ConfigError(f'"{where}.restartDelay" must be a number of seconds above 0')
+    # (floors: a restart or a ping every nanosecond spins the daemon)
+    if delay is not None and delay < MIN_RESTART_DELAY:
+        raise ConfigError(
+            f'"{where}.restartDelay" must be a number of seconds, at least {MIN_RESTART_DELAY}'
+        )
     if max_delay is not None and (max_delay <= 0 or (delay is not None and max_delay < delay)):
         raise ConfigError(
             f'"{where}.restartMaxDelay" must be a number of seconds, at least "restartDelay"'
         )
     if attempts is not None and attempts < 0:
         raise ConfigError(f'"{where}.restartAttempts" must be 0 (never give up) or more')
-    if ping_interval is not None and ping_interval < 0:
-        raise ConfigError(f'"{where}.pingInterval" must be 0 (no pings) or a number of seconds')
+    if ping_interval is not None and ping_interval != 0 and not ping_interval >= MIN_PING_INTERVAL:
+        raise ConfigError(
+            f'"{where}.pingInterval" must be 0 (no pings) or a number of seconds,'
+            f" at least {MIN_PING_INTERVAL}"
+        )
     if ping_misses is not None and ping_misses < 1:
         raise ConfigError(f'"{where}.pingMisses" must be at least 1')
 

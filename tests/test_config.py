@@ -296,3 +296,19 @@ def test_a_file_full_of_unknown_keys_gets_a_bounded_number_of_warnings() -> None
     config = parse_config(servers(s=stdio(**{f"k{i}": 1 for i in range(1000)})))
     assert len(config.warnings) == MAX_WARNINGS + 1
     assert config.warnings[-1] == f"{1000 - MAX_WARNINGS} more warnings like these not shown"
+
+
+def test_a_key_given_twice_in_an_object_is_a_warning(tmp_path: Path) -> None:
+    """(The second server of a name replaced the first, and nothing said so.)"""
+    path = write(
+        tmp_path, '{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}, "b": '
+        '{"command": "z", "env": {"K": "1", "K": "2"}}}}',
+    )  # fmt: skip
+    config = load_config(path)
+    assert config.servers["a"] == ServerConfig(command="y")
+    assert {w for w in config.warnings if "more than once" in w} == {
+        "key 'a' is given more than once in an object: the last one is used",
+        "key 'K' is given more than once in an object: the last one is used",
+    }
+    assert not [w for w in load_config(write(tmp_path, '{"mcpServers": {}}')).warnings
+                if "more than once" in w]  # fmt: skip

@@ -92,6 +92,10 @@ def test_the_policy_takes_the_servers_keys_then_the_brokers() -> None:
         ({"restartDelay": 5, "restartMaxDelay": 1}, {}, "mcpServers.s.restartMaxDelay"),
         ({"restartAttempts": -1}, {}, "mcpServers.s.restartAttempts"),
         ({"pingInterval": -1}, {}, "mcpServers.s.pingInterval"),
+        # (floors: they spun the daemon)
+        ({"restartDelay": 1e-9}, {}, "mcpServers.s.restartDelay"),
+        ({"pingInterval": 1e-9}, {}, "mcpServers.s.pingInterval"),
+        ({}, {"restartDelay": 0.001}, "broker.restartDelay"),
         ({"pingMisses": 0}, {}, "mcpServers.s.pingMisses"),
         ({}, {"retryFailedAfter": -1}, "broker.retryFailedAfter"),
         ({}, {"restartAttempts": 1.5}, "broker.restartAttempts"),
