@@ -180,3 +180,12 @@ def test_an_absolute_form_target_names_the_host() -> None:
     assert check("http://localhost:8765/mcp/files", host="evil.example") == Accept(
         ("files",), True, "mcp"
     )
+
+
+def test_a_token_file_under_home_may_be_written_with_a_tilde(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(As broker.auditLog; "~/.config/mcpbroker/token" was a file named ~.)"""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "token").write_text("abc\n")  # type: ignore[operator]
+    assert policy_for("0.0.0.0", BrokerSettings(token_file="~/token")).token == "abc"

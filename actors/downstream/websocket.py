@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -72,6 +73,7 @@ def read_token(path: str) -> str:
     """The bearer token in ``path`` (surrounding whitespace removed)."""
     from actors.downstream.unix import ConfigRefused
 
+    path = os.path.expanduser(path)  # (as broker.auditLog: a JSON file has no shell)
     try:
         with open(path, encoding="utf-8") as file:
             token = file.read().strip()
