@@ -131,6 +131,7 @@ class Daemon:
         self.socket_path = socket_path
         self._load = load
         self._reloading = trio.Lock()
+        self._reload_reader = trio.CapacityLimiter(1)  # (reload_file)
         self.upstreams = {
             name: _server(name, server, config.broker)
             for name, server in config.enabled_servers.items()
@@ -258,8 +259,12 @@ class Daemon:
         # Every policy is made before any is applied: one that cannot be (a
         # listener off loopback left without its token) refuses the reload
         # whole; it left the listeners before it changed, and without a token.
+        # Made anew only if what it is made of changed: an unchanged reload
+        # must not read the token file (gone since start, or a named pipe
+        # that blocked the event loop) nor be refused for it.
+        same = _policy_inputs(settings) == _policy_inputs(self.config.broker)
         websocket, http, metrics = (
-            self._policy(policy, address, settings, kind)
+            policy if same else self._policy(policy, address, settings, kind)
             for policy, address, kind in (
                 (self._websocket_policy, self.config.broker.websocket, "WebSocket"),
                 (self._http_policy, self.config.broker.http, "HTTP"),
@@ -393,7 +398,13 @@ class Daemon:
                 if self._load is None:
                     raise ConfigError("this daemon was given no configuration file to read again")
                 with trio.move_on_after(RELOAD_READ_TIMEOUT):
-                    new = await trio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+                    # (a limiter of its own: a read abandoned in a pipe nobody
+                    # writes keeps its token for good; Trio's shared one, 40,
+                    # ran out after 40 such reloads, and with it every thread
+                    # of the daemon's: token reads, DNS lookups)
+                    new = await trio.to_thread.run_sync(
+                        self._load, abandon_on_cancel=True, limiter=self._reload_reader
+                    )
                     if self._stopping is not None:
                         raise ConfigError(STOPPING)
                     report = self.reload(new)
@@ -619,3 +630,8 @@ def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Server
     if config.era == "per-client":
         return EraServer(name, config, settings)
     return Upstream(name, config, settings, lazy=config.startup == "lazy")
+
+
+def _policy_inputs(settings: BrokerSettings) -> tuple[Any, ...]:
+    """What a listener's policy is made of (policy_for), but the listener's address."""
+    return (settings.token_file, settings.allowed_origins, settings.allowed_hosts)

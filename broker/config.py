@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -205,9 +206,16 @@ def _json_type(value: Any) -> str:
 _converter = _strict_converter()
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and check a configuration file."""
+def load_config(path: str | os.PathLike[str], *, regular_only: bool = False) -> Config:
+    """Read and check a configuration file; ``regular_only``: refuse at once
+    one that is not a regular file (a reload: a named pipe, as ``sops
+    exec-file`` gives, is written once, and a second open() waits for ever)."""
     try:
+        if regular_only and not stat.S_ISREG(os.stat(path).st_mode):
+            raise ConfigError(
+                f"config file {str(path)!r} is not a regular file: a named pipe (as `sops "
+                "exec-file` gives) is read once, at start; restart the daemon to read it again"
+            )
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None

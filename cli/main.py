@@ -220,11 +220,19 @@ def _serve(args: Any) -> int:
     configure_logging(args.log_level, stream=stream, json=json_logs)
     log = get_logger()
 
+    first_read = True
+
     def load() -> Any:
-        """The configuration (read again by a reload), with the command line's options."""
+        """The configuration (read again by a reload: then a regular file
+        only), with the command line's options."""
         from tools.demo import demo_config
 
-        config = parse_config(demo_config()) if args.demo else load_config(args.config)
+        nonlocal first_read
+        again, first_read = not first_read, False
+        if args.demo:
+            config = parse_config(demo_config())
+        else:
+            config = load_config(args.config, regular_only=again)
         config = with_listeners(config, args.ws, args.token_file, args.http)
         return with_metrics(config, args.metrics)
 

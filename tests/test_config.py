@@ -312,3 +312,16 @@ def test_a_key_given_twice_in_an_object_is_a_warning(tmp_path: Path) -> None:
     }
     assert not [w for w in load_config(write(tmp_path, '{"mcpServers": {}}')).warnings
                 if "more than once" in w]  # fmt: skip
+
+
+def test_a_reload_refuses_a_named_pipe_at_once(tmp_path: Path) -> None:
+    """(Read again, a named pipe nobody writes any more blocked its reader
+    for good: sops exec-file writes the config once.)"""
+    import os
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"is not a regular file.*restart the daemon"):
+        load_config(fifo, regular_only=True)
+    path = write(tmp_path, '{"mcpServers": {}}')
+    assert load_config(path, regular_only=True).servers == {}

@@ -491,3 +491,59 @@ async def test_the_counters_of_a_server_a_reload_restarts_go_on(
     assert daemon.reload(scripts.config("a", a="a2")).restarted == ("a",)
     await settle()
     assert daemon.upstreams["a"].statistics().requests >= before >= 3
+
+
+async def test_an_unchanged_reload_reads_no_token_file(socket_path: str, tmp_path: Any) -> None:
+    """A reload that changes nothing the listeners' policies are made of
+    keeps them as they are: it was refused once the token file (read at
+    start) was gone, its failed servers not retried; a token file that is a
+    named pipe blocked the event loop. (Found by review of 3638702.)"""
+    import os
+    import threading
+    import time
+
+    from tests.conftest import running_daemon
+
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    broker = {"websocket": "127.0.0.1:0", "tokenFile": str(token)}
+    with trio.fail_after(60):
+        async with running_daemon({}, socket_path, broker=broker) as daemon:
+            same = parse_config({"mcpServers": {}, "broker": broker})
+            os.unlink(token)
+            daemon.reload(same)  # (raised StartError: the file is gone)
+            os.mkfifo(token)  # (no writer yet: an open() blocks)
+            threading.Thread(target=lambda: (time.sleep(3), token.write_text("one\n")),
+                             daemon=True).start()  # fmt: skip
+            began = time.monotonic()
+            daemon.reload(same)
+            assert time.monotonic() - began < 1.0
+
+
+async def test_reloads_abandoned_in_a_read_leave_the_daemon_its_threads(
+    nursery: trio.Nursery, scripts: Scripts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read abandoned at RELOAD_READ_TIMEOUT keeps its thread: it holds a
+    limiter of the reload's own, not a token of Trio's shared one (40),
+    whose loss stopped every thread of the daemon's (token reads, DNS
+    lookups) after 40 refused reloads. (Found by review of ce3b795.)"""
+    import threading
+
+    import actors.daemon
+
+    monkeypatch.setattr(actors.daemon, "RELOAD_READ_TIMEOUT", 0.05)
+    daemon = await start(nursery, scripts.config("a"))
+    released = threading.Event()
+
+    def stuck() -> Config:
+        released.wait(30)
+        return scripts.config("a")
+
+    daemon._load = stuck
+    try:
+        for _ in range(trio.to_thread.current_default_thread_limiter().total_tokens + 1):
+            assert "could not be read" in (await daemon.reload_file())["error"]
+        with trio.fail_after(5):
+            await trio.to_thread.run_sync(lambda: None)
+    finally:
+        released.set()
