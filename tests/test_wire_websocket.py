@@ -189,3 +189,16 @@ def test_a_token_file_under_home_may_be_written_with_a_tilde(
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "token").write_text("abc\n")  # type: ignore[operator]
     assert policy_for("0.0.0.0", BrokerSettings(token_file="~/token")).token == "abc"
+
+
+@pytest.mark.parametrize("target", ["http://[/mcp", "//[/mcp", "ws://[::1/mcp"])
+def test_a_target_that_does_not_parse_is_refused_not_raised(target: str) -> None:
+    """(urlsplit's ValueError went up through the listener: one handshake,
+    before any token check, ended the daemon.)"""
+    refusal = check(path=target)
+    assert isinstance(refusal, Reject) and refusal.status in (400, 403)
+
+
+@given(st.text(max_size=40))
+def test_no_target_raises(target: str) -> None:
+    assert isinstance(check(path=target), (Accept, Reject))

@@ -165,6 +165,11 @@ async def serve_websocket(
             ws = await request.accept(subprotocol=decision.subprotocol)
         except (trio_websocket.ConnectionClosed, trio.BrokenResourceError):
             return  # the client left during the handshake
+        except Exception:  # a bug of the broker's: this client is refused, the daemon goes on
+            log.exception("websocket.handshake_failed", peer=str(request.remote))
+            with contextlib.suppress(trio_websocket.ConnectionClosed, trio.BrokenResourceError):
+                await request.reject(500, body=b"mcpbroker: internal error\n")
+            return
         await open_session(WebSocketConnection(ws), decision.view, decision.transparent)
 
     async def serve(*, task_status: trio.TaskStatus[Any]) -> None:

@@ -139,7 +139,10 @@ def _same_origin(origin: str, authority: str) -> bool:
 def route_of(path: str, servers: Iterable[str]) -> tuple[tuple[str, ...] | None, bool] | Reject:
     """The view a path names: ``/mcp`` every server (None), ``/mcp/NAME`` one,
     transparent; 404 otherwise."""
-    path = urlsplit(path).path.rstrip("/")
+    try:
+        path = urlsplit(path).path.rstrip("/")
+    except ValueError:  # ("//[/mcp": an authority that does not parse)
+        return Reject(400, "Bad request target")
     if path == PATH:
         return None, False
     if path.startswith(PATH + "/"):
@@ -180,7 +183,10 @@ def absolute_form(target: str, host: str) -> tuple[str, str]:
     (RFC 9112 section 3.2.2: the server MUST ignore the Host field then)."""
     if target.startswith("/"):
         return target, host
-    parts = urlsplit(target)
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # ("http://[/mcp"): no host at all, which no rule allows
+        return target, ""
     if not parts.scheme or not parts.netloc:
         return target, host
     return parts.path or "/", parts.netloc
