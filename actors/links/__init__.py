@@ -16,8 +16,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import attrs
+
 from actors.links.link import Launcher, LaunchError, LinkContext
 from broker.config import ServerConfig
+from broker.redact import shown_url
 
 
 def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
@@ -28,6 +31,10 @@ def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
 
         return functools.partial(launch_stdio, config)
     url = config.url or ""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme != scheme.lower():  # (schemes are case-insensitive: RFC 3986 3.1)
+        url = scheme.lower() + sep + rest
+        config = attrs.evolve(config, url=url)
     if url.startswith(("ws://", "wss://")):
         from actors.links.websocket import launch_websocket
 
@@ -45,4 +52,4 @@ def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
 
 
 async def _unreachable(url: str, context: LinkContext) -> Any:
-    raise LaunchError(f"is a remote server mcpbroker cannot reach yet ({url})")
+    raise LaunchError(f"is a remote server mcpbroker cannot reach yet ({shown_url(url)})")
