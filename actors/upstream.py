@@ -201,6 +201,7 @@ class Upstream:
         # counted: 100,000 of them wrote 27 MB of log and stalled every session.
         self._invalid_budget = LineBudget(now=-math.inf)
         self._invalid_unlogged = 0
+        self._refused_401 = False  # a 401 told (status, log) and no answer since
 
     # -- the actor's public face -------------------------------------------
 
@@ -943,6 +944,8 @@ class Upstream:
                     else "exited during startup"
                 )
             reason = self._read_frames(frames)
+            if self._refused_401 and any(type(frame) is bytes for frame in frames):
+                self._authorized_again()  # (an answer came: the server takes the token)
             if reason is not None or self._abandoned is not None:
                 return reason or self._abandoned or ""
 
@@ -1045,10 +1048,21 @@ class Upstream:
         """The server refused a request 401 that the broker's tokens could not
         cure (none held, or its refresh failed): status and the log say what
         to do, once, as the caller's error does (docs/oauth.md)."""
-        why = f"answered 401 Unauthorized: run `mcpbroker auth {self.name}`"
-        if self._protocol.last_error != why:
-            self._protocol.last_error = why
+        self._protocol.last_error = self._401_error()
+        if not self._refused_401:
+            self._refused_401 = True
             self._log.warning("server.unauthorized", hint=f"mcpbroker auth {self.name}")
+
+    def _authorized_again(self) -> None:
+        """The server answered after a 401: status stops telling the user to
+        run ``mcpbroker auth`` (they did, or a refresh worked), and a later
+        401 is logged again."""
+        self._refused_401 = False
+        if self._protocol.last_error == self._401_error():
+            self._protocol.last_error = None
+
+    def _401_error(self) -> str:
+        return f"answered 401 Unauthorized: run `mcpbroker auth {self.name}`"
 
     def _apply(self, actions: list[Action], size: int = SMALL_MESSAGE) -> None:
         for action in actions:

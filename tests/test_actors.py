@@ -974,3 +974,34 @@ async def test_a_flood_of_lines_that_are_not_json_rpc_is_logged_within_a_budget(
     assert response["result"] == {}
     logged = [entry for entry in captured if entry["event"] == "server.invalid_message"]
     assert BURST <= len(logged) < BURST + 50, len(logged)
+
+
+async def test_a_401_cured_leaves_status_and_the_next_one_is_logged(
+    nursery: trio.Nursery,
+) -> None:
+    """Status said to run `mcpbroker auth` after the user had (calls
+    succeeded again), and a revocation a day later was not logged.
+    (Found by review of the 401 commit.)"""
+    events: list[str] = []
+
+    class Log:
+        def warning(self, event: str, **fields: Any) -> None:
+            events.append(event)
+
+        info = debug = error = exception = warning
+
+    detail = "HTTP 401 Unauthorized (it asks for authorization: run `mcpbroker auth` ...)"
+    broker = await start_upstream(nursery, ScriptedServer(nursery))
+    upstream = broker.upstreams["s"]
+    assert isinstance(upstream, Upstream)
+    upstream._log = Log()  # type: ignore[assignment]
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    with trio.fail_after(10):
+        upstream._failed(Failed(98, detail))  # (the token was revoked)
+        assert "401" in (upstream.statistics().last_error or "")
+        answer = await client.request("tools/call", call("echo", ok=1))  # (auth run again)
+        assert answer["result"]["echo"] == {"ok": 1}
+    assert upstream.statistics().last_error is None
+    upstream._failed(Failed(99, detail))  # (revoked again)
+    assert events.count("server.unauthorized") == 2
