@@ -63,7 +63,11 @@ def main(argv: list[str]) -> int:
         return 2
     store = TokenStore()
     if args.logout:
-        store.save(args.name, None)
+        try:
+            store.save(args.name, None)
+        except (OAuthError, UnsafePath, OSError) as exc:  # (a token file that cannot be read)
+            print(f"mcpbroker auth: {exc}", file=sys.stderr)
+            return 1
         print(f"forgot the tokens of {args.name!r} ({store.path})")
         _tell_daemon(args.socket or default_socket_path(), args.name)
         return 0

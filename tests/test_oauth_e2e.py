@@ -587,3 +587,22 @@ async def test_auth_and_logout_reach_a_running_daemon(
                     assert code == 0, errors
                     with pytest.raises(Exception, match="401"):
                         await client.call_tool("whoami", {})
+
+
+async def test_logout_with_a_token_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    """(It ended in a traceback; docs/oauth.md promises one line.)"""
+    tokens = tmp_path / "state" / "oauth.json"
+    tokens.parent.mkdir(mode=0o700)
+    tokens.write_text("garbage")
+    tokens.chmod(0o600)
+    config = write_config(tmp_path, "https://example.invalid/mcp")
+    with trio.fail_after(30):
+        process = await trio.run_process(
+            [MCPBROKER, "auth", "remote", "--config", str(config), "--logout",
+             "--socket", str(tmp_path / "none.sock")],
+            env={**os.environ, "MCPBROKER_TOKENS": str(tokens)},
+            capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+    assert process.returncode == 1
+    lines = process.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mcpbroker auth: "), lines
