@@ -158,10 +158,6 @@ class Session:
         self._attached: list[ServerActor] | None = None  # set once initialized
         self._capabilities: dict[str, Any] = {}  # the client's, once initialized
         self._deferred: set[Any] = set()  # ids of requests waiting for their servers
-        # What the client sent after an initialize that waits for its servers
-        # (None: nothing waits), handled once it is answered (_defer).
-        self._held: list[Any] | None = None
-        self._released = trio.Event()  # set when what was held has been handled
         self._idle = trio.Event()  # set (and renewed) whenever the writer may have made it idle
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
@@ -211,8 +207,6 @@ class Session:
                     nursery.start_soon(self._write_loop)
                     with self._reading:
                         await self._read_loop()
-                        while self._held is not None:  # (an initialize still waits)
-                            await self._released.wait()
                     await self._linger()
                     self._reading_done = True  # (parked calls end with the session)
                     if self._expiring is not None:
@@ -289,8 +283,6 @@ class Session:
                     self._protocol = become_modern(
                         self._protocol, secrets.token_bytes(32), self._settings.input_timeout
                     )
-                if self._held is not None and self._hold(message):
-                    continue
                 for action in self._protocol.receive(message):
                     await self._execute(action)
                 await self._after_rules()  # (a retry parks again; a cancel lowers a level)
@@ -458,7 +450,13 @@ class Session:
         elif isinstance(action, AttachServers):
             await self._attach(action)
         elif isinstance(action, Defer):
-            await self._defer(action.message)
+            id = action.message.get("id")
+            self._deferred.add(id)  # (stop() answers it, if it comes meanwhile)
+            with trio.move_on_after(SETTLE_TIMEOUT):
+                await self._registry.wait_settled(self._protocol.view)
+            self._deferred.discard(id)
+            for again in self._protocol.receive(action.message, settled=True):
+                await self._execute(again)
         elif isinstance(action, CancelUpstream):
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
@@ -474,55 +472,6 @@ class Session:
         elif isinstance(action, NotifyUpstreams):
             for upstream in self._attached or ():
                 await upstream.send(ClientNotification(self._handle, action.message))
-
-    # -- requests waiting for the view's servers to settle ---------------------
-
-    async def _defer(self, request: Message) -> None:
-        """A request that needs the catalog of servers still starting waits for
-        them (up to :data:`SETTLE_TIMEOUT`) in a task of its own, so that the
-        session's other messages go on meanwhile: a ping, a call to a server
-        that is ready (it waited 10 s behind a ``tools/list``, ping too). An
-        ``initialize`` is different: what the client sends after it (but
-        ``ping``) is held until it is answered, in order. Past ``maxInFlight``
-        waiting requests, the reader waits with them (back-pressure)."""
-        self._deferred.add(request.get("id"))  # (stop() answers it, if it comes meanwhile)
-        opening = self._protocol.state is SessionState.CONNECTING
-        if opening:
-            self._held = []
-        if self._nursery is None or len(self._deferred) > self._settings.max_in_flight:
-            await self._settle_and_receive(request, opening)
-        else:
-            self._nursery.start_soon(self._settle_and_receive, request, opening)
-
-    async def _settle_and_receive(self, request: Message, opening: bool) -> None:
-        with trio.move_on_after(SETTLE_TIMEOUT):
-            await self._registry.wait_settled(self._protocol.view)
-        self._deferred.discard(request.get("id"))
-        for again in self._protocol.receive(request, settled=True):
-            await self._execute(again)
-        if not opening:
-            return
-        while self._held:  # what came after the initialize, in order
-            message = self._held.pop(0)
-            if isinstance(message, dict):
-                self._deferred.discard(message.get("id"))
-            for action in self._protocol.receive(message):
-                await self._execute(action)
-            await self._after_rules()
-        self._held = None
-        self._released.set()
-
-    def _hold(self, message: Any) -> bool:
-        """Whether ``message`` waits behind an ``initialize`` being deferred
-        (it is kept, in order); a ping does not wait."""
-        if self._held is None:
-            return False
-        if isinstance(message, dict) and message.get("method") == "ping":
-            return False
-        self._held.append(message)
-        if isinstance(message, dict) and "method" in message and "id" in message:
-            self._deferred.add(message["id"])  # (stop() answers it too)
-        return True
 
     async def _reply(self, message: Outgoing) -> None:
         """Queue an answer of the session's own. Unlike an upstream's delivery it may
@@ -558,9 +507,8 @@ class Session:
 
     async def _linger(self) -> None:
         self._protocol.move(SessionTrigger.CLIENT_CLOSED)
-        if (self._protocol.inflight or self._deferred) and self._stopping is None:
-            # (a request still waiting for its servers may wait SETTLE_TIMEOUT first)
-            with trio.move_on_after(LINGER_SECONDS + (SETTLE_TIMEOUT if self._deferred else 0)):
+        if self._protocol.inflight and self._stopping is None:
+            with trio.move_on_after(LINGER_SECONDS):
                 await self._drained.wait()
 
     # -- parked calls (a 2026-07-28 client's, at a legacy server) ---------------
@@ -680,11 +628,7 @@ class Session:
         self._handle.written(counted)
         if calls is not None and calls.records:
             self._write_audit()
-        if (
-            self._protocol.state is SessionState.CLOSING
-            and not self._protocol.inflight
-            and not self._deferred
-        ):
+        if self._protocol.state is SessionState.CLOSING and not self._protocol.inflight:
             self._drained.set()
         if self._idle.statistics().tasks_waiting:
             self._idle.set()

@@ -35,8 +35,6 @@ class ListError:
         self.message = message
 
 
-NO_ANSWER = object()  # what list_answer returns for a request never answered
-
 TOOL_NAMES = ("echo", "sleep", "die", "progress", "ticks", "raw")
 
 
@@ -79,8 +77,8 @@ class ScriptedServer:
             {"uriTemplate": f"mem://{label}/notes/{{id}}", "name": "note"}
         ]
         # What it answers a list request with instead, if set: called with the
-        # method and params, it returns the result, a ListError to answer
-        # with an error, or NO_ANSWER (a paginating, failing, broken server).
+        # method and params, it returns the result, or a ListError to answer
+        # with an error (a paginating, failing or broken server).
         self.list_answer: Callable[[str, dict[str, Any]], Any] | None = None
         self.received: list[Any] = []
         self.lines: list[bytes] = []  # what was received, as the bytes of each line
@@ -204,8 +202,6 @@ class MemoryLink:
             }
         elif method in LISTS and self.script.list_answer is not None:
             result = self.script.list_answer(method, params)
-            if result is NO_ANSWER:
-                return
             if isinstance(result, ListError):
                 error = jsonrpc.error_response(request["id"], -32603, result.message)
                 with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):

@@ -26,7 +26,7 @@ from broker.upstream import UpstreamProtocol
 from broker.wire import ndjson
 from broker.wire.frames import Failed
 from broker.wire.ndjson import LineFramer
-from tests.scripted import LISTS, NO_ANSWER, ListError, ScriptedServer
+from tests.scripted import LISTS, ListError, ScriptedServer
 
 SETTINGS = BrokerSettings(max_message_bytes=64 * 1024)
 
@@ -796,66 +796,6 @@ async def test_a_list_changed_while_the_lists_are_read_is_read_after_them(
         tools = (await client.request("tools/list"))["result"]["tools"]
     assert tools[-1] == late
     assert len(script.requests("tools/list")) == 2
-
-
-async def test_a_request_waiting_for_the_catalog_holds_up_none_of_the_sessions_others(
-    nursery: trio.Nursery, autojump_clock: Any
-) -> None:
-    """A tools/list that waits (up to 10 s) for a server still reading its
-    lists held up the whole session: its ping, and a call to a server that is
-    ready, waited the 10 s too; a ping right after initialize as well."""
-    ready, slow = ScriptedServer(nursery), ScriptedServer(nursery)
-
-    def never_lists_tools(method: str, params: dict[str, Any]) -> Any:
-        if method == "tools/list":
-            return NO_ANSWER  # (loading for the 30 s fetch timeout)
-        return {LISTS[method][0]: getattr(slow, LISTS[method][1])}
-
-    slow.list_answer = never_lists_tools
-    broker = await start_broker(nursery, {"a": ready, "slow": slow})
-    client = await open_client(nursery, broker, servers=())  # aggregated
-    await trio.testing.wait_all_tasks_blocked()
-    start = trio.current_time()
-    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}
-    await client.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params})
-    assert (await client.request("ping", id="p1"))["result"] == {}
-    assert trio.current_time() - start < 1
-    await client.send(jsonrpc.notification("notifications/initialized"))
-    await client.send({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-    assert client.others == []
-    assert (await client.request("ping", id="p2"))["result"] == {}
-    assert trio.current_time() - start < 1
-    assert (await client.receive())["id"] == "init"  # (after its 10 s)
-    waited = trio.current_time()
-    await client.send({"jsonrpc": "2.0", "id": "l2", "method": "tools/list"})
-    assert (await client.request("ping", id="p3"))["result"] == {}
-    answer = await client.request("tools/call", call("a__echo", ok=1), id="call")
-    assert answer["result"]["echo"] == {"ok": 1}
-    assert trio.current_time() - waited < 1
-    listed = {(await client.receive())["id"] for _ in range(2)}
-    assert listed == {"list", "l2"}
-
-
-async def test_a_client_that_sends_everything_and_closes_still_gets_its_waiting_answers(
-    nursery: trio.Nursery, autojump_clock: Any
-) -> None:
-    """(printf ... | socat: the requests that wait for a server still loading
-    are answered before the session ends, as when the reader waited itself.)"""
-    slow = ScriptedServer(nursery)
-    slow.list_answer = lambda method, params: NO_ANSWER
-    broker = await start_broker(nursery, {"a": ScriptedServer(nursery), "slow": slow})
-    client = await open_client(nursery, broker, servers=())
-    await trio.testing.wait_all_tasks_blocked()
-    params = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}
-    await client.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params})
-    await client.send(jsonrpc.notification("notifications/initialized"))
-    await client.send({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-    await client.send({"jsonrpc": "2.0", "id": "call", "method": "tools/call",
-                       "params": call("a__echo", ok=1)})  # fmt: skip
-    await client.stream.send_eof()
-    with trio.fail_after(60):
-        answers = {(await client.receive())["id"] for _ in range(3)}
-    assert answers == {"init", "list", "call"}
 
 
 async def test_a_server_back_without_a_capability_has_no_such_list_left(
