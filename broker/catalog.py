@@ -142,6 +142,19 @@ class Catalog:
             self._index_names(kind)
         self._resource_owners = self._owners(RESOURCES)
         self._template_owners = self._owners(TEMPLATES)
+        # The servers that offer resources, each with the URI schemes it lists
+        # ("file:"): a read nothing explains goes by them (_sole_resource_server),
+        # found once here, not by a walk of every item at each such read.
+        self._offering = {
+            entry.name: frozenset(
+                _scheme(key)
+                for kind in (RESOURCES, TEMPLATES)
+                for item in entry.items(kind)
+                if isinstance(key := item.get(kind.id_field), str)
+            )
+            for entry in self.servers.values()
+            if entry.identity is not None and "resources" in entry.identity.capabilities
+        }
 
     def replace(self, entry: ServerEntry) -> Catalog:
         """A new snapshot with one server's entry replaced."""
@@ -300,25 +313,11 @@ class Catalog:
         return None
 
     def _sole_resource_server(self, view: tuple[str, ...], uri: str) -> str | None:
-        offering = [
-            entry
-            for entry in self.servers.values()
-            if entry.name in view
-            and entry.identity is not None
-            and "resources" in entry.identity.capabilities
-        ]
-        scheme = uri.partition(":")[0] + ":"
+        offering = [name for name in view if name in self._offering]
+        scheme = _scheme(uri)
         if len(offering) > 1 and len(scheme) > 1:
-            offering = [
-                entry
-                for entry in offering
-                if any(
-                    str(item.get(kind.id_field)).startswith(scheme)
-                    for kind in (RESOURCES, TEMPLATES)
-                    for item in entry.items(kind)
-                )
-            ]
-        return offering[0].name if len(offering) == 1 else None
+            offering = [name for name in offering if scheme in self._offering[name]]
+        return offering[0] if len(offering) == 1 else None
 
     def route_template(self, view: tuple[str, ...], uri: Any) -> str:
         """The server a completion of ``ref/resource`` ``uri`` goes to: the one
@@ -330,9 +329,15 @@ class Catalog:
                 owner = _first_in(owners.get(uri, []), wanted)
                 if owner is not None:
                     return owner
-            with contextlib.suppress(JsonRpcError):
-                return self.route_resource(view, uri)
+            if "{" not in uri:  # (a concrete URI; a template nobody lists is unknown)
+                with contextlib.suppress(JsonRpcError):
+                    return self.route_resource(view, uri)
         raise JsonRpcError(INVALID_PARAMS, f"Unknown resource template: {uri}")
+
+
+def _scheme(uri: str) -> str:
+    """A URI's scheme with its colon (``"file:"``); ``":"`` for none."""
+    return uri.partition(":")[0] + ":"
 
 
 # The deepest item a list may hold: a list answer wraps each item in three

@@ -430,3 +430,36 @@ def test_malformed_items_do_not_crash(lists: dict[str, Any]) -> None:
     for kind in KINDS:
         snapshot.page(kind, view, False, None)
     assert snapshot.route_resource(view, "file:///x") == "files"
+
+
+def test_a_completion_of_an_unknown_template_is_refused_not_routed() -> None:
+    """The fallback to a read is for a concrete URI: a template nobody lists
+    went to the sole server offering resources. (Found by review.)"""
+    snap = catalog(with_capabilities(FILES, "resources"), with_capabilities(GITHUB, "resources"))
+    with pytest.raises(JsonRpcError) as error:
+        snap.route_template(ALL, "gh://{x}")
+    assert error.value.code == INVALID_PARAMS
+
+
+def test_a_read_nothing_explains_walks_no_listed_resource(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback's servers and schemes are found when the catalog is made:
+    a read walked every listed resource of every server (10 x 10,000: 10-20
+    ms of the event loop a read, 10 s for one listen of 1,024 URIs). (Found
+    by review.)"""
+    entries = [
+        with_capabilities(server(f"s{i}", resources=[f"res{i}://item/{j}" for j in range(50)]),
+                          "resources")
+        for i in range(3)
+    ]  # fmt: skip
+    snap = catalog(*entries)
+    view = tuple(e.name for e in entries)
+    items = ServerEntry.items
+
+    def no_resource_walks(self: ServerEntry, kind: Any) -> Any:
+        assert kind is not RESOURCES, "a read walked the listed resources"
+        return items(self, kind)
+
+    monkeypatch.setattr(ServerEntry, "items", no_resource_walks)
+    assert snap.route_resource(view, "res1://item/unlisted") == "s1"
+    with pytest.raises(JsonRpcError):
+        snap.route_resource(view, "zzz://nobody/lists/this")
