@@ -394,7 +394,9 @@ class Registry:
         self._changed = trio.Event()
 
     def _tell_renamed(self, before: Catalog, cause: str | None) -> None:
-        for session, note in renamed_elsewhere(before, self.current, cause, self._subscribers):
+        for session, note in renamed_elsewhere(
+            before, self.current, cause, self._subscribers, self._transparent
+        ):
             session.deliver(note)
 
     def _notify(self, server: str, kinds: list[Kind]) -> None:

@@ -136,12 +136,17 @@ def list_changed(
 
 
 def renamed_elsewhere(
-    before: Catalog, after: Catalog, cause: str | None, subscribers: Mapping[S, frozenset[str]]
+    before: Catalog,
+    after: Catalog,
+    cause: str | None,
+    subscribers: Mapping[S, frozenset[str]],
+    transparent: Container[S] = (),
 ) -> list[tuple[S, Message]]:
     """Who is told what when ``cause``'s lists changed (None: a reload) and
     renamed items of other servers (a clash came or went): each subscriber
     whose view holds a renamed server but not ``cause`` (whose own change
-    tells the others), once per notification. Names are given over the whole
+    tells the others), once per notification; not a ``transparent`` one,
+    which sees its server's own names. Names are given over the whole
     catalog, so a server outside a view can rename a tool inside it."""
     out: list[tuple[S, Message]] = []
     for kind in (TOOLS, PROMPTS):
@@ -151,7 +156,7 @@ def renamed_elsewhere(
             out.extend(
                 (session, note)
                 for session, view in subscribers.items()
-                if cause not in view and not renamed.isdisjoint(view)
+                if cause not in view and not renamed.isdisjoint(view) and session not in transparent
             )
     return out
 

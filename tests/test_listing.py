@@ -287,3 +287,13 @@ def test_a_new_separator_is_said_once_a_session_and_not_to_a_transparent_one() -
         ("every", "notifications/tools/list_changed"),
         ("every", "notifications/prompts/list_changed"),
     ]
+
+
+def test_a_transparent_session_is_not_told_of_renames_in_the_merged_catalog() -> None:
+    """It sees its server's own names, which no clash renames (it was told,
+    prompts too, which its initialize may not have offered). (Found by review.)"""
+    before = Catalog([entry("a", tools=["x"]), entry("a__b", tools=["c"])])
+    after = before.replace(entry("a", tools=["x", "b__c"]))
+    subscribers = {"one": frozenset({"a__b"}), "merged": frozenset({"a__b", "z"})}
+    told = renamed_elsewhere(before, after, "a", subscribers, transparent={"one"})
+    assert [s for s, _ in told] == ["merged"]
