@@ -99,7 +99,9 @@ class Registry:
         self._transparent: set[SessionHandle] = set()  # (of the subscribers)
         self._generation = dict.fromkeys(upstreams, 0)
         self._pending: dict[str, set[Kind]] = {}  # lists to refresh, per server being refreshed
-        self._retry_kinds: dict[str, set[Kind]] = {}  # lists to fetch again, per server waiting
+        # Lists to fetch again, per server waiting, with the generation whose
+        # fetch failed (a restart's new fetch failing starts a timer of its own).
+        self._retry_kinds: dict[str, tuple[int, set[Kind]]] = {}
         self._failures: dict[str, int] = {}  # failed refreshes in a row, per server
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
@@ -298,23 +300,29 @@ class Registry:
         """Fetch lists that could not be read again, after a while (one timer
         a server; the delay doubles on each failure in a row, up to
         :data:`RETRY_MAX`)."""
+        generation = self._generation[server]
         pending = self._retry_kinds.get(server)
-        if pending is not None:
-            pending.update(kinds)
+        if pending is not None and pending[0] == generation:
+            pending[1].update(kinds)
             return
-        self._retry_kinds[server] = set(kinds)
+        if pending is not None:  # (a timer of an earlier connection's: it stands down)
+            self._failures.pop(server, None)
+        self._retry_kinds[server] = (generation, set(kinds))
         failures = self._failures[server] = self._failures.get(server, 0) + 1
         delay = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX)
         self._log.info("catalog.fetch_retry", server=server, seconds=delay)
         assert self._nursery is not None
-        self._nursery.start_soon(self._retry, server, self._generation[server], delay)
+        self._nursery.start_soon(self._retry, server, generation, delay)
 
     async def _retry(self, server: str, generation: int, delay: float) -> None:
         await trio.sleep(delay)
-        kinds = self._retry_kinds.pop(server)
+        pending = self._retry_kinds.get(server)
+        if pending is None or pending[0] != generation:
+            return  # (a later connection's failure took it over)
+        del self._retry_kinds[server]
         entry = self.current.servers.get(server)
         if self._generation.get(server) == generation and entry is not None and entry.serving:
-            self._want_refresh(server, tuple(k for k in KINDS if k in kinds))
+            self._want_refresh(server, tuple(k for k in KINDS if k in pending[1]))
 
     # -- publishing -----------------------------------------------------------
 

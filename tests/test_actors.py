@@ -945,3 +945,32 @@ async def test_a_401_cured_leaves_status_and_the_next_one_is_logged(
     assert upstream.statistics().last_error is None
     upstream._failed(Failed(99, detail))  # (revoked again)
     assert events.count("server.unauthorized") == 2
+
+
+async def test_a_list_that_fails_again_after_a_restart_is_still_retried(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """The retry timer of the first connection's failure swallowed the new
+    connection's, then did nothing (another generation): the list was never
+    read again while calls said "it tries again". (Found by review.)"""
+    script = ScriptedServer(nursery)
+    failing = True
+
+    def answer(method: str, params: dict[str, Any]) -> Any:
+        if method == "tools/list" and failing:
+            return ListError("busy")
+        return {LISTS[method][0]: getattr(script, LISTS[method][1])}
+
+    script.list_answer = answer
+    broker = await start_upstream(nursery, script)
+    await trio.testing.wait_all_tasks_blocked()
+    assert "tools" in broker.registry.current.entry("s").unread  # (a retry due at +5 s)
+    await script.links[0].die()  # (the server restarts within the 5 s)
+    with trio.fail_after(60):
+        while script.launches < 2 or broker.registry.current.entry("s").loading:
+            await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()
+    assert "tools" in broker.registry.current.entry("s").unread  # (failed again)
+    failing = False
+    await trio.sleep(600)
+    assert "tools" not in broker.registry.current.entry("s").unread
