@@ -130,8 +130,15 @@ HELD_MEMBER: Final = 40
 def held_size(line: bytes) -> int:
     """About what the message decoded from ``line`` holds in memory (a 110
     byte notification, some 600): what a queue of decoded messages counts
-    against a byte limit that is to bound memory."""
-    count = line.count
+    against a byte limit that is to bound memory. Its objects, arrays and
+    members are counted outside its strings: a text holding JSON or CSV was
+    counted 7 to 40 times what it held."""
+    outside = line
+    if b"\\" in outside:  # (escapes: a quote in a string is no string's end)
+        outside = outside.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if b'"' in outside:
+        outside = b"".join(outside.split(b'"')[::2])
+    count = outside.count
     return (
         len(line) + HELD_OBJECT * count(b"{") + HELD_ARRAY * count(b"[") + HELD_MEMBER * count(b",")
     )

@@ -261,6 +261,11 @@ def test_ids() -> None:
         jsonrpc.notification("n", {"d": [str(n) for n in range(1000)]}),
         jsonrpc.notification("n", {"d": [{"k": n} for n in range(1000)]}),
         jsonrpc.result_response(1, {"tools": [{"name": "t", "inputSchema": {}}] * 100}),
+        # Text that holds JSON or CSV: its braces and commas are no objects
+        # (counted 7 to 40 times what it held; found by review).
+        jsonrpc.notification("n", {"data": '{"a": [1, 2], "b": {"c": 3}}, ' * 2000}),
+        jsonrpc.notification("n", {"data": "1,2,3,4,5,6,7,8\n" * 5000}),
+        jsonrpc.notification("n", {"data": ['a "quoted", {text}\\', "\\\\", "{,}"] * 500}),
     ],
 )
 def test_held_size_is_about_what_a_decoded_message_holds(message: Any) -> None:
