@@ -259,12 +259,12 @@ class Daemon:
         # Every policy is made before any is applied: one that cannot be (a
         # listener off loopback left without its token) refuses the reload
         # whole; it left the listeners before it changed, and without a token.
-        # Made anew only if what it is made of changed: an unchanged reload
-        # must not read the token file (gone since start, or a named pipe
-        # that blocked the event loop) nor be refused for it.
-        same = _policy_inputs(settings) == _policy_inputs(self.config.broker)
+        # Made anew by a reload that changes anything (a token rotated in its
+        # file is taken then); an unchanged reload reads no token file (gone
+        # since start, or a named pipe that blocked the event loop), nor is
+        # refused for it.
         websocket, http, metrics = (
-            policy if same else self._policy(policy, address, settings, kind)
+            policy if change.empty else self._policy(policy, address, settings, kind)
             for policy, address, kind in (
                 (self._websocket_policy, self.config.broker.websocket, "WebSocket"),
                 (self._http_policy, self.config.broker.http, "HTTP"),
@@ -631,7 +631,3 @@ def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Server
         return EraServer(name, config, settings)
     return Upstream(name, config, settings, lazy=config.startup == "lazy")
 
-
-def _policy_inputs(settings: BrokerSettings) -> tuple[Any, ...]:
-    """What a listener's policy is made of (policy_for), but the listener's address."""
-    return (settings.token_file, settings.allowed_origins, settings.allowed_hosts)
