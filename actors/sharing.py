@@ -55,8 +55,10 @@ from actors.server_actor import (
 )
 from actors.upstream import Upstream
 from broker.config import BrokerSettings, ServerConfig
-from broker.pooling import InstanceFacts, PoolRouting
+from broker.jsonrpc import Message
+from broker.pooling import InstanceFacts, PoolRouting, pinned
 from broker.states import ServerState
+from broker.tasks import TASK_METHODS
 
 
 class ServerGroup:
@@ -348,7 +350,13 @@ class PooledServer(ServerGroup):
         if isinstance(item, ClientRequest):
             size = item.size // max(1, len(item.messages))
             for message in item.messages:  # each to the least busy instance
-                index = self._routing.pick(item.session, message["method"], self._facts())
+                index = self._routing.pick(
+                    item.session,
+                    message["method"],
+                    self._facts(),
+                    pinned=pinned(message),
+                    owner=self._task_owner(item.session, message),
+                )
                 await self._pool[index].send(ClientRequest(item.session, [message], size))
             return
         if isinstance(item, Attach):
@@ -357,6 +365,17 @@ class PooledServer(ServerGroup):
             self._routing.detach(item.session)
         for instance in self._pool:
             await instance.send(item)
+
+    def _task_owner(self, session: SessionHandle, message: Message) -> int | None:
+        """The instance that made the task a tasks/get|result|cancel names, if any."""
+        if message["method"] not in TASK_METHODS:
+            return None
+        params = message.get("params")
+        task_id = params.get("taskId") if isinstance(params, dict) else None
+        for index, instance in enumerate(self._pool):
+            if instance.owns_task(session, task_id):
+                return index
+        return None
 
     def _facts(self) -> list[InstanceFacts]:
         """What the routing rules (broker/pooling.py) see of each instance now."""

@@ -260,6 +260,10 @@ class Upstream:
             **process_usage(pid),
         )
 
+    def owns_task(self, session: Any, task_id: Any) -> bool:
+        """Whether this instance made the task ``task_id`` of ``session`` (for pools)."""
+        return self._protocol.tasks.owns(session, task_id)
+
     @property
     def load(self) -> int:
         """Requests in flight or waiting: how busy this instance is (for pools)."""

@@ -14,17 +14,23 @@ instance, as :class:`InstanceFacts` in pool order, and is told an index.
 - A session is assigned an instance when it attaches: the serving one with
   the fewest sessions assigned. What is stateful per session on the server
   (:data:`PINNED`: subscriptions) goes to that instance, whatever the load,
-  so that a session unsubscribes where it subscribed.
+  so that a session unsubscribes where it subscribed. So do its tasks: a
+  task-augmented ``tools/call`` and ``tasks/list`` go to that instance, and
+  ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` go to the instance that
+  made the task (the actor tells which: each instance knows its own tasks),
+  since a task lives in exactly one instance's process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 # Requests whose effect stays on the instance that took them.
-PINNED = frozenset({"resources/subscribe", "resources/unsubscribe"})
+PINNED = frozenset({"resources/subscribe", "resources/unsubscribe", "tasks/list"})
+# A tools/call that asks for a task (params.task) is pinned too: see pinned().
 CATALOG_INSTANCE = 0
 
 
@@ -35,6 +41,16 @@ class InstanceFacts:
     ready: bool  # up, and warmed up
     load: int  # requests in flight or waiting
     tools: frozenset[str] | None  # the tools it offers; None: not known (not listed)
+
+
+def pinned(message: Mapping[str, Any]) -> bool:
+    """Whether a request sticks to its session's instance."""
+    method = message.get("method")
+    if method in PINNED:
+        return True
+    params = message.get("params")
+    asks_task = isinstance(params, dict) and isinstance(params.get("task"), dict)
+    return method == "tools/call" and asks_task
 
 
 def serving(instances: Sequence[InstanceFacts]) -> list[int]:
@@ -75,9 +91,22 @@ class PoolRouting:
     def detach(self, session: Hashable) -> None:
         self._assigned.pop(session, None)
 
-    def pick(self, session: Hashable, method: str, instances: Sequence[InstanceFacts]) -> int:
-        """The instance a request of ``session`` for ``method`` goes to."""
-        if method in PINNED:
+    def pick(
+        self,
+        session: Hashable,
+        method: str,
+        instances: Sequence[InstanceFacts],
+        *,
+        pinned: bool = False,
+        owner: int | None = None,
+    ) -> int:
+        """The instance a request of ``session`` for ``method`` goes to: ``owner``
+        if given (the instance that made the task a task request names), the
+        session's own if the request is ``pinned`` or in :data:`PINNED`, else
+        the least loaded."""
+        if owner is not None:
+            return owner
+        if pinned or method in PINNED:
             assigned = self._assigned.get(session)
             if assigned is not None:
                 return assigned

@@ -45,9 +45,13 @@ class TaskTable:
         self.server = server
         self._owners: dict[str, Hashable] = {}
 
+    def owns(self, session: Hashable, task_id: Any) -> bool:
+        """Whether ``session`` created the task ``task_id`` on this server."""
+        return isinstance(task_id, str) and self._owners.get(task_id) == session
+
     def check(self, session: Hashable, task_id: Any) -> None:
         """Raise -32602 unless ``session`` created the task ``task_id``."""
-        if not isinstance(task_id, str) or self._owners.get(task_id) != session:
+        if not self.owns(session, task_id):
             raise JsonRpcError(
                 INVALID_PARAMS, f"Unknown task: {outer_id(self.server, str(task_id))}"
             )

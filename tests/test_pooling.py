@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.pooling import PINNED, InstanceFacts, PoolRouting, least_loaded, serving
+from actors.mailbox import SessionHandle
+from actors.server_actor import ClientRequest
+from actors.sharing import PooledServer
+from broker.config import BrokerSettings, ServerConfig
+from broker.pooling import PINNED, InstanceFacts, PoolRouting, least_loaded, pinned, serving
+from broker.states import ServerState
 
 TOOLS = frozenset({"a", "b"})
 
@@ -166,3 +175,63 @@ def test_routing_keeps_its_rules(ops: list[tuple[str, int, str, list[InstanceFac
                 assert choice in serving(pool)
                 assert pool[choice].load == min(pool[i].load for i in serving(pool))
         assert routing.assigned(session) == model.get(session)
+
+
+# -- tasks on a pool (a task lives in one instance's process) -------------------
+
+
+def test_a_task_request_goes_to_the_instance_that_made_the_task() -> None:
+    routing = PoolRouting()
+    routing.attach("a", [up(), up()])  # (instance 0)
+    # Instance 1 made the task: it takes the request, whatever the load or the session's.
+    assert routing.pick("a", "tasks/get", [up(), up(load=5)], owner=1) == 1
+    assert routing.pick("a", "tasks/result", [up(load=5), up()], owner=0) == 0
+
+
+def test_a_sessions_task_calls_and_task_list_stick_to_its_instance() -> None:
+    routing = PoolRouting()
+    routing.attach("a", [up(), up()])
+    routing.attach("b", [up(), up()])  # (instance 1)
+    task_call = {"method": "tools/call", "params": {"name": "t", "task": {}}}
+    plain_call = {"method": "tools/call", "params": {"name": "t"}}
+    assert pinned(task_call) and not pinned(plain_call)
+    assert pinned({"method": "tasks/list"})
+    busy_one = [up(), up(load=5)]
+    assert routing.pick("b", "tools/call", busy_one, pinned=pinned(task_call)) == 1
+    assert routing.pick("b", "tasks/list", busy_one) == 1
+    assert routing.pick("b", "tools/call", busy_one, pinned=pinned(plain_call)) == 0
+
+
+@attrs.define
+class FakeInstance:
+    """What a PooledServer sees of an instance: state, load, tools, tasks."""
+
+    tasks: set[tuple[object, str]] = attrs.Factory(set)
+    got: list[object] = attrs.Factory(list)
+    status: ServerState = ServerState.READY
+    load: int = 0
+    tools: frozenset[str] | None = None
+
+    def owns_task(self, session: object, task_id: object) -> bool:
+        return (session, task_id) in self.tasks
+
+    async def send(self, item: object) -> None:
+        self.got.append(item)
+
+
+async def test_a_pool_sends_a_task_request_to_the_instance_that_made_the_task() -> None:
+    pool = PooledServer("pl", ServerConfig(command="x", pool=2), BrokerSettings())
+    fakes = [FakeInstance(), FakeInstance(load=3)]
+    pool._pool = fakes  # type: ignore[assignment]
+    outbox, _ = trio.open_memory_channel[Any](1)
+    session = SessionHandle(outbox, trio.CancelScope())
+    fakes[1].tasks.add((session, "t1"))
+    for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+        request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"taskId": "t1"}}
+        await pool.send(ClientRequest(session, [request], 10))
+    assert fakes[0].got == []  # (the least loaded, which knows nothing of t1)
+    assert [item.messages[0]["method"] for item in fakes[1].got] == [  # type: ignore[attr-defined]
+        "tasks/get",
+        "tasks/result",
+        "tasks/cancel",
+    ]
