@@ -469,8 +469,8 @@ class Daemon:
             why = "was removed from the configuration"
             self._nursery.start_soon(self._retire, old[name], why, stranded[name])
         for name in change.restarted:
-            why = "was restarted by a reload of the configuration"
-            self._nursery.start_soon(self._retire, old[name], why, [])
+            why = "was restarted by a reload of the configuration"  # (and is back: retryable)
+            self._nursery.start_soon(partial(self._retire, retryable=True), old[name], why, [])
         self.config = attrs.evolve(new, broker=settings)
         report = ReloadReport(
             added=tuple(change.added),
@@ -486,7 +486,9 @@ class Daemon:
         self._log.info("daemon.reloaded", **attrs.asdict(report, recurse=False))
         return report
 
-    async def _retire(self, actor: ServerActor, reason: str, stranded: list[Session]) -> None:
+    async def _retire(
+        self, actor: ServerActor, reason: str, stranded: list[Session], *, retryable: bool = False
+    ) -> None:
         """An old actor: its requests in flight get ``broker.shutdownTimeout`` to
         finish, what is left is answered with an error, its server stops; then
         the transparent sessions it leaves without a server are closed."""
@@ -494,7 +496,7 @@ class Daemon:
             # (polled: a server's in-flight table has no event, and reloads are rare)
             while actor.statistics().in_flight:  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL)
-        actor.retire(reason)
+        actor.retire(reason, retryable=retryable)
         scope = self._scopes.get(actor)
         if scope is not None:
             scope.cancel()

@@ -193,7 +193,7 @@ class ServerGroup:
                 for counter in ("restarts", "requests", "timeouts", "errors"):
                     self._ended[counter] += getattr(last, counter)
 
-    def retire(self, reason: str) -> None:
+    def retire(self, reason: str, *, retryable: bool = False) -> None:
         """Stop for good (see Upstream.retire): every instance answers what it
         has in flight or waiting; the caller then cancels :meth:`run`. What
         comes later (a session that raced the reload) goes to the retired
@@ -201,7 +201,7 @@ class ServerGroup:
         no instance starts in a group about to stop."""
         self._retired = True
         for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
-            instance.retire(reason)
+            instance.retire(reason, retryable=retryable)
 
     def _stop(self, instance: Upstream) -> None:
         """Stop an instance: its process is shut down the way the spec says."""

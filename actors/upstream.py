@@ -194,6 +194,7 @@ class Upstream:
         self._ready_for: float | None = None  # how long the last connection was ready
         self._retry = trio.Event()  # set by retry(): a failed server is tried again
         self._retired: str | None = None  # why retire() stopped it for good
+        self._retired_retryable = False  # (and whether its requests may be sent again)
         self._heard = False  # the server sent something since the last ping (liveness)
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         # Lines on stdout that are not JSON-RPC (a server's debug prints) are
@@ -325,17 +326,19 @@ class Upstream:
                 if self._protocol.state is not ServerState.STOPPED:  # (retire() stopped it)
                     self._set_status(ServerTrigger.STOP)
 
-    def retire(self, reason: str) -> None:
+    def retire(self, reason: str, *, retryable: bool = False) -> None:
         """Stop for good (a reload removed or replaced this server): every request
         in flight, waiting for the server to start, or still in the inbox, is
         answered now with an error naming the server and ``reason``; requests
         that come later (a session that raced the reload) get it at once. The
         caller then cancels :meth:`run`, which stops the server the way the spec
-        says."""
+        says. ``retryable``: the server is replaced (a reload restarts it), so
+        what it was asked may be asked again at once."""
         self._retired = reason
+        self._retired_retryable = retryable
         if self._protocol.state is ServerState.STOPPED:
             return
-        failed = self._protocol.server_gone(reason, ServerTrigger.STOP)
+        failed = self._protocol.server_gone(reason, ServerTrigger.STOP, retryable=retryable)
         self._errors += len(failed)
         self._set_status()
         self._log.info("server.retired", reason=reason, failed_requests=len(failed))
@@ -364,7 +367,7 @@ class Upstream:
                     request["id"],
                     CONNECTION_CLOSED,
                     f"MCP server {self.name!r} {self._retired}",
-                    data={"server": self.name},
+                    data={"server": self.name, "retryable": self._retired_retryable},
                 )
             )
 

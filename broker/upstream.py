@@ -801,32 +801,38 @@ class UpstreamProtocol:
         return [Deliver(entry.session, error)]
 
     def server_gone(
-        self, reason: str, trigger: ServerTrigger = ServerTrigger.ENDED
+        self,
+        reason: str,
+        trigger: ServerTrigger = ServerTrigger.ENDED,
+        *,
+        retryable: bool | None = None,
     ) -> list[Deliver]:
         """The server exited or its pipe broke (or it cannot be reached at all:
-        ``UNREACHABLE``): fail every request in flight."""
+        ``UNREACHABLE``): fail every request in flight. ``retryable`` overrides
+        what the new state says (a server a reload stops and starts anew)."""
         self.move(trigger)
         self.last_error = reason
         self.deadlines = Deadlines(self.deadlines.policy)
         self.turns.clear()  # (failed below with the rest)
         self.released.clear()
-        failed = [self._fail(entry, reason) for entry in self.requests.drain()]
+        if retryable is None:
+            retryable = self.state is ServerState.RESTARTING
+        failed = [self._fail(entry, reason, retryable) for entry in self.requests.drain()]
         modern = self.modern_server
         if modern is not None:
-            retryable = self.state is ServerState.RESTARTING
             for action in modern.bridged(modern.asking.server_gone(reason, retryable)):
                 assert isinstance(action, Deliver)  # (no call is sent again)
                 failed.append(action)
         return failed
 
-    def _fail(self, entry: InFlight, reason: str) -> Deliver:
+    def _fail(self, entry: InFlight, reason: str, retryable: bool) -> Deliver:
         """A request the server will never answer: the client may send it again
         (``retryable``) once the server is back, unless it cannot come back."""
         error = jsonrpc.error_response(
             entry.client_id,
             CONNECTION_CLOSED,
             f"MCP server {self.name!r} {reason}",
-            data={"server": self.name, "retryable": self.state is ServerState.RESTARTING},
+            data={"server": self.name, "retryable": retryable},
         )
         return Deliver(entry.session, error)
 

@@ -153,6 +153,27 @@ async def test_a_restart_lets_the_call_in_flight_finish_on_the_old_server(
     assert only_a.told() == []
 
 
+@pytest.mark.parametrize("sharing", [{}, {"pool": 2}])
+async def test_a_call_cut_by_a_reload_restart_may_be_sent_again(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    """A restarted server is back: what the reload cut is retryable (only a
+    removed server's calls are not)."""
+
+    def config(command: str) -> Config:
+        servers = {"a": {"command": "a"}, "b": {"command": command, **sharing}}
+        return parse_config({"mcpServers": servers, "broker": {"shutdownTimeout": 1}})
+
+    daemon = await start(nursery, config("b1"))
+    every = await connect(nursery, daemon)
+    await every.call(1, "b__sleep", seconds=60, who="old")
+    await settle()
+    daemon.reload(config("b2"))
+    error = (await every.answer(1))["error"]
+    assert error["message"] == "MCP server 'b' was restarted by a reload of the configuration"
+    assert error["data"] == {"server": "b", "retryable": True}
+
+
 async def test_a_removed_server_answers_in_flight_then_is_gone(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
