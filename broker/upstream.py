@@ -598,14 +598,20 @@ class UpstreamProtocol:
             entry = self.requests.forget(upstream_id)
             if entry is None:
                 continue
-            if not self.turns.drop(upstream_id):  # (a held request never reached the server)
-                actions.append(SendUpstream(_cancelled(upstream_id, "timed out")))
             timeout = self.deadlines.policy.timeout
+            if self.turns.drop(upstream_id):  # (a held request never reached the server)
+                why = (
+                    f"waited {timeout:g} s for its turn and was never sent: the server serves "
+                    "one client at a time (serverRequests) and another client's request was "
+                    "in progress"
+                )
+            else:
+                actions.append(SendUpstream(_cancelled(upstream_id, "timed out")))
+                why = f"no answer or progress for {timeout:g} s"
             error = jsonrpc.error_response(
                 entry.client_id,
                 REQUEST_TIMEOUT,
-                f"Request {entry.method!r} to MCP server {self.name!r} timed out "
-                f"(no answer or progress for {timeout:g} s)",
+                f"Request {entry.method!r} to MCP server {self.name!r} timed out ({why})",
                 data={"server": self.name},
             )
             actions.append(Deliver(entry.session, error))

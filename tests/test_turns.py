@@ -255,6 +255,14 @@ def test_a_held_request_times_out_like_any_other_without_a_cancel_upstream() -> 
     actions = proto.expire(now=13.5)  # A's sent; C's held: an error, nothing upstream
     assert [type(a) for a in actions] == [SendUpstream, Deliver, Deliver]
     assert b1["id"] == 2
+    # The one that waited says so: the server never saw it.
+    sent_error, held_error = (a.message["error"]["message"] for a in actions[1:])  # type: ignore[attr-defined]
+    assert "no answer or progress for 5 s" in sent_error
+    assert held_error == (
+        "Request 'tools/call' to MCP server 's' timed out (waited 5 s for its turn and was "
+        "never sent: the server serves one client at a time (serverRequests) and another "
+        "client's request was in progress)"
+    )
 
 
 def test_a_departing_sessions_held_requests_are_dropped_and_the_turn_passes() -> None:
