@@ -23,6 +23,15 @@ list requests and reports status and ``list_changed`` to it.
   hear (cancellations, answers to server requests, departures, log levels)
   goes to all of them: each acts only on its own.
 
+**A failed catalog instance hands the catalog on.** A per-session server's
+or a pool's catalog instance that has failed (docs/rules/restarts.md) while
+another instance is ready gives the catalog role to that instance: it then
+answers the Registry's list requests and reports its state, so the server's
+tools stay listed and its calls served (and ``status`` shows it up) while
+any instance is. A pool keeps the failed one as an ordinary instance (it is
+tried again as every failed server is); a per-session server stops it, and
+keeps the promoted instance after its session leaves, as its catalog's.
+
 **Ready before the first call.** Every instance of a group *warms up*
 (broker/upstream.py): after its handshake it lists its own tools, and it
 counts as ready, and is handed the requests that waited for it (in order,
@@ -71,6 +80,7 @@ class ServerGroup:
         self._catalog = self._instance(0)
         self._nursery: trio.Nursery | None = None
         self._running = trio.Event()  # (set once run() has its nursery: see _start)
+        self._instances_changed = trio.Event()  # (set, and renewed, as one starts)
         self._scopes: dict[Upstream, trio.CancelScope] = {}
         self._retired = False  # (no instance starts after retire(): see there)
         self._log = get_logger(server=name)
@@ -163,6 +173,8 @@ class ServerGroup:
             self._running.set()
             await self._start(self._catalog)
             await self._started()
+            if self.hands_catalog_on:
+                nursery.start_soon(self._watch_catalog)
             task_status.started()
 
     async def _started(self) -> None:
@@ -170,6 +182,37 @@ class ServerGroup:
 
     async def send(self, item: InboxItem) -> None:
         raise NotImplementedError
+
+    # -- the catalog instance ----------------------------------------------------
+
+    hands_catalog_on = True  # (not an EraServer: its instances are not alike)
+
+    async def _watch_catalog(self) -> None:
+        """Hand the catalog to a ready instance when the catalog instance has
+        failed (see the module's doc); watch every instance only while it has."""
+        while True:
+            if self._catalog.status is not ServerState.FAILED:
+                await self._catalog.wait_status_changed()
+                continue
+            live = [i for i in self.instances() if i.status is ServerState.READY]
+            if live and not self._retired:
+                self._promote(live[0])
+                continue
+            async with trio.open_nursery() as nursery:  # (until any of them moves)
+                for instance in self.instances():
+                    nursery.start_soon(_then_cancel, instance.wait_status_changed, nursery)
+                nursery.start_soon(_then_cancel, self._instances_changed.wait, nursery)
+
+    def _promote(self, live: Upstream) -> None:
+        failed = self._catalog
+        live.events, failed.events = failed.events, None
+        self._catalog = live
+        self._log.warning("server.catalog_moved", reason=failed.statistics().last_error)
+        self._promoted(failed, live)
+        live.announce()  # (the Registry reads its lists: the server is back in every view)
+
+    def _promoted(self, failed: Upstream, live: Upstream) -> None:
+        """Hook: ``live`` has taken over the catalog from ``failed``."""
 
     # -- instances --------------------------------------------------------------
 
@@ -185,6 +228,8 @@ class ServerGroup:
     ) -> None:
         with trio.CancelScope() as scope:
             self._scopes[instance] = scope
+            self._instances_changed.set()
+            self._instances_changed = trio.Event()
             try:
                 await instance.run(task_status=task_status)
             finally:
@@ -224,6 +269,9 @@ class PerSessionServer(ServerGroup):
         if isinstance(item, Detach):
             if instance is not None:
                 del self._mine[session]
+                if instance is self._catalog:  # (promoted: it serves the catalog now)
+                    await instance.send(item)
+                    return
                 self._stop(instance)
                 self._log.info("server.instance_stopped", session=session.id)
             return
@@ -232,6 +280,9 @@ class PerSessionServer(ServerGroup):
             await self._start(instance)
             self._log.info("server.instance_started", session=session.id)
         await instance.send(item)
+
+    def _promoted(self, failed: Upstream, live: Upstream) -> None:
+        self._stop(failed)  # (it served only the catalog: its successor does now)
 
 
 class EraServer(ServerGroup):
@@ -248,6 +299,7 @@ class EraServer(ServerGroup):
     instance would be the same."""
 
     share = "per-era"
+    hands_catalog_on = False
 
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         super().__init__(name, config, settings)
@@ -377,12 +429,23 @@ class PooledServer(ServerGroup):
                 return index
         return None
 
+    def _promoted(self, failed: Upstream, live: Upstream) -> None:
+        # The catalog's instance is first (broker/pooling.py): the two swap places.
+        index = self._pool.index(live)
+        self._pool[0], self._pool[index] = live, failed
+        self._routing.swap(0, index)
+
     def _facts(self) -> list[InstanceFacts]:
         """What the routing rules (broker/pooling.py) see of each instance now."""
         return [
             InstanceFacts(instance.status is ServerState.READY, instance.load, instance.tools)
             for instance in self._pool
         ]
+
+
+async def _then_cancel(wait: Any, nursery: trio.Nursery) -> None:
+    await wait()
+    nursery.cancel_scope.cancel()
 
 
 def _total(values: Iterable[Any]) -> Any:

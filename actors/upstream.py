@@ -657,6 +657,15 @@ class Upstream:
         self._status_changed = trio.Event()
         self._emit(ServerEvent(self.name, status=status))
 
+    async def wait_status_changed(self) -> None:
+        """Wait until the server's state next moves (for a group: see actors/sharing.py)."""
+        await self._status_changed.wait()
+
+    def announce(self) -> None:
+        """Tell ``events`` (the Registry) the state the server is in now: an
+        instance that has just taken over a group's catalog."""
+        self._emit(ServerEvent(self.name, status=self._protocol.state))
+
     def _emit(self, event: ServerEvent) -> None:
         if self.events is None:
             return

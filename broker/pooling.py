@@ -88,6 +88,12 @@ class PoolRouting:
         self._assigned[session] = choice
         return choice
 
+    def swap(self, one: int, other: int) -> None:
+        """Instances ``one`` and ``other`` swapped places (a new catalog instance):
+        their sessions go with them."""
+        places = {one: other, other: one}
+        self._assigned = {s: places.get(i, i) for s, i in self._assigned.items()}
+
     def detach(self, session: Hashable) -> None:
         self._assigned.pop(session, None)
 

@@ -235,3 +235,11 @@ async def test_a_pool_sends_a_task_request_to_the_instance_that_made_the_task() 
         "tasks/result",
         "tasks/cancel",
     ]
+
+
+def test_instances_that_swap_places_take_their_sessions_along() -> None:
+    routing = PoolRouting()
+    for session in "abc":
+        routing.attach(session, [up(), up(), up()])  # (0, 1, 2)
+    routing.swap(0, 2)
+    assert [routing.assigned(s) for s in "abc"] == [2, 1, 0]

@@ -568,3 +568,58 @@ async def test_reloads_abandoned_in_a_read_leave_the_daemon_its_threads(
             await trio.to_thread.run_sync(lambda: None)
     finally:
         released.set()
+
+
+class GatedScript(ScriptedServer):
+    """A scripted server that cannot be started again once ``gate`` is set."""
+
+    gate = False
+
+    async def launch(self, context: Any) -> Any:
+        if self.gate:
+            raise actors.upstream.LaunchError("the gate is shut")
+        return await super().launch(context)
+
+
+@pytest.mark.parametrize("sharing", [{"pool": 2}, {"share": "per-session"}])
+async def test_a_failed_catalog_instance_hands_the_catalog_to_a_live_one(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    """The catalog's instance of a pool or per-session server fails while
+    another instance is up: the server stays listed and served (it was taken
+    out of every view, its calls refused as not running, status down)."""
+    scripts["g"] = script = GatedScript(nursery, label="g")
+    servers = {"a": {"command": "a"}, "g": {"command": "g", **sharing}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    client = await connect(nursery, daemon)
+    named = await connect(nursery, daemon, ["g"])  # (transparent)
+    await client.call(1, "g__echo", who="first")
+    assert "result" in await client.answer(1)
+    await settle()
+    group = daemon.upstreams["g"]
+    assert len(group.instances()) >= 2
+    catalog = group._catalog  # type: ignore[attr-defined]
+    script.gate = True
+    await script.links[0].die()  # the catalog instance's process: it cannot start again
+    with trio.fail_after(120):
+        while catalog.status not in (ServerState.FAILED, ServerState.STOPPED):
+            await trio.sleep(1)  # (failed: a per-session server stops it then)
+    await settle()
+    assert group.status is ServerState.READY
+    await client.call(2, "g__echo", who="after")
+    assert (await client.answer(2))["result"]["server"] == "g"
+    tools = (await client.request(3, "tools/list"))["result"]["tools"]
+    assert "g__echo" in {tool["name"] for tool in tools}
+    listed = (await named.request(3, "tools/list"))["result"]["tools"]
+    assert "echo" in {tool["name"] for tool in listed}
+    assert daemon.registry.current.entry("g").serving
+    # Its successor stays the catalog's when the sessions leave.
+    await client.stream.send_eof()  # type: ignore[attr-defined]
+    await named.stream.send_eof()  # type: ignore[attr-defined]
+    await settle()
+    assert group.status is ServerState.READY
+    assert daemon.registry.current.entry("g").serving
+    script.gate = False  # (a per-session server starts the new session's instance)
+    later = await connect(nursery, daemon)
+    await later.call(4, "g__echo", who="later")
+    assert (await later.answer(4))["result"]["server"] == "g"
