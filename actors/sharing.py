@@ -57,14 +57,16 @@ from actors.logs import get_logger
 from actors.mailbox import SessionHandle
 from actors.server_actor import (
     Attach,
+    ClientLogLevel,
     ClientRequest,
     Detach,
     InboxItem,
     UpstreamStatistics,
 )
 from actors.upstream import Upstream
+from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.jsonrpc import Message
+from broker.jsonrpc import LIMIT_REACHED, Message
 from broker.pooling import InstanceFacts, PoolRouting, pinned
 from broker.states import ServerState
 from broker.tasks import TASK_METHODS
@@ -256,9 +258,15 @@ class ServerGroup:
 
 
 class PerSessionServer(ServerGroup):
+    """An instance per session, started by the session's first request to the
+    server (not by its attaching: a session that never uses the server costs
+    no process). Until then the group keeps what the instance must be told
+    first: the session's Attach and its log level."""
+
     def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
         super().__init__(name, config, settings)
         self._mine: dict[SessionHandle, Upstream] = {}
+        self._waiting: dict[SessionHandle, list[InboxItem]] = {}  # (attached, no instance yet)
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
@@ -266,6 +274,9 @@ class PerSessionServer(ServerGroup):
             await self._catalog.send(item)
             return
         instance = self._mine.get(session)
+        if instance is None and not isinstance(item, ClientRequest):
+            self._keep(item)  # (no instance yet: nothing of it to cancel or answer)
+            return
         if isinstance(item, Detach):
             if instance is not None:
                 del self._mine[session]
@@ -276,10 +287,46 @@ class PerSessionServer(ServerGroup):
                 self._log.info("server.instance_stopped", session=session.id)
             return
         if instance is None:
+            assert isinstance(item, ClientRequest)  # (the rest was kept above)
+            if len(self._mine) >= self.config.max_instances:
+                self._refuse(item)
+                return
             instance = self._mine[session] = self._instance(len(self._mine) + 1)
             await self._start(instance)
             self._log.info("server.instance_started", session=session.id)
+            for first in self._waiting.pop(session, []):
+                await instance.send(first)
         await instance.send(item)
+
+    def _refuse(self, item: ClientRequest) -> None:
+        """A session's first request when every instance allowed runs: -32005.
+        (Its Attach stays kept: a later request may find room.)"""
+        limit = self.config.max_instances
+        self._log.warning("server.instances_limit", session=item.session.id, limit=limit)
+        for request in item.messages:
+            item.session.deliver(
+                jsonrpc.error_response(
+                    request["id"],
+                    LIMIT_REACHED,
+                    f"MCP server {self.name!r} runs one process per session and already runs "
+                    f"{limit}, its limit (maxInstances): try again when a session has ended",
+                    data={"server": self.name, "limit": limit},
+                )
+            )
+
+    def _keep(self, item: InboxItem) -> None:
+        """What a session without an instance sends: its Attach and its last log
+        level are kept for the instance its first request starts; the rest (its
+        departure, a cancellation, an answer, a notification) has nothing to
+        reach."""
+        session = item.session
+        if isinstance(item, Attach):
+            self._waiting[session] = [item]
+        elif isinstance(item, ClientLogLevel) and session in self._waiting:
+            kept = [i for i in self._waiting[session] if not isinstance(i, ClientLogLevel)]
+            self._waiting[session] = [*kept, item]
+        elif isinstance(item, Detach):
+            self._waiting.pop(session, None)
 
     def _promoted(self, failed: Upstream, live: Upstream) -> None:
         self._stop(failed)  # (it served only the catalog: its successor does now)

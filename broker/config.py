@@ -68,6 +68,9 @@ class ServerConfig:
     startup: str = "eager"
     share: str = "shared"
     pool: int = 1
+    # A per-session server's instances at most (sessions past it are refused,
+    # -32005): one process per session must not be one per whatever connects.
+    max_instances: int = 32
     timeout: float | None = None  # seconds; None: the broker's requestTimeout
     # Requests to clients: "auto", "exclusive" or "concurrent" (broker/turns.py).
     server_requests: str = "auto"
@@ -376,6 +379,7 @@ _SERVER_KEYS = {
     "startup": "startup",
     "share": "share",
     "pool": "pool",
+    "maxInstances": "max_instances",
     "timeout": "timeout",
     "serverRequests": "server_requests",
     "era": "era",
@@ -485,6 +489,8 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         )
     if not 1 <= server.pool <= 64 or (server.pool > 1 and server.share != "shared"):
         raise ConfigError(f'"{where}.pool" must be 1 to 64, and only with "share": "shared"')
+    if not 1 <= server.max_instances <= 1024:
+        raise ConfigError(f'"{where}.maxInstances" must be 1 to 1024')
     if server.server_requests not in SERVER_REQUEST_MODES:
         raise ConfigError(
             f'"{where}.serverRequests" must be "auto", "exclusive" or "concurrent", '

@@ -67,6 +67,8 @@ SERVER_EFFECTS: dict[str, Effect] = {
     # how a pool numbers its requests to clients.
     "share": Effect.RESTART_SERVER,
     "pool": Effect.RESTART_SERVER,
+    # Read as a per-session server starts a session's instance: the running stay.
+    "max_instances": Effect.LIVE,
     # The deadline of requests sent from now on.
     "timeout": Effect.LIVE,
     # The gate's state (the holder, held requests, what auto learnt) is the

@@ -245,6 +245,16 @@ def test_the_era_is_checked() -> None:
         parse_config(servers(a=stdio(era="both")))
 
 
+def test_max_instances_is_a_bound_from_1_to_1024() -> None:
+    assert parse_config(servers(a=stdio())).servers["a"].max_instances == 32
+    entry = stdio(share="per-session", maxInstances=4)
+    assert parse_config(servers(a=entry)).servers["a"].max_instances == 4
+    for bad in (0, 1025):
+        assert '"mcpServers.a.maxInstances" must be 1 to 1024' in config_error(
+            servers(a=stdio(maxInstances=bad))
+        )
+
+
 @pytest.mark.parametrize(
     "entry",
     [

@@ -45,6 +45,7 @@ SERVER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "startup": st.sampled_from(["eager", "lazy"]),
     "share": st.sampled_from(["shared", "per-session"]),
     "pool": st.sampled_from([1, 2, 4]),
+    "max_instances": st.sampled_from([32, 2]),
     "timeout": st.sampled_from([None, 1.0, 60.0]),
     "server_requests": st.sampled_from(["auto", "exclusive", "concurrent"]),
     "era": st.sampled_from(["auto", "legacy", "modern", "per-client"]),

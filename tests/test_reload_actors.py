@@ -385,9 +385,10 @@ async def test_a_session_that_reaches_a_new_group_before_it_runs_waits_for_it(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
     """A reload makes a per-session (or per-client) actor and tells each
-    session to attach before the daemon's task runs it: the session's Attach
-    waits for the group to run. (It raised AssertionError in the group's
-    _start, which ended the session: its calls on every server lost.)"""
+    session to attach before the daemon's task runs it: the session's first
+    request (which starts its instance) waits for the group to run. (It
+    raised AssertionError in the group's _start, which ended the session: its
+    calls on every server lost.)"""
     from actors.sharing import PerSessionServer
 
     config = scripts.config("g", broker={})
@@ -398,6 +399,8 @@ async def test_a_session_that_reaches_a_new_group_before_it_runs_waits_for_it(
 
     async def attach() -> None:
         await group.send(Attach(handle, {}))
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        await group.send(ClientRequest(handle, [ping], 10))
         attached.set()
 
     nursery.start_soon(attach)
@@ -581,6 +584,35 @@ class GatedScript(ScriptedServer):
         return await super().launch(context)
 
 
+async def test_a_per_session_instance_starts_on_the_sessions_first_request(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A session that never uses a per-session server costs no process (every
+    aggregated session started one of every per-session server at initialize);
+    the instance its first request starts is told its Attach and log level."""
+    scripts["g"] = ScriptedServer(nursery, label="g")
+    scripts["g"].capabilities["logging"] = {}
+    servers = {"a": {"command": "a"}, "g": {"command": "g", "share": "per-session"}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    group = daemon.upstreams["g"]
+    idle = await connect(nursery, daemon)
+    user = await connect(nursery, daemon)
+    await idle.call(1, "a__echo")
+    await user.request(2, "logging/setLevel", {"level": "error"})
+    await settle()
+    assert len(group.instances()) == 1  # the catalog's alone
+    await user.call(3, "g__echo", who="me")
+    assert "result" in await user.answer(3)
+    assert len(group.instances()) == 2  # and the user's
+    assert group.statistics().sessions == 1
+    [setlevel] = scripts["g"].requests("logging/setLevel")  # (told at its handshake)
+    assert setlevel["params"] == {"level": "error"}
+    await user.stream.send_eof()  # type: ignore[attr-defined]
+    await idle.stream.send_eof()  # type: ignore[attr-defined]
+    await settle()
+    assert len(group.instances()) == 1
+
+
 @pytest.mark.parametrize("sharing", [{"pool": 2}, {"share": "per-session"}])
 async def test_a_failed_catalog_instance_hands_the_catalog_to_a_live_one(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
@@ -623,3 +655,28 @@ async def test_a_failed_catalog_instance_hands_the_catalog_to_a_live_one(
     later = await connect(nursery, daemon)
     await later.call(4, "g__echo", who="later")
     assert (await later.answer(4))["result"]["server"] == "g"
+
+
+async def test_a_per_session_server_runs_at_most_max_instances(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """Past ``maxInstances`` a session's first request is refused (-32005,
+    naming the server and the limit); room made by a departure is taken."""
+    servers = {"g": {"command": "g", "share": "per-session", "maxInstances": 1}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    group = daemon.upstreams["g"]
+    first = await connect(nursery, daemon)
+    second = await connect(nursery, daemon)
+    await first.call(1, "g__echo")
+    assert "result" in await first.answer(1)
+    await second.call(2, "g__echo")
+    error = (await second.answer(2))["error"]
+    assert error["code"] == jsonrpc.LIMIT_REACHED
+    assert "'g' runs one process per session and already runs 1" in error["message"]
+    assert "maxInstances" in error["message"]
+    assert error["data"] == {"server": "g", "limit": 1}
+    assert len(group.instances()) == 2  # the catalog's and the first session's
+    await first.stream.send_eof()  # type: ignore[attr-defined]
+    await settle()
+    await second.call(3, "g__echo")
+    assert "result" in await second.answer(3)
