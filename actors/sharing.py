@@ -485,7 +485,12 @@ class PooledServer(ServerGroup):
     def _facts(self) -> list[InstanceFacts]:
         """What the routing rules (broker/pooling.py) see of each instance now."""
         return [
-            InstanceFacts(instance.status is ServerState.READY, instance.load, instance.tools)
+            InstanceFacts(
+                instance.status is ServerState.READY,
+                instance.load,
+                instance.tools,
+                failed=instance.status is ServerState.FAILED,
+            )
             for instance in self._pool
         ]
 

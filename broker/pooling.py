@@ -14,7 +14,8 @@ instance, as :class:`InstanceFacts` in pool order, and is told an index.
 - A session is assigned an instance when it attaches: the serving one with
   the fewest sessions assigned. What is stateful per session on the server
   (:data:`PINNED`: subscriptions) goes to that instance, whatever the load,
-  so that a session unsubscribes where it subscribed. So do its tasks: a
+  so that a session unsubscribes where it subscribed. A session whose instance
+  has failed (given up, its process gone) is assigned another that serves. So do its tasks: a
   task-augmented ``tools/call`` and ``tasks/list`` go to that instance, and
   ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` go to the instance that
   made the task (the actor tells which: each instance knows its own tasks),
@@ -41,6 +42,7 @@ class InstanceFacts:
     ready: bool  # up, and warmed up
     load: int  # requests in flight or waiting
     tools: frozenset[str] | None  # the tools it offers; None: not known (not listed)
+    failed: bool = False  # given up after a crash loop (until a retry)
 
 
 def pinned(message: Mapping[str, Any]) -> bool:
@@ -114,6 +116,11 @@ class PoolRouting:
             return owner
         if pinned or method in PINNED:
             assigned = self._assigned.get(session)
+            if assigned is not None and instances[assigned].failed:
+                # (its process is gone for good: the session moves to one that serves)
+                others = [i for i in serving(instances) if not instances[i].failed]
+                if others:
+                    assigned = self.attach(session, instances)
             if assigned is not None:
                 return assigned
         return least_loaded(instances)

@@ -243,3 +243,20 @@ def test_instances_that_swap_places_take_their_sessions_along() -> None:
         routing.attach(session, [up(), up(), up()])  # (0, 1, 2)
     routing.swap(0, 2)
     assert [routing.assigned(s) for s in "abc"] == [2, 1, 0]
+
+
+def test_a_session_whose_instance_failed_is_moved_to_one_that_serves() -> None:
+    routing = PoolRouting()
+    routing.attach("a", [up(), up()])
+    routing.attach("b", [up(), up()])  # (instance 1)
+    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    assert routing.pick("b", "resources/subscribe", [up(), failed]) == 0
+    assert routing.assigned("b") == 0  # (its unsubscribe follows it there)
+    # Restarting is not failed: the session waits for its instance.
+    routing.attach("c", [down(), up()])
+    assert routing.pick("c", "resources/subscribe", [up(), down()]) == 1
+    # Every one failed: it stays (the instance answers as a failed server does).
+    failed_too = attrs.evolve(failed)
+    assert routing.pick("c", "resources/subscribe", [failed_too, failed]) == 1
+    # One restarting (it comes back), the session's failed: it moves there.
+    assert routing.pick("c", "resources/subscribe", [down(), failed]) == 0
