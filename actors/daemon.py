@@ -453,9 +453,7 @@ class Daemon:
         for name in change.restarted:
             old[name].events = None
             fresh, before = actors[name], old[name]
-            if isinstance(fresh, Upstream) and isinstance(before, Upstream):
-                # (a group's instances are per session or era: theirs start anew)
-                fresh.inherit(before)
+            fresh.inherit(before)  # (what sessions asked of it: docs/configuration.md)
             self.registry.replace_server(name)
             for session in self._sessions:
                 session.replace_server(name)

@@ -61,11 +61,13 @@ from actors.server_actor import (
     ClientRequest,
     Detach,
     InboxItem,
+    ServerActor,
     UpstreamStatistics,
 )
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
+from broker.fanout import Fanout
 from broker.jsonrpc import LIMIT_REACHED, Message
 from broker.pooling import InstanceFacts, PoolRouting, pinned
 from broker.states import ServerState
@@ -250,6 +252,18 @@ class ServerGroup:
         for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
             instance.retire(reason, retryable=retryable)
 
+    def asked(self) -> Fanout:
+        """What the sessions asked of every instance (log levels, subscriptions)."""
+        asked = self._catalog.asked()
+        for instance in self.instances():
+            if instance is not self._catalog:
+                asked = asked.merged(instance.asked())
+        return asked
+
+    def inherit(self, old: ServerActor) -> None:
+        """A reload put this group in ``old``'s place: see the subclasses. (A
+        per-era server's instances start anew.)"""
+
     def _stop(self, instance: Upstream) -> None:
         """Stop an instance: its process is shut down the way the spec says."""
         scope = self._scopes.get(instance)
@@ -267,6 +281,14 @@ class PerSessionServer(ServerGroup):
         super().__init__(name, config, settings)
         self._mine: dict[SessionHandle, Upstream] = {}
         self._waiting: dict[SessionHandle, list[InboxItem]] = {}  # (attached, no instance yet)
+        self._inherited = Fanout()  # what sessions asked of the server a reload replaced
+
+    def inherit(self, old: ServerActor) -> None:
+        """Each session's instance is asked, at its handshake, what that
+        session asked of the server this group replaces; a session subscribed
+        to something gets its instance as it attaches (not at its first
+        request), so that its updates go on."""
+        self._inherited = old.asked()
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
@@ -276,10 +298,13 @@ class PerSessionServer(ServerGroup):
         instance = self._mine.get(session)
         if instance is None and not isinstance(item, ClientRequest):
             self._keep(item)  # (no instance yet: nothing of it to cancel or answer)
-            return
+            if not (isinstance(item, Attach) and session in self._inherited.subscribing()):
+                return
+            item = ClientRequest(session, [], 0)  # (start it now: the kept Attach goes first)
         if isinstance(item, Detach):
             if instance is not None:
                 del self._mine[session]
+                self._inherited.session_gone(session)
                 if instance is self._catalog:  # (promoted: it serves the catalog now)
                     await instance.send(item)
                     return
@@ -292,10 +317,13 @@ class PerSessionServer(ServerGroup):
                 self._refuse(item)
                 return
             instance = self._mine[session] = self._instance(len(self._mine) + 1)
+            instance.adopt(self._inherited.only({session}))
             await self._start(instance)
             self._log.info("server.instance_started", session=session.id)
             for first in self._waiting.pop(session, []):
                 await instance.send(first)
+        if isinstance(item, ClientRequest) and not item.messages:
+            return  # (only to start it)
         await instance.send(item)
 
     def _refuse(self, item: ClientRequest) -> None:
@@ -327,6 +355,7 @@ class PerSessionServer(ServerGroup):
             self._waiting[session] = [*kept, item]
         elif isinstance(item, Detach):
             self._waiting.pop(session, None)
+            self._inherited.session_gone(session)
 
     def _promoted(self, failed: Upstream, live: Upstream) -> None:
         self._stop(failed)  # (it served only the catalog: its successor does now)
@@ -475,6 +504,18 @@ class PooledServer(ServerGroup):
             if instance.owns_task(session, task_id):
                 return index
         return None
+
+    def inherit(self, old: ServerActor) -> None:
+        """Every instance hears every session's log level; a session's
+        subscriptions go to the catalog's instance, to which such a session
+        is assigned (where its later subscription requests go)."""
+        asked = old.asked()
+        subscribing = asked.subscribing()
+        self._pool[0].adopt(asked)
+        for instance in self._pool[1:]:
+            instance.adopt(asked.levels_only())
+        for session in subscribing:
+            self._routing.assign(session, 0)
 
     def _promoted(self, failed: Upstream, live: Upstream) -> None:
         # The catalog's instance is first (broker/pooling.py): the two swap places.

@@ -57,12 +57,14 @@ from actors.server_actor import (
     ClientRequest,
     ClientResponse,
     InboxItem,
+    ServerActor,
     ServerEvent,
     UpstreamStatistics,
 )
 from actors.stderr import LineBudget
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
+from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
@@ -294,16 +296,25 @@ class Upstream:
         if config.startup == "eager":
             self.request_start()
 
-    def inherit(self, old: Upstream) -> None:
+    def inherit(self, old: ServerActor) -> None:
         """A reload restarted the server with this actor in ``old``'s place
         (before it runs): the subscriptions and log levels its sessions asked
-        of the old one are asked of the new process at its handshake, as a
-        crash's restart asks them (docs/configuration.md)."""
-        self._protocol.fanout = old._protocol.fanout.for_new_server()
-        # Its counters go on from the old one's (counters only go up: from 0,
-        # Prometheus read each restarting reload as a reset).
-        self._requests, self._timeouts_count = old._requests, old._timeouts_count
-        self._errors, self._restarts = old._errors, old._restarts
+        of the old one (of any of its instances) are asked of the new process
+        at its handshake, as a crash's restart asks them (docs/configuration.md)."""
+        self.adopt(old.asked())
+        if isinstance(old, Upstream):
+            # Its counters go on from the old one's (counters only go up: from 0,
+            # Prometheus read each restarting reload as a reset).
+            self._requests, self._timeouts_count = old._requests, old._timeouts_count
+            self._errors, self._restarts = old._errors, old._restarts
+
+    def asked(self) -> Fanout:
+        """What its sessions asked of the server (log levels, subscriptions)."""
+        return self._protocol.fanout
+
+    def adopt(self, asked: Fanout) -> None:
+        """Before it runs: ask these of the process at its handshake."""
+        self._protocol.fanout = asked.for_new_server()
 
     def request_start(self) -> None:
         """Start a lazy server now (it is needed). Harmless if it already runs."""

@@ -134,6 +134,38 @@ class Fanout:
         fresh._sent_level = min(self._levels.values()) if self._levels else None
         return fresh
 
+    def merged(self, other: Fanout) -> Fanout:
+        """This and ``other`` together (the instances of a group): each
+        session's level and subscriptions, whichever instance had them."""
+        fresh = self.for_new_server()
+        for session, rank in other._levels.items():
+            fresh._levels[session] = min(rank, fresh._levels.get(session, rank))
+        for uri, sessions in other._subscribers.items():
+            fresh._subscribers.setdefault(uri, set()).update(sessions)
+        fresh._sent_level = min(fresh._levels.values()) if fresh._levels else None
+        return fresh
+
+    def only(self, sessions: set[Hashable]) -> Fanout:
+        """What ``sessions`` asked, for a new process that serves them alone."""
+        fresh = Fanout()
+        fresh._levels = {s: rank for s, rank in self._levels.items() if s in sessions}
+        for uri, subscribers in self._subscribers.items():
+            if subscribers & sessions:
+                fresh._subscribers[uri] = subscribers & sessions
+        fresh._sent_level = min(fresh._levels.values()) if fresh._levels else None
+        return fresh
+
+    def levels_only(self) -> Fanout:
+        """The sessions' log levels alone (no subscriptions)."""
+        fresh = Fanout()
+        fresh._levels = dict(self._levels)
+        fresh._sent_level = min(self._levels.values()) if self._levels else None
+        return fresh
+
+    def subscribing(self) -> set[Hashable]:
+        """The sessions subscribed to something."""
+        return set().union(*self._subscribers.values()) if self._subscribers else set()
+
     # -- sessions -------------------------------------------------------------
 
     def session_gone(self, session: Hashable) -> tuple[list[str], str | None]:

@@ -77,18 +77,29 @@ class PoolRouting:
 
     def __init__(self) -> None:
         self._assigned: dict[Hashable, int] = {}
+        self._handed: set[Hashable] = set()  # assigned before they attach (assign)
 
     def assigned(self, session: Hashable) -> int | None:
         return self._assigned.get(session)
 
     def attach(self, session: Hashable, instances: Sequence[InstanceFacts]) -> int:
-        """Assign a session the serving instance with the fewest sessions."""
+        """Assign a session the serving instance with the fewest sessions
+        (one handed an instance by :meth:`assign` keeps it)."""
+        if session in self._handed:
+            self._handed.discard(session)
+            return self._assigned[session]
         counts = [0] * len(instances)
         for index in self._assigned.values():
             counts[index] += 1
         choice = min(serving(instances), key=lambda index: counts[index])
         self._assigned[session] = choice
         return choice
+
+    def assign(self, session: Hashable, index: int) -> None:
+        """Assign ``session`` instance ``index`` (what it subscribed to is there:
+        a reload handed it over); its attaching keeps it."""
+        self._assigned[session] = index
+        self._handed.add(session)
 
     def swap(self, one: int, other: int) -> None:
         """Instances ``one`` and ``other`` swapped places (a new catalog instance):
@@ -98,6 +109,7 @@ class PoolRouting:
 
     def detach(self, session: Hashable) -> None:
         self._assigned.pop(session, None)
+        self._handed.discard(session)
 
     def pick(
         self,

@@ -219,3 +219,20 @@ def test_fanout_alone() -> None:
     assert fanout.set_level(A, "warning") == "warning"
     assert not fanout.admits(A, "info") and fanout.admits(A, "emergency")
     assert fanout.unsubscribe(A, "never-subscribed") is False
+
+
+def test_a_groups_fanouts_merge_and_split_by_session() -> None:
+    one, two = Fanout(), Fanout()
+    one.set_level("a", "error")
+    one.subscribe("a", "u1")
+    two.set_level("b", "debug")
+    two.subscribe("b", "u1")
+    two.subscribe("b", "u2")
+    both = one.merged(two)
+    assert both.subscribing() == {"a", "b"}
+    assert both.subscribers("u1") == {"a", "b"} and both.upstream_level() == "debug"
+    mine = both.only({"a"})
+    assert mine.subscribed_uris() == ["u1"] and mine.subscribers("u1") == {"a"}
+    assert mine.upstream_level() == "error"
+    levels = both.levels_only()
+    assert levels.subscribed_uris() == [] and levels.level_of("b") == "debug"

@@ -260,3 +260,11 @@ def test_a_session_whose_instance_failed_is_moved_to_one_that_serves() -> None:
     assert routing.pick("c", "resources/subscribe", [failed_too, failed]) == 1
     # One restarting (it comes back), the session's failed: it moves there.
     assert routing.pick("c", "resources/subscribe", [down(), failed]) == 0
+
+
+def test_a_session_handed_an_instance_keeps_it_when_it_attaches() -> None:
+    routing = PoolRouting()
+    routing.assign("a", 1)  # (a reload: its subscriptions are there)
+    assert routing.attach("a", [up(), up()]) == 1
+    assert routing.pick("a", "resources/unsubscribe", [up(), up()]) == 1
+    assert routing.attach("b", [up(), up()]) == 0

@@ -680,3 +680,50 @@ async def test_a_per_session_server_runs_at_most_max_instances(
     await settle()
     await second.call(3, "g__echo")
     assert "result" in await second.answer(3)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ({"share": "per-session"}, {"share": "per-session"}),
+        ({}, {"share": "per-session"}),
+        ({"pool": 2}, {"pool": 2}),
+        ({"share": "per-session"}, {"pool": 2}),
+        ({"pool": 2}, {}),
+    ],
+)
+async def test_a_reload_restart_of_a_group_asks_the_new_instances_what_sessions_asked(
+    nursery: trio.Nursery,
+    scripts: Scripts,
+    autojump_clock: Any,
+    before: dict[str, Any],
+    after: dict[str, Any],
+) -> None:
+    """A reload that restarts a per-session or pooled server (or makes one):
+    the session's log level and subscriptions are asked of its new instance,
+    and the updates reach it once. (They were lost: the new instances started
+    with none, and the session got debug messages it had asked not to.)"""
+    scripts["s"] = script = ScriptedServer(nursery, label="s")
+    script.capabilities.update(resources={"subscribe": True}, logging={})
+    servers = {"s": {"command": "s", **before}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    client = await connect(nursery, daemon)
+    assert "result" in await client.request(1, "resources/subscribe", {"uri": "mem://s/readme"})
+    assert "result" in await client.request(2, "logging/setLevel", {"level": "error"})
+    await settle()
+    links_before = len(script.links)
+    servers = {"s": {"command": "s", "env": {"CHANGED": "1"}, **after}}
+    assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("s",)
+    await settle()
+    new_links = script.links[links_before:]
+    assert new_links and not any(link.exited.is_set() for link in new_links)
+    starts = [i for i, m in enumerate(script.received) if m.get("method") == "initialize"]
+    since = script.received[starts[-len(new_links)] :]  # (what the new processes were asked)
+    asked = [(m["method"], m.get("params")) for m in since if "id" in m and "method" in m]
+    assert asked.count(("resources/subscribe", {"uri": "mem://s/readme"})) == 1
+    assert ("logging/setLevel", {"level": "error"}) in asked
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": "mem://s/readme"})
+    for link in new_links:
+        await link.send(updated)
+    await settle()
+    assert client.messages.count(updated) == 1
