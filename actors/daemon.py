@@ -630,4 +630,3 @@ def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> Server
     if config.era == "per-client":
         return EraServer(name, config, settings)
     return Upstream(name, config, settings, lazy=config.startup == "lazy")
-
