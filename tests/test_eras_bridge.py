@@ -508,3 +508,11 @@ def test_a_round_ends_unless_the_answer_s_bytes_name_what_would_continue_it(
     assert answer is not None
     needle = "no back-channel" if error else '"input_required"'
     assert ends_round(answer) == (needle not in orjson.dumps(message).decode())
+
+
+def test_an_error_holding_an_integer_past_64_bits_is_no_back_channel_refusal() -> None:
+    """(Read exactly, such an integer could not be encoded again: the
+    TypeError ended the server's reader. Found by tests/test_fuzz.py.)"""
+    from broker.eras.bridge import refuses_back_channel
+
+    assert not refuses_back_channel({"jsonrpc": "2.0", "id": 1, "error": -(2**63) - 1})

@@ -228,7 +228,12 @@ def refuses_back_channel(message: Message) -> bool:
     the legacy era: the Upstream says so, naming the setting that opens the
     server so (docs/eras.md)."""
     error = message.get("error")
-    return error is not None and jsonrpc.encode(error).find(_NO_BACK_CHANNEL) >= 0
+    if error is None:
+        return False
+    try:
+        return jsonrpc.encode(error).find(_NO_BACK_CHANNEL) >= 0
+    except TypeError:  # (an integer past 64 bits, read exactly: no refusal text either)
+        return False
 
 
 # -- a legacy client at a modern server ---------------------------------------
