@@ -31,6 +31,7 @@ session's view of them consistent.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -257,6 +258,8 @@ class Registry:
         """One list of a server, every page (the rules: broker/listing.py); or,
         if it could not be read, why."""
         lister = Lister(kind)
+        # (every line of this fetch names its server and method)
+        warn = functools.partial(self._log.warning, server=upstream.name, method=kind.method)
         params: dict[str, Any] | None = lister.first_request()
         while params is not None:
             try:
@@ -264,35 +267,16 @@ class Registry:
                     result = await self._client.call(upstream, kind.method, params)
             except (JsonRpcError, trio.TooSlowError) as exc:
                 error = exc.message if isinstance(exc, JsonRpcError) else "no answer in time"
-                self._log.warning(
-                    "catalog.fetch_failed", server=upstream.name, method=kind.method, error=error
-                )
+                warn("catalog.fetch_failed", error=error)
                 return error
             read = lister.page(result)
             for item in read.invalid:
-                self._log.warning(
-                    "catalog.invalid_item",
-                    server=upstream.name,
-                    method=kind.method,
-                    item=repr(item)[:200],
-                )
+                warn("catalog.invalid_item", item=repr(item)[:200])
             if read.error is not None:
-                self._log.warning(
-                    "catalog.fetch_failed",
-                    server=upstream.name,
-                    method=kind.method,
-                    error=read.error,
-                    result=repr(result)[:200],
-                )
+                warn("catalog.fetch_failed", error=read.error, result=repr(result)[:200])
                 return read.error
             if read.cut is not None:
-                self._log.warning(
-                    "catalog.list_cut",
-                    server=upstream.name,
-                    method=kind.method,
-                    reason=read.cut,
-                    kept=len(lister.items()),
-                )
+                warn("catalog.list_cut", reason=read.cut, kept=len(lister.items()))
             params = read.next
         return lister.items()
 
