@@ -492,7 +492,8 @@ class Daemon:
         the transparent sessions it leaves without a server are closed."""
         with trio.move_on_after(self.config.broker.shutdown_timeout):
             # (polled: a server's in-flight table has no event, and reloads are rare)
-            while actor.statistics().in_flight:  # noqa: ASYNC110
+            # (a request held for its turn is still to be sent: it counts too)
+            while (figures := actor.statistics()).in_flight or figures.waiting:  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL)
         actor.retire(reason, retryable=retryable)
         scope = self._scopes.get(actor)

@@ -77,6 +77,11 @@ class BrokerCollector:
             "Requests sent to the server and not yet answered.",
             labels=labels,
         )
+        waiting = GaugeMetricFamily(
+            f"{PREFIX}_server_requests_waiting",
+            "Requests held for their session's turn (serverRequests), not sent yet.",
+            labels=labels,
+        )
         inbox = GaugeMetricFamily(
             f"{PREFIX}_server_inbox_items",
             "Items waiting in the server's inbox for its dispatcher.",
@@ -135,6 +140,7 @@ class BrokerCollector:
             for each in ServerState:
                 state.add_metric([s.name, each.value], 1.0 if s.state == each.value else 0.0)
             in_flight.add_metric(name, s.in_flight)
+            waiting.add_metric(name, s.waiting)
             inbox.add_metric(name, s.inbox)
             backlog.add_metric(name, s.backlog_bytes)
             parked.add_metric(name, s.parked)
@@ -149,7 +155,7 @@ class BrokerCollector:
                 rss.add_metric(name, s.rss)
             if s.uptime is not None:
                 uptime.add_metric(name, s.uptime)
-        yield from (up, state, in_flight, inbox, backlog, parked, sessions, instances)
+        yield from (up, state, in_flight, waiting, inbox, backlog, parked, sessions, instances)
         yield from (restarts, forwarded, timeouts, cpu, rss, uptime)
 
     def _sessions(self, sessions: Any) -> Iterator[Metric]:

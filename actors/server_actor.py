@@ -118,9 +118,11 @@ class UpstreamStatistics:
     rss: int | None = None  # bytes of memory its process(es) hold
     backlog_bytes: int = 0  # written to the server and not taken by it yet
     parked: int = 0  # requests waiting for it to finish starting
+    waiting: int = 0  # requests held for their session's turn (broker/turns.py): not sent yet
     url: str | None = None  # where a remote server is reached (its link's info)
-    # Every instance's process (``pid`` is the catalog instance's): a pool's,
-    # a per-session or per-era server's others too, for what watches them all.
+    # Every instance's process (``pid`` is a serving instance's: see
+    # ServerGroup.statistics): a pool's, a per-session or per-era server's
+    # others too, for what watches them all.
     pids: tuple[int, ...] = ()
 
 

@@ -146,14 +146,22 @@ class ServerGroup:
 
     def statistics(self) -> UpstreamStatistics:
         running = [instance.statistics() for instance in self._scopes]
-        parts = running or [self._catalog.statistics()]
+        catalog = self._catalog.statistics()
+        parts = running or [catalog]
         counted = running if self._ended else parts  # (an ended catalog is in _ended)
         ended = self._ended
+        # The row shows the catalog instance, or, while that one is not ready
+        # (restarting, failed), one that is and serves the calls meanwhile.
+        shown = catalog
+        if catalog.status != "ready":
+            shown = next((p for p in running if p.status == "ready"), catalog)
         return attrs.evolve(
-            self._catalog.statistics(),
+            shown,
+            last_error=shown.last_error or catalog.last_error,
             restarts=ended["restarts"] + sum(p.restarts for p in counted),
             sessions=self._sessions(parts),
             in_flight=sum(p.in_flight for p in parts),
+            waiting=sum(p.waiting for p in parts),
             inbox=sum(p.inbox for p in parts),
             requests=ended["requests"] + sum(p.requests for p in counted),
             timeouts=ended["timeouts"] + sum(p.timeouts for p in counted),

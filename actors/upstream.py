@@ -242,6 +242,7 @@ class Upstream:
 
     def statistics(self) -> UpstreamStatistics:
         pid = self._link.info.get("pid") if self._link is not None else None
+        waiting = len(self._protocol.turns.held)  # (opened, so in the request map, but unsent)
         return UpstreamStatistics(
             name=self.name,
             status=STATUS[self._protocol.state],
@@ -249,7 +250,8 @@ class Upstream:
             pid=pid,
             restarts=self._restarts,
             sessions=len(self._protocol.sessions),
-            in_flight=len(self._protocol.requests),
+            in_flight=len(self._protocol.requests) - waiting,
+            waiting=waiting,
             inbox=self._inbox.statistics().current_buffer_used,
             last_error=self._protocol.last_error,
             requests=self._requests,

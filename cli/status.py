@@ -61,6 +61,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
     from rich.table import Table
 
     servers, sessions = status["servers"], status["sessions"]
+    waiting = sum(s.get("waiting", 0) for s in servers)  # (held by the turns gate: unsent)
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
@@ -70,6 +71,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),
         f"{len(servers)} servers, {len(sessions)} sessions, "
         f"{sum(s['in_flight'] for s in servers)} requests in flight, "
+        f"{f'{waiting} waiting for their turn, ' if waiting else ''}"
         f"{sum(s['requests'] for s in servers)} sent, "
         f"{sum(s.get('errors', 0) for s in servers)} errors",
         "",
@@ -86,7 +88,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
             _duration(s["uptime"]) if s.get("uptime") is not None else "-",
             str(s["restarts"]),
             str(s["sessions"]),
-            str(s["in_flight"]),
+            _in_flight(s["in_flight"], s.get("waiting", 0)),
             str(s["requests"]),
             str(s.get("errors", s["timeouts"])),
             f"{s['cpu']:.1f}s" if s.get("cpu") is not None else "-",
@@ -168,6 +170,12 @@ def started_by(status: dict[str, Any]) -> str:
     (socket-activated)"); "by ?" for a daemon too old to say."""
     words = STARTERS.get(status.get("started_by", ""), "by ?")
     return words + (" (socket-activated)" if status.get("socket_activated") else "")
+
+
+def _in_flight(sent: int, waiting: int) -> str:
+    """Requests at a server, and those held for their turn (``serverRequests``:
+    not sent yet), if any: ``3`` or ``3 (+2 waiting)``."""
+    return f"{sent} (+{waiting} waiting)" if waiting else str(sent)
 
 
 def _status(server: dict[str, Any]) -> str:

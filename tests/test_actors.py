@@ -974,3 +974,39 @@ async def test_a_list_that_fails_again_after_a_restart_is_still_retried(
     failing = False
     await trio.sleep(600)
     assert "tools" not in broker.registry.current.entry("s").unread
+
+
+async def test_requests_held_for_their_turn_are_waiting_not_in_flight(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """On a gated server (serverRequests: exclusive) a second session's call
+    waits for the first one's to end: it was never sent, so statistics count
+    it as waiting, apart from what is in flight."""
+    script = ScriptedServer(nursery)
+    upstream = Upstream(
+        "s",
+        ServerConfig(command="scripted", server_requests="exclusive"),
+        SETTINGS,
+        launch=script.launch,
+    )
+    broker = Broker({"s": upstream})
+    await nursery.start(broker.registry.run)
+    await nursery.start(upstream.run)
+    first, second = await open_client(nursery, broker), await open_client(nursery, broker)
+    for client in (first, second):
+        await client.initialize()
+    await first.send(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("sleep", seconds=5)}
+    )
+    await trio.sleep(1)
+    await second.send(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call("echo", n=2)}
+    )
+    await trio.sleep(1)
+    figures = upstream.statistics()
+    assert (figures.in_flight, figures.waiting) == (1, 1)
+    assert len(script.requests("tools/call")) == 1  # (the held one was indeed not sent)
+    assert (await second.receive())["result"]["echo"] == {"n": 2}  # (after the first's 5 s)
+    assert len(script.requests("tools/call")) == 2
+    figures = upstream.statistics()
+    assert (figures.in_flight, figures.waiting) == (0, 0)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.mailbox import SessionHandle
-from actors.server_actor import ClientRequest
+from actors.server_actor import ClientRequest, UpstreamStatistics
 from actors.sharing import PooledServer
 from broker.config import BrokerSettings, ServerConfig
 from broker.pooling import PINNED, InstanceFacts, PoolRouting, least_loaded, pinned, serving
@@ -268,3 +268,39 @@ def test_a_session_handed_an_instance_keeps_it_when_it_attaches() -> None:
     assert routing.attach("a", [up(), up()]) == 1
     assert routing.pick("a", "resources/unsubscribe", [up(), up()]) == 1
     assert routing.attach("b", [up(), up()]) == 0
+
+
+@attrs.define(eq=False)
+class Figures:
+    """An instance as statistics see it."""
+
+    figures: UpstreamStatistics
+
+    def statistics(self) -> UpstreamStatistics:
+        return self.figures
+
+
+def figures(
+    status: str, pid: int, error: str | None = None, in_flight: int = 0, waiting: int = 0
+) -> UpstreamStatistics:
+    state = "ready" if status == "ready" else "restarting"
+    return UpstreamStatistics(
+        "pl", status, state, pid, 0, 1, in_flight, 0, error, waiting=waiting, pids=(pid,)
+    )
+
+
+def test_a_pools_row_shows_a_ready_instance_while_the_catalog_one_restarts() -> None:
+    pool = PooledServer("pl", ServerConfig(command="x", pool=2), BrokerSettings())
+    catalog = Figures(figures("down", 11, "exited with 1"))
+    ready = Figures(figures("ready", 22, in_flight=2, waiting=3))
+    pool._catalog = catalog  # type: ignore[assignment]
+    pool._scopes = {catalog: trio.CancelScope(), ready: trio.CancelScope()}  # type: ignore[dict-item]
+    row = pool.statistics()
+    assert (row.status, row.state, row.pid) == ("ready", "ready", 22)
+    assert row.last_error == "exited with 1"  # (what happened to the other one)
+    assert (row.pids, row.instances, row.in_flight, row.waiting) == ((11, 22), 2, 2, 3)
+    catalog.figures = figures("ready", 11)
+    assert (pool.statistics().pid, pool.statistics().last_error) == (11, None)
+    ready.figures = figures("down", 22)
+    catalog.figures = figures("down", 11)
+    assert (pool.statistics().status, pool.statistics().pid) == ("down", 11)

@@ -4,12 +4,15 @@ what the test did, and the server's CPU and memory against psutil's view."""
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
+import attrs
 import psutil
 import pytest
 import trio
 from mcp.shared.exceptions import MCPError
 
+from actors.server_actor import UpstreamStatistics
 from cli.status import fetch_status, render
 from tests.conftest import MCPBROKER, running_daemon, sdk_server, shim_client, text_of
 from tests.test_websocket_e2e import ws_client
@@ -102,3 +105,19 @@ async def test_status_watch_prints_again(socket_path: str) -> None:
         async with running_daemon({"sdk": sdk_server()}, socket_path):
             frames = await trio.to_thread.run_sync(watch, abandon_on_cancel=True)
             assert frames == 3
+
+
+def test_requests_waiting_for_their_turn_are_shown_apart() -> None:
+    def server(name: str, in_flight: int, waiting: int) -> dict[str, Any]:
+        figures = UpstreamStatistics(name, "ready", "ready", 7, 0, 2, in_flight, 0, None)
+        return attrs.asdict(attrs.evolve(figures, waiting=waiting))
+
+    status = {"pid": 1, "socket": "s", "uptime": 5.0, "sessions": []}
+    status["servers"] = [server("gated", 1, 3), server("plain", 2, 0)]
+    lines = render(status).splitlines()
+    assert "3 requests in flight, 3 waiting for their turn, " in lines[1]
+    assert "1 (+3 waiting)" in next(line for line in lines if line.startswith("gated "))
+    plain = next(line for line in lines if line.startswith("plain ")).split()
+    assert "2" in plain and "waiting" not in plain
+    status["servers"] = [server("plain", 2, 0)]
+    assert "waiting" not in render(status)
