@@ -115,6 +115,10 @@ WARM_UP_TIMEOUT = 10.0
 # before it is opened with initialize (docs/eras.md).
 PROBE_TIMEOUT = 5.0
 STDERR_TAIL = 5  # a server's last stderr lines, kept for the report of a crash loop
+# Bytes of stdout lines that are not JSON-RPC a server may write at once, and
+# a second after that, before its reader pauses (see _read).
+JUNK_BURST = 1024 * 1024
+JUNK_RATE = 1024 * 1024
 # Bytes of the broker's own messages (ping replies, cancellations) that may wait
 # for a server beyond the backlog's limit (client requests stop at the limit,
 # these do not). A server that sends requests while it does not read its input
@@ -204,6 +208,11 @@ class Upstream:
         # counted: 100,000 of them wrote 27 MB of log and stalled every session.
         self._invalid_budget = LineBudget(now=-math.inf)
         self._invalid_unlogged = 0
+        # And read within a budget of bytes: a server that floods its stdout
+        # with them is read more slowly (its pipe fills, it waits), so that
+        # decoding them does not hold up everyone else's messages.
+        self._junk_budget = LineBudget(JUNK_BURST, JUNK_RATE, now=-math.inf)
+        self._junk_bytes = 0  # of such lines in the read being handled
         self._refused_401 = False  # a 401 told (status, log) and no answer since
 
     # -- the actor's public face -------------------------------------------
@@ -951,6 +960,7 @@ class Upstream:
         self._unpark()  # what waited for it to start is answered: it is down
 
     def _invalid_message(self, error: str, line: bytes) -> None:
+        self._junk_bytes += len(line) + 1
         if not self._invalid_budget.take(1, trio.current_time()):
             self._invalid_unlogged += 1
             return
@@ -973,10 +983,22 @@ class Upstream:
                     else "exited during startup"
                 )
             reason = self._read_frames(frames)
+            if self._junk_bytes:
+                await self._pause_for_junk()
             if self._refused_401 and any(type(frame) is bytes for frame in frames):
                 self._authorized_again()  # (an answer came: the server takes the token)
             if reason is not None or self._abandoned is not None:
                 return reason or self._abandoned or ""
+
+    async def _pause_for_junk(self) -> None:
+        """Past its budget, a read that held lines that are not JSON-RPC
+        waits as long as the budget takes to pay for them (a flood is read at
+        ``JUNK_RATE``; a debug print now and then never waits)."""
+        junk, self._junk_bytes = self._junk_bytes, 0
+        owed = junk - self._junk_budget.take(junk, trio.current_time())
+        if owed > 0:
+            await trio.sleep(owed / JUNK_RATE)
+            self._junk_budget.take(owed, trio.current_time())  # (what the wait earned)
 
     def _read_frames(self, frames: Sequence[LinkFrame]) -> str | None:
         """Everything one read from the server leads to; why to stop, if it must."""

@@ -916,6 +916,33 @@ async def test_a_flood_of_lines_that_are_not_json_rpc_is_logged_within_a_budget(
     assert BURST <= len(logged) < BURST + 50, len(logged)
 
 
+async def test_a_server_flooding_its_stdout_with_junk_is_read_more_slowly(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """Decoding a flood of lines that are not JSON-RPC held up every other
+    session (a bystander's call took 837 ms): past a budget (1 MiB at once,
+    1 MiB a second after), the flooding server's reader waits, so its pipe
+    fills and it waits too. A few debug prints never slow a server down."""
+    from actors.upstream import JUNK_BURST, JUNK_RATE
+
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    before = trio.current_time()
+    prints = "\n".join(["debug: not json"] * 100 + ['{"jsonrpc":"2.0","id":ID,"result":{}}'])
+    assert (await client.request("tools/call", call("raw", line=prints)))["result"] == {}
+    assert (await client.request("tools/call", call("echo", n=1)))["result"]["echo"] == {"n": 1}
+    assert trio.current_time() - before < 0.1
+    size = 64_000  # (48 lines, under the message limit: 3 MB, 2 MB past the burst)
+    flood = "\n".join(["PAD"] * 48 + ['{"jsonrpc":"2.0","id":ID,"result":{}}'])
+    before = trio.current_time()
+    await client.request("tools/call", call("raw", line=flood, pad=size))
+    await client.request("tools/call", call("echo", n=2))
+    owed = 48 * (size + 1) - JUNK_BURST
+    assert owed / JUNK_RATE - 0.3 <= trio.current_time() - before <= owed / JUNK_RATE + 0.5
+
+
 async def test_a_401_cured_leaves_status_and_the_next_one_is_logged(
     nursery: trio.Nursery,
 ) -> None:
