@@ -506,7 +506,9 @@ class Daemon:
 
     async def shut_down(self) -> None:
         """Drain before the tree is cancelled (SIGTERM, SIGINT): new requests are
-        refused, requests in flight get ``broker.shutdownTimeout`` to finish,
+        refused (a shim that asked is told instead, and holds its host's new
+        requests for the next daemon: Session.daemon_stopping), requests in
+        flight get ``broker.shutdownTimeout`` to finish,
         then every session answers what is left with an error saying the daemon
         is stopping, and closes (waited for, bounded). The caller then cancels
         :meth:`run`, which stops the servers and removes the socket."""
@@ -523,7 +525,7 @@ class Daemon:
             timeout=timeout,
         )
         for session in list(self._sessions):
-            session.refuse(STOPPING)
+            session.daemon_stopping(STOPPING)  # (refused, or told: a shim holds its host's)
         with trio.move_on_after(timeout):
             for session in list(self._sessions):
                 await session.wait_idle()
@@ -584,7 +586,7 @@ class Daemon:
             **options,
         )
         if self._stopping is not None:
-            session.refuse(self._stopping)
+            session.daemon_stopping(self._stopping)
         self._sessions.add(session)
         # Whatever is logged in this session's tasks says which session it was.
         with structlog.contextvars.bound_contextvars(session=session.handle.id):

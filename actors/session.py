@@ -60,7 +60,7 @@ from broker.config import BrokerSettings
 from broker.eras.modern import client_era
 from broker.eras.session import ModernSessionProtocol, become_modern
 from broker.eras.versions import Era
-from broker.hello import open_session
+from broker.hello import STOPPING_NOTICE, open_session
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message, error_response
 from broker.session import (
     Action,
@@ -142,6 +142,10 @@ class Session:
         # The view is every configured server: a reload's new servers join it.
         self._every = every or view is None
         self._refusal: str | None = None  # why new requests are refused (refuse())
+        # The daemon has begun to stop (daemon_stopping()): why, and whether
+        # the client asked to be told so (a hello's notices: the shim).
+        self._daemon_stopping: str | None = None
+        self._notices: frozenset[str] = frozenset()
         self._stopping: str | None = None  # why the daemon ends this session (stop())
         self._unfinished = ""  # what stop() answers the requests still in flight with
         self._reading = trio.CancelScope()  # the read loop's: stop() cancels it
@@ -266,10 +270,14 @@ class Session:
                 if self._hello:
                     self._hello = False
                     opening = open_session(message, self._upstreams)
+                    if opening is not None and opening.command is not None:
+                        await self._run_command(opening.command, opening.view)
+                        return
                     if opening is not None:
-                        if opening.command is not None:
-                            await self._run_command(opening.command, opening.view)
-                            return
+                        self._notices = opening.notices
+                    if self._daemon_stopping is not None:
+                        self.daemon_stopping(self._daemon_stopping)  # (decided now)
+                    if opening is not None:
                         self._open(
                             opening.view, opening.transparent, opening.refusal, opening.every
                         )
@@ -354,6 +362,21 @@ class Session:
         (-32000); answers to the requests in flight still come through."""
         self._refusal = reason
         self._protocol.refusal, self._protocol.refusal_code = reason, CONNECTION_CLOSED
+
+    def daemon_stopping(self, reason: str) -> None:
+        """The daemon has begun to stop. A client that asked for the notice
+        (the shim's hello) is told, and served on: it sends nothing new from
+        now on (it holds its host's requests for the next daemon), so what it
+        sent before it heard is answered, not refused. Any other client's new
+        requests are refused (``reason``). Before the first message, that
+        message decides (it may be a hello)."""
+        self._daemon_stopping = reason
+        if self._hello:
+            return
+        if "stopping" in self._notices:
+            self._handle.deliver(STOPPING_NOTICE)
+        else:
+            self.refuse(reason)
 
     def stop(self, reason: str, unfinished: str | None = None) -> None:
         """End the session from the daemon's side: stop reading, write what is

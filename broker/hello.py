@@ -11,8 +11,18 @@ or asks for a control command instead of a session (``mcpbroker status``,
 
     {"mcpbroker": {"command": "status"}}
 
+A hello may also name the *notices* its client understands: lines of the
+same shape the daemon may then send it among the session's messages, never
+to be passed to an MCP host. The one there is, ``stopping``, tells the shim
+that the daemon has begun to stop (:data:`STOPPING_NOTICE`; cli/reconnect.py
+holds the host's new requests for the next daemon)::
+
+    {"mcpbroker": {"notices": ["stopping"]}}      (from the shim)
+    {"mcpbroker": {"notice": "stopping"}}         (from the daemon, later)
+
 A hello has no ``"jsonrpc"`` key, so it can never be mistaken for MCP. Without
-one, a session sees every configured server.
+one, a session sees every configured server. Keys a daemon does not know are
+ignored (a newer shim may speak to an older daemon), and so are notices.
 """
 
 from __future__ import annotations
@@ -32,6 +42,9 @@ class HelloError(Exception):
 # ``tokens``: the stored OAuth tokens of the servers it names changed
 # (``mcpbroker auth NAME``, ``--logout``): docs/oauth.md.
 COMMANDS = frozenset({"status", "reload", "tokens"})
+NOTICES = frozenset({"stopping"})
+# What the daemon sends a client that asked for it, once it has begun to stop.
+STOPPING_NOTICE = {HELLO_KEY: {"notice": "stopping"}}
 
 
 @attrs.frozen
@@ -40,6 +53,7 @@ class Hello:
     # A control command instead of an MCP session: the daemon answers it with
     # one line of JSON and closes the connection (``mcpbroker status``).
     command: str | None = None
+    notices: frozenset[str] = frozenset()  # what the client may be sent (NOTICES)
 
     @property
     def transparent(self) -> bool:
@@ -60,7 +74,15 @@ def read_hello(message: Any) -> Hello | None:
         if not isinstance(command, str) or command not in COMMANDS:
             raise HelloError(f"unknown command {command!r} (known: {', '.join(sorted(COMMANDS))})")
         return Hello(_servers(body.get("servers")), command=command)
-    return Hello(_servers(body.get("servers")))
+    return Hello(_servers(body.get("servers")), notices=_notices(body.get("notices")))
+
+
+def _notices(notices: Any) -> frozenset[str]:
+    if notices is None:
+        return frozenset()
+    if not isinstance(notices, list) or not all(isinstance(n, str) for n in notices):
+        raise HelloError('"notices" in the hello must be a list of names')
+    return NOTICES.intersection(notices)
 
 
 def _servers(servers: Any) -> tuple[str, ...] | None:
@@ -98,6 +120,7 @@ class Opening:
     # The view is every configured server (the hello named none): a reload that
     # adds or removes servers changes it.
     every: bool = False
+    notices: frozenset[str] = frozenset()  # (Hello.notices)
 
 
 def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
@@ -111,6 +134,8 @@ def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
         if hello.command is not None:
             return Opening(hello.servers or (), command=hello.command)
         view = resolve_view(hello, configured)
-        return Opening(view, transparent=hello.transparent, every=hello.servers is None)
+        return Opening(
+            view, transparent=hello.transparent, every=hello.servers is None, notices=hello.notices
+        )
     except HelloError as exc:
         return Opening(refusal=str(exc))

@@ -52,6 +52,7 @@ class CopyRelay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
+        self.stdin_held = False  # stdin is not read for now (cli/reconnect.py: a daemon stopping)
         self._attach(sock)
 
     def _attach(self, sock: _socket.socket) -> None:
@@ -75,8 +76,9 @@ class CopyRelay:
         """Relay until the end (an exit code), or what :meth:`_daemon_closed` says."""
         poller = select.poll()
         while True:
+            timeout = self._poll_timeout()
             self._register(poller)
-            for fd, events in poller.poll():
+            for fd, events in poller.poll(timeout):
                 if fd == STDIN:
                     self._read_stdin()
                 elif fd == STDOUT:
@@ -94,7 +96,8 @@ class CopyRelay:
         if self._steady and not to_daemon and not to_host:
             return
         self._steady = not to_daemon and not to_host
-        stdin = select.POLLIN if self.stdin_open and to_daemon < BUFFER_LIMIT else 0
+        reading = self.stdin_open and not self.stdin_held
+        stdin = select.POLLIN if reading and to_daemon < BUFFER_LIMIT else 0
         stdout = select.POLLOUT if to_host else 0
         sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (
             select.POLLOUT if to_daemon else 0
@@ -110,6 +113,11 @@ class CopyRelay:
             else:
                 poller.register(fd, events)
             self._events[fd] = events
+
+    def _poll_timeout(self) -> float | None:
+        """Milliseconds poll may wait for (None: until something happens); a
+        hook, for a relay with a deadline of its own."""
+        return None
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)

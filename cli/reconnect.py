@@ -35,7 +35,7 @@ from cli.host_pipes import (
     flush_to_host,
     send_to_daemon,
 )
-from cli.resume import HostState, scan
+from cli.resume import STOPPING_NOTICE, HostState, scan
 
 # Reconnecting after the daemon went away: wait this long for a daemon someone
 # else restarts (a service manager, an upgrade by hand) before starting one,
@@ -48,6 +48,10 @@ RECONNECT_TIMEOUT = 60.0
 RESUME_TIMEOUT = 30.0
 LONG_LINE = 16 * 1024 * 1024  # past this a line is sent on in pieces, untracked
 STABLE = 10.0  # a session restored this long ago counts as restored for good
+# Once the daemon says it is stopping, the host's new requests wait in stdin
+# for the next daemon, for at most this long (then they go to the stopping
+# one, which still serves this session: broker/hello.py's notices).
+HOLD_TIMEOUT = 60.0
 MAX_QUICK_GAPS = 5
 
 
@@ -132,6 +136,7 @@ class ResumingRelay(CopyRelay):
         self.up = _Lines(state.up)
         self.down = _Lines(state.down)
         self._reconnected = -STABLE  # when the last gap ended
+        self._held_until: float | None = None  # stdin held (a daemon stopping) until then
         self._quick_gaps = 0  # gaps in a row, each soon after the one before
         super().__init__(sock)
 
@@ -179,7 +184,31 @@ class ResumingRelay(CopyRelay):
     # sent is in flight and gets its error then.)
 
     def _from_daemon(self, data: bytes) -> bool:
-        return super()._from_daemon(self.down.feed(data))
+        going_on = super()._from_daemon(self.down.feed(data))
+        if self.state.stopping and self._held_until is None:
+            self._hold_stdin()
+        return going_on
+
+    def _hold_stdin(self) -> None:
+        """The daemon has begun to stop: what the host writes from now on
+        waits in its pipe for the next daemon (what it wrote before is still
+        served), as it does during a gap."""
+        self._held_until = time.monotonic() + HOLD_TIMEOUT
+        self.stdin_held, self._steady = True, False
+
+    def _poll_timeout(self) -> float | None:
+        if self._held_until is None:
+            return None
+        left = self._held_until - time.monotonic()
+        if left > 0:
+            return left * 1000
+        self._release_stdin()  # (a daemon that takes this long: it still serves the session)
+        return None
+
+    def _release_stdin(self) -> None:
+        self.state.stopping = False
+        self._held_until = None
+        self.stdin_held, self._steady = False, False
 
     def _lost(self, exc: OSError) -> None:
         """(Said by the gap that follows.)"""
@@ -206,6 +235,7 @@ class ResumingRelay(CopyRelay):
         replay; raises DaemonUnavailable if no daemon comes back in time."""
         with contextlib.suppress(OSError):
             self.sock.close()
+        self._release_stdin()  # (held for the next daemon: this one)
         if self.down.long:
             self.to_host += b"\n"  # (ends the piece of a long answer the host has)
         self.down.reset()  # (an answer cut short never reaches the host)
@@ -274,6 +304,8 @@ class ResumingRelay(CopyRelay):
         self._attach(sock)
         if carry:
             self.to_host += self.down.feed(carry)
+            if self.state.stopping:
+                self._hold_stdin()
 
 
 def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
@@ -286,6 +318,8 @@ def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
         buffer += data
         while b"\n" in buffer:
             line, _, buffer = buffer.partition(b"\n")
+            if line.startswith(STOPPING_NOTICE):  # (a daemon about to go: the next one)
+                raise OSError("it is stopping")
             method, got = scan(line + b"\n")
             if method is None and got == id:
                 if b'"error"' in line and b'"result"' not in line:

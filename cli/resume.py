@@ -11,7 +11,9 @@ daemon must be told again and what a dead one owed the host:
 - the ids of the host's requests not yet answered (each gets an error at a
   gap: :meth:`HostState.gap_errors`);
 - the ids of the daemon's requests to the host not yet answered (the host's
-  late answers to a dead daemon are dropped: :meth:`HostState.drop_up`).
+  late answers to a dead daemon are dropped: :meth:`HostState.up`);
+- whether the daemon said it has begun to stop (its ``stopping`` notice,
+  broker/hello.py: never passed to the host; :attr:`HostState.stopping`).
 
 No line is parsed as JSON on the way: :func:`scan` finds a line's top-level
 ``"method"`` and ``"id"`` with byte searches, and turns to ``json`` only for
@@ -30,6 +32,10 @@ GAP_MESSAGE = (
     "mcpbroker: the daemon went away while this request was in flight (it may or may "
     "not have been carried out); the shim is reconnecting: try again"
 )
+
+# The daemon's notice that it has begun to stop (broker/hello.py's
+# STOPPING_NOTICE, as orjson writes it).
+STOPPING_NOTICE = b'{"mcpbroker":{"notice":"stopping"}}'
 
 _WS = b" \t\r\n"
 _ID, _METHOD = b'"id"', b'"method"'
@@ -271,6 +277,7 @@ class HostState:
         self.stale: set[bytes] = set()  # a dead daemon's requests: their answers are dropped
         self.replayed: set[bytes] = set()  # the shim's replayed requests: their answers too
         self.overflow = False  # more in flight than MAX_PENDING: some cannot be answered
+        self.stopping = False  # the daemon said it has begun to stop
         self._next = 0
 
     def up(self, line: bytes) -> bool:
@@ -310,6 +317,9 @@ class HostState:
             return True
         method, id = scan(line)
         if id is None:
+            if method is None and line.startswith(STOPPING_NOTICE):
+                self.stopping = True
+                return False  # (the shim's, not MCP: the host never sees it)
             return True
         if method is not None:
             # (a new daemon numbers its requests anew: an id a dead one used

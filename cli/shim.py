@@ -98,10 +98,16 @@ def main(argv: list[str]) -> int:
     except DaemonUnavailable as exc:
         print(f"mcpbroker connect: {exc}", file=sys.stderr)
         return 1
-    hello = hello_line(servers) if servers else b""
+    resumes = "--no-resume" not in argv
+    hello = hello_line(servers, notices=resumes) if servers or resumes else b""
     if hello:
-        sock.sendall(hello)
-    if "--no-resume" in argv:
+        try:
+            sock.sendall(hello)
+        except OSError as exc:  # (a daemon that closed at once: the resuming relay's gap)
+            if not resumes:
+                print(f"mcpbroker connect: connection to the daemon lost: {exc}", file=sys.stderr)
+                return 1
+    if not resumes:
         return relay(sock)
     from cli.reconnect import ResumingRelay
     from cli.resume import HostState
@@ -109,15 +115,20 @@ def main(argv: list[str]) -> int:
     return ResumingRelay(sock, HostState(), socket_path, config, hello).run()
 
 
-def hello_line(servers: list[str]) -> bytes:
-    """The hello naming the session's servers (see broker/hello.py)."""
+def hello_line(servers: list[str], notices: bool = False) -> bytes:
+    """The hello naming the session's servers (none: every one), and with
+    ``notices`` asking to be told when the daemon begins to stop (the
+    resuming relay holds its host's requests then): see broker/hello.py."""
     if any(ord(c) < 0x20 for name in servers for c in name):
         import json  # names this odd are rare enough to pay for the import
 
         names = ",".join(json.dumps(name) for name in servers)
     else:
         names = ",".join('"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in servers)
-    return ('{"mcpbroker":{"servers":[' + names + "]}}\n").encode()
+    keys = ['"servers":[' + names + "]"] if servers else []
+    if notices:
+        keys.append('"notices":["stopping"]')
+    return ('{"mcpbroker":{' + ",".join(keys) + "}}\n").encode()
 
 
 def relay(sock: _socket.socket) -> int:

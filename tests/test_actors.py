@@ -943,6 +943,45 @@ async def test_a_server_flooding_its_stdout_with_junk_is_read_more_slowly(
     assert owed / JUNK_RATE - 0.3 <= trio.current_time() - before <= owed / JUNK_RATE + 0.5
 
 
+async def test_a_stopping_daemon_tells_a_shim_that_asked_and_goes_on_serving_it(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """A drain refuses new requests; a client whose hello asked for the
+    notice (the shim) is told instead, and what it sent before it heard is
+    still served. A session that begins during the drain is decided by its
+    first message (a hello asking, or anything else)."""
+    from actors.daemon import STOPPING
+    from broker.hello import STOPPING_NOTICE
+
+    broker = await start_upstream(nursery, ScriptedServer(nursery))
+
+    async def client(hello: dict[str, Any] | None, before: bool = True) -> Client:
+        ours, theirs = trio.testing.memory_stream_pair()
+        session = Session(
+            StreamConnection(theirs, 1 << 20), broker.upstreams, broker.registry, SETTINGS
+        )
+        nursery.start_soon(session.run)
+        if not before:
+            session.daemon_stopping(STOPPING)  # (a session that begins during the drain)
+        opened = Client(ours, session)
+        if hello is not None:
+            await opened.send({"mcpbroker": hello})
+        await opened.initialize()
+        if before:
+            session.daemon_stopping(STOPPING)
+        return opened
+
+    asking = {"servers": ["s"], "notices": ["stopping"]}
+    for told in (await client(asking), await client(asking, before=False)):
+        echoed = await told.request("tools/call", call("echo", n=1))
+        assert echoed["result"]["echo"] == {"n": 1}
+        assert told.others == [STOPPING_NOTICE]
+    for refused in (await client({"servers": ["s"]}), await client(None, before=False)):
+        answer = await refused.request("tools/call", call("echo", n=1))
+        assert answer["error"]["message"] == f"mcpbroker: {STOPPING}"
+        assert refused.others == []
+
+
 async def test_a_401_cured_leaves_status_and_the_next_one_is_logged(
     nursery: trio.Nursery,
 ) -> None:

@@ -107,3 +107,14 @@ def test_the_tokens_command_names_its_servers() -> None:
     assert opening == Opening(("a",), command="tokens")
     refused = open_session({"mcpbroker": {"command": "tokens", "servers": "a"}}, ("a",))
     assert refused is not None and "list of server names" in (refused.refusal or "")
+
+
+def test_a_hello_names_the_notices_its_client_understands() -> None:
+    configured = ("a", "b")
+    asked = open_session({"mcpbroker": {"notices": ["stopping", "later"]}}, configured)
+    assert asked == Opening(("a", "b"), every=True, notices=frozenset({"stopping"}))
+    plain = open_session({"mcpbroker": {"servers": ["a"]}}, configured)
+    assert plain is not None and plain.notices == frozenset()
+    refused = open_session({"mcpbroker": {"notices": "stopping"}}, configured)
+    assert refused is not None and "list of names" in (refused.refusal or "")
+    assert read_hello({"mcpbroker": {"notices": [], "later": 1}}) == Hello()

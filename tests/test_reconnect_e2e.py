@@ -234,3 +234,50 @@ async def test_a_host_that_closed_its_stdin_hears_of_a_call_the_daemon_took_with
         (lost,) = [a for a in answers if a.get("id") == 2]
         assert lost["error"]["code"] == -32000
         await wait_gone(daemon)
+
+
+async def test_a_call_made_while_the_daemon_drains_is_served_by_the_next_one(
+    socket_path: str, config_file: str
+) -> None:
+    """SIGTERM drains: calls in flight finish. A call the host makes meanwhile
+    was refused ("the daemon is stopping"); now the daemon tells the shim it
+    is stopping, and the shim holds the host's new requests for the next
+    daemon, as during a gap (broker/hello.py's notices)."""
+    host = Host()
+    serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        with trio.fail_after(60):
+            while not os.path.exists(socket_path):
+                await trio.sleep(0.05)
+            async with host_session(socket_path, host, None) as session:
+                old_pid = await set_up(session, host)
+                results: dict[str, Any] = {}
+
+                async def call(name: str, tool: str, arguments: dict[str, Any]) -> None:
+                    results[name] = await session.call_tool(tool, arguments)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call, "slow", "slow", {"seconds": 2})
+                    await trio.sleep(0.5)  # (the call reaches the server)
+                    first.send_signal(signal.SIGTERM)
+                    await trio.sleep(0.5)  # (the drain has begun)
+                    nursery.start_soon(call, "during", "pid", {})
+                    await first.wait()
+                    assert not results["slow"].is_error  # (finished within the drain)
+                    assert "during" not in results  # held: not refused
+                    second = await trio.lowlevel.open_process(
+                        serve, env=env, stderr=subprocess.DEVNULL
+                    )
+                assert not results["during"].is_error, results["during"]
+                assert int(text_of(results["during"])) != old_pid  # the next daemon's server
+                assert daemon_pid(socket_path) == second.pid
+    finally:
+        with trio.move_on_after(10) as cleanup:
+            cleanup.shield = True
+            for process in (first, second):
+                if process is not None and process.returncode is None:
+                    process.terminate()
+                    await process.wait()

@@ -247,3 +247,43 @@ def test_a_batchs_requests_in_flight_get_their_errors_at_a_gap() -> None:
     assert state.down(json.dumps(answers).encode() + b"\n")
     errors = [json.loads(line)["id"] for line in state.gap_errors().splitlines()]
     assert sorted(map(str, errors)) == ["1", "b"]
+
+
+def test_the_daemons_stopping_notice_is_noted_and_never_reaches_the_host() -> None:
+    import orjson
+
+    from broker.hello import STOPPING_NOTICE
+
+    state = HostState()
+    assert not state.down(orjson.dumps(STOPPING_NOTICE) + b"\n")  # (as the daemon writes it)
+    assert state.stopping
+    other = HostState()
+    assert other.down(b'{"mcpbroker":{"notice":"later"}}\n')  # (one it does not know: passed on)
+    assert other.down(b'{"jsonrpc":"2.0","id":1,"result":{"mcpbroker":{}}}\n')
+    assert not other.stopping
+
+
+def test_a_stopping_daemon_holds_the_hosts_requests_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resuming relay stops reading stdin once told, until the gap (the
+    next daemon), or HOLD_TIMEOUT (the stopping daemon still serves it)."""
+    import socket
+
+    import cli.reconnect
+    from cli.reconnect import HOLD_TIMEOUT, ResumingRelay
+
+    ours, theirs = socket.socketpair()
+    clock = [100.0]
+    monkeypatch.setattr(cli.reconnect.time, "monotonic", lambda: clock[0])
+    with ours, theirs:
+        relay = ResumingRelay(ours, HostState(), "/nowhere", None, b"")
+        assert relay._poll_timeout() is None and not relay.stdin_held
+        relay._from_daemon(b'{"mcpbroker":{"notice":"stopping"}}\n')
+        assert relay.stdin_held and relay.to_host == b""
+        assert relay._poll_timeout() == HOLD_TIMEOUT * 1000
+        clock[0] += HOLD_TIMEOUT - 1
+        assert relay._poll_timeout() == pytest.approx(1000)
+        clock[0] += 1
+        assert relay._poll_timeout() is None  # (given up waiting: read stdin again)
+        assert not relay.stdin_held and not relay.state.stopping
