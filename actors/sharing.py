@@ -29,8 +29,10 @@ another instance is ready gives the catalog role to that instance: it then
 answers the Registry's list requests and reports its state, so the server's
 tools stay listed and its calls served (and ``status`` shows it up) while
 any instance is. A pool keeps the failed one as an ordinary instance (it is
-tried again as every failed server is); a per-session server stops it, and
-keeps the promoted instance after its session leaves, as its catalog's.
+tried again as every failed server is); a per-session server stops it (unless
+it is still a session's own, promoted before: it stays that session's, tried
+again), and keeps the promoted instance after its session leaves, as its
+catalog's.
 
 **Ready before the first call.** Every instance of a group *warms up*
 (broker/upstream.py): after its handshake it lists its own tools, and it
@@ -366,7 +368,12 @@ class PerSessionServer(ServerGroup):
             self._inherited.session_gone(session)
 
     def _promoted(self, failed: Upstream, live: Upstream) -> None:
-        self._stop(failed)  # (it served only the catalog: its successor does now)
+        # One that served only the catalog stops: its successor does now. One
+        # that a session still has (promoted once before) stays that session's,
+        # tried again as every failed server is: stopped, it would take the
+        # session's requests and answer none.
+        if failed not in self._mine.values():
+            self._stop(failed)
 
 
 class EraServer(ServerGroup):

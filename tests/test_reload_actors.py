@@ -727,3 +727,49 @@ async def test_a_reload_restart_of_a_group_asks_the_new_instances_what_sessions_
         await link.send(updated)
     await settle()
     assert client.messages.count(updated) == 1
+
+
+async def test_a_second_catalog_hand_over_leaves_the_sessions_instance_running(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """Per-session: A's instance took over the catalog, then fails while B's is
+    ready. The catalog moves on to B's, but A's instance stays A's (tried
+    again): it was stopped, and A's later requests were never answered."""
+    scripts["g"] = script = GatedScript(nursery, label="g")
+    daemon = await start(
+        nursery, parse_config({"mcpServers": {"g": {"command": "g", "share": "per-session"}}})
+    )
+    group = daemon.upstreams["g"]
+    a = await connect(nursery, daemon)
+    b = await connect(nursery, daemon)
+    await a.call(1, "g__echo", who="a")
+    assert "result" in await a.answer(1)
+    await b.call(2, "g__echo", who="b")
+    assert "result" in await b.answer(2)
+    await settle()
+    catalog = group._catalog  # type: ignore[attr-defined]
+    [a_instance, b_instance] = group._mine.values()  # type: ignore[attr-defined]
+    script.gate = True
+    await script.links[0].die()  # the catalog's process
+    with trio.fail_after(300):
+        while catalog.status not in (ServerState.FAILED, ServerState.STOPPED):
+            await trio.sleep(1)
+    await settle()
+    assert group._catalog is a_instance  # type: ignore[attr-defined]
+    await script.links[1].die()  # A's process, the catalog's now
+    with trio.fail_after(300):
+        while a_instance.status not in (ServerState.FAILED, ServerState.STOPPED):
+            await trio.sleep(1)
+    await settle()
+    assert group._catalog is b_instance  # type: ignore[attr-defined]
+    assert a_instance.status is ServerState.FAILED  # (not stopped: A's still)
+    script.gate = False
+    await a.call(3, "g__echo", who="a again")
+    with trio.fail_after(60):
+        answer = await a.answer(3)
+    assert "error" in answer  # (a failed server's refusal, naming it)
+    a_instance.retry()  # (as a reload or retryFailedAfter does)
+    await settle()
+    await a.call(4, "g__echo", who="a, retried")
+    with trio.fail_after(60):
+        assert (await a.answer(4))["result"]["server"] == "g"
