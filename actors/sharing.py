@@ -212,10 +212,15 @@ class ServerGroup:
             if live and not self._retired:
                 self._promote(live[0])
                 continue
-            async with trio.open_nursery() as nursery:  # (until any of them moves)
-                for instance in self.instances():
-                    nursery.start_soon(_then_cancel, instance.wait_status_changed, nursery)
-                nursery.start_soon(_then_cancel, self._instances_changed.wait, nursery)
+            # Wait until any of them moves. The events are taken now, with the
+            # states just read: a child task reading its own later could take
+            # the one that replaced it, and miss the move (the catalog then
+            # stayed with the failed instance until retryFailedAfter).
+            moves = [instance.status_event() for instance in self.instances()]
+            moves.append(self._instances_changed)
+            async with trio.open_nursery() as nursery:
+                for event in moves:
+                    nursery.start_soon(_then_cancel, event.wait, nursery)
 
     def _promote(self, live: Upstream) -> None:
         failed = self._catalog

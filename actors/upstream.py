@@ -683,6 +683,11 @@ class Upstream:
         """Wait until the server's state next moves (for a group: see actors/sharing.py)."""
         await self._status_changed.wait()
 
+    def status_event(self) -> trio.Event:
+        """The event set when the state next moves from what it is now (to wait
+        on later, or among others, without missing a move made meanwhile)."""
+        return self._status_changed
+
     def announce(self) -> None:
         """Tell ``events`` (the Registry) the state the server is in now: an
         instance that has just taken over a group's catalog."""

@@ -304,3 +304,59 @@ def test_a_pools_row_shows_a_ready_instance_while_the_catalog_one_restarts() -> 
     ready.figures = figures("down", 22)
     catalog.figures = figures("down", 11)
     assert (pool.statistics().status, pool.statistics().pid) == ("down", 11)
+
+
+class Moving:
+    """What a group's catalog watcher uses of an instance, with Upstream's events."""
+
+    def __init__(self, status: ServerState) -> None:
+        self.status = status
+        self.events: object = None
+        self.tools = None
+        self.load = 0
+        self._changed = trio.Event()
+
+    async def wait_status_changed(self) -> None:
+        await self._changed.wait()
+
+    def status_event(self) -> trio.Event:
+        return self._changed
+
+    def move(self, status: ServerState) -> None:  # (as Upstream._set_status)
+        self.status = status
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def statistics(self) -> UpstreamStatistics:
+        return figures("down", 1, "crash loop")
+
+    def announce(self) -> None:
+        pass
+
+
+async def test_the_catalog_goes_to_an_instance_that_becomes_ready_as_the_watcher_looks(
+    autojump_clock: Any,
+) -> None:
+    """The catalog instance has failed and the other is warming up; it becomes
+    ready just after the watcher looked. The watcher sees it (it missed it about
+    one time in two: each waiting task read the instance's event only when it
+    first ran, by then the one after the move)."""
+    for _ in range(30):  # (trio runs a batch in either order: both are met)
+        pool = PooledServer("pl", ServerConfig(command="x", pool=2), BrokerSettings())
+        catalog, other = Moving(ServerState.FAILED), Moving(ServerState.WARMING)
+        pool._catalog = pool._pool[0] = catalog  # type: ignore[assignment]
+        pool._pool[1] = other  # type: ignore[call-overload]
+        pool._scopes = {catalog: trio.CancelScope(), other: trio.CancelScope()}  # type: ignore[dict-item]
+
+        async def warm_up(other: Moving = other) -> None:
+            await trio.lowlevel.checkpoint()
+            other.move(ServerState.READY)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool._watch_catalog)
+            nursery.start_soon(warm_up)
+            with trio.move_on_after(5):
+                while pool._catalog is not other:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+        assert pool._catalog is other
