@@ -333,7 +333,11 @@ class PerSessionServer(ServerGroup):
                 return
             instance = self._mine[session] = self._instance(len(self._mine) + 1)
             instance.adopt(self._inherited.only({session}))
-            await self._start(instance)
+            try:
+                await self._start(instance)
+            except BaseException:  # (cancelled: the session is closing)
+                del self._mine[session]  # (it never ran: it must not take requests)
+                raise
             self._log.info("server.instance_started", session=session.id)
             for first in self._waiting.pop(session, []):
                 await instance.send(first)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -773,3 +774,39 @@ async def test_a_second_catalog_hand_over_leaves_the_sessions_instance_running(
     await a.call(4, "g__echo", who="a, retried")
     with trio.fail_after(60):
         assert (await a.answer(4))["result"]["server"] == "g"
+
+
+async def test_a_per_session_start_cut_short_leaves_nothing_behind(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A session's first request, cancelled while it starts the session's
+    instance (the session is closing), and the session's departure: the group
+    keeps nothing of it (its kept Attach stayed, holding its handle, for the
+    group's life; and a later request went to the instance that never ran)."""
+    from actors.sharing import PerSessionServer
+
+    config = scripts.config("g")
+    server = attrs.evolve(config.servers["g"], share="per-session")
+    group = PerSessionServer("g", server, config.broker)
+    await nursery.start(group.run)
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    outbox, inbox = trio.open_memory_channel[Any](10)
+    handle = SessionHandle(outbox, trio.CancelScope())
+    await group.send(Attach(handle, {}))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await group.send(ClientRequest(handle, [ping], 10))
+    assert handle not in group._mine  # (its next request starts one that runs)
+    await group.send(ClientRequest(handle, [ping], 10))
+    with trio.fail_after(60):
+        [answer], _ = await inbox.receive()
+    assert not answer.is_error()
+    await group.send(Detach(handle))
+    other = SessionHandle(outbox, trio.CancelScope())  # (cut short, then gone)
+    await group.send(Attach(other, {}))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await group.send(ClientRequest(other, [ping], 10))
+    await group.send(Detach(other))
+    await settle()
+    assert (group._mine, group._waiting) == ({}, {})
