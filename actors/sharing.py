@@ -502,6 +502,7 @@ class PooledServer(ServerGroup):
         if isinstance(item, ClientRequest):
             size = item.size // max(1, len(item.messages))
             for message in item.messages:  # each to the least busy instance
+                was = self._routing.assigned(item.session)
                 index = self._routing.pick(
                     item.session,
                     message["method"],
@@ -509,6 +510,10 @@ class PooledServer(ServerGroup):
                     pinned=pinned(message),
                     owner=self._task_owner(item.session, message),
                 )
+                if was is not None and self._routing.assigned(item.session) != was:
+                    # (moved off a failed instance: what it subscribed to there
+                    # is not renewed for it when that one is tried again)
+                    self._pool[was].forget_subscriptions(item.session)
                 await self._pool[index].send(ClientRequest(item.session, [message], size))
             return
         if isinstance(item, Attach):

@@ -323,6 +323,13 @@ class Upstream:
         """What its sessions asked of the server (log levels, subscriptions)."""
         return self._protocol.fanout
 
+    def forget_subscriptions(self, session: SessionHandle) -> None:
+        """Forget ``session``'s subscriptions, telling the server nothing: this
+        instance has failed (its process is gone) and a pool moved the session
+        to another, where it subscribes and unsubscribes from now on; a retry
+        must not subscribe them again for it (actors/sharing.py)."""
+        self._protocol.fanout.drop_subscriptions(session)
+
     def adopt(self, asked: Fanout) -> None:
         """Before it runs: ask these of the process at its handshake."""
         self._protocol.fanout = asked.for_new_server()

@@ -166,6 +166,14 @@ class Fanout:
         """The sessions subscribed to something."""
         return set().union(*self._subscribers.values()) if self._subscribers else set()
 
+    def drop_subscriptions(self, session: Hashable) -> None:
+        """Forget what ``session`` subscribed to, with nothing to tell the
+        server (its process is gone: a pool's session moved off a failed
+        instance). A URI nobody else wants is then not renewed at its restart."""
+        for uri in list(self._subscribers):
+            if self._leave(session, uri):
+                self._accepted.discard(uri)
+
     # -- sessions -------------------------------------------------------------
 
     def session_gone(self, session: Hashable) -> tuple[list[str], str | None]:

@@ -236,3 +236,18 @@ def test_a_groups_fanouts_merge_and_split_by_session() -> None:
     assert mine.upstream_level() == "error"
     levels = both.levels_only()
     assert levels.subscribed_uris() == [] and levels.level_of("b") == "debug"
+
+
+def test_a_sessions_subscriptions_dropped_without_the_server_are_not_renewed() -> None:
+    fanout = Fanout()
+    for session in ("a", "b"):
+        fanout.subscribe(session, "u1")
+    fanout.subscribe("a", "u2")
+    fanout.accepted("u1")
+    fanout.accepted("u2")
+    fanout.set_level("a", "error")
+    fanout.drop_subscriptions("a")
+    assert fanout.subscribers("u1") == {"b"}
+    assert fanout.subscribed_uris() == ["u1"]  # (what a restart subscribes again)
+    assert fanout.level_of("a") == "error"  # (its log level stays)
+    assert fanout.subscribe("c", "u2")  # (u2 is asked of the server again)

@@ -810,3 +810,39 @@ async def test_a_per_session_start_cut_short_leaves_nothing_behind(
     await group.send(Detach(other))
     await settle()
     assert (group._mine, group._waiting) == ({}, {})
+
+
+async def test_a_pool_session_moved_off_a_failed_instance_leaves_its_subscriptions_there(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A pool's session whose instance failed subscribes, then unsubscribes,
+    on the one it is moved to; the failed one, tried again, does not subscribe
+    for it anew (it did, and sent the session updates it had unsubscribed from)."""
+    scripts["g"] = script = GatedScript(nursery, label="g")
+    script.capabilities.update(resources={"subscribe": True})
+    uri = "mem://g/readme"
+    daemon = await start(nursery, parse_config({"mcpServers": {"g": {"command": "g", "pool": 2}}}))
+    group = daemon.upstreams["g"]
+    await connect(nursery, daemon)  # (assigned instance 0)
+    second = await connect(nursery, daemon)  # (assigned instance 1)
+    await settle()
+    assert "result" in await second.request(1, "resources/subscribe", {"uri": uri})
+    one = group._pool[1]  # type: ignore[attr-defined]
+    script.gate = True
+    await script.links[1].die()  # instance 1's process, which cannot start again
+    with trio.fail_after(300):
+        while one.status is not ServerState.FAILED:
+            await trio.sleep(1)
+    assert "result" in await second.request(2, "resources/subscribe", {"uri": uri})
+    assert "result" in await second.request(3, "resources/unsubscribe", {"uri": uri})
+    script.gate = False
+    one.retry()  # (as a reload, or retryFailedAfter, does)
+    with trio.fail_after(300):
+        while one.status is not ServerState.READY:
+            await trio.sleep(1)
+    await settle()
+    assert len(script.requests("resources/subscribe")) == 2  # (not a third, renewed)
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": uri})
+    await script.links[-1].send(updated)  # instance 1's new process
+    await settle()
+    assert updated not in second.messages
