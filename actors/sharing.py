@@ -303,7 +303,22 @@ class PerSessionServer(ServerGroup):
         session asked of the server this group replaces; a session subscribed
         to something gets its instance as it attaches (not at its first
         request), so that its updates go on."""
-        self._inherited = old.asked()
+        self._inherited = old.asked().for_new_server()  # (a copy: old may be draining)
+
+    def asked(self) -> Fanout:
+        """What the sessions asked of every instance, and of the group for
+        those that have none yet: their log level (kept with their Attach)
+        and what a reload before this one left them. (A reload passes it all
+        on: a session tells its level only when it changes.)"""
+        idle = self._inherited.without(self._mine.keys())
+        for session, kept in self._waiting.items():
+            for item in kept:
+                if isinstance(item, ClientLogLevel) and session not in self._mine:
+                    if item.level is None:
+                        idle.clear_level(session)
+                    else:
+                        idle.set_level(session, item.level)
+        return super().asked().merged(idle)
 
     async def send(self, item: InboxItem) -> None:
         session = item.session

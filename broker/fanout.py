@@ -20,7 +20,7 @@ success, and the URI subscribed for nobody.)
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -147,11 +147,18 @@ class Fanout:
 
     def only(self, sessions: set[Hashable]) -> Fanout:
         """What ``sessions`` asked, for a new process that serves them alone."""
+        return self._of(lambda session: session in sessions)
+
+    def without(self, sessions: Collection[Hashable]) -> Fanout:
+        """What every session but ``sessions`` asked (a copy)."""
+        return self._of(lambda session: session not in sessions)
+
+    def _of(self, kept: Callable[[Hashable], bool]) -> Fanout:
         fresh = Fanout()
-        fresh._levels = {s: rank for s, rank in self._levels.items() if s in sessions}
+        fresh._levels = {s: rank for s, rank in self._levels.items() if kept(s)}
         for uri, subscribers in self._subscribers.items():
-            if subscribers & sessions:
-                fresh._subscribers[uri] = subscribers & sessions
+            if wanting := {s for s in subscribers if kept(s)}:
+                fresh._subscribers[uri] = wanting
         fresh._sent_level = min(fresh._levels.values()) if fresh._levels else None
         return fresh
 

@@ -846,3 +846,43 @@ async def test_a_pool_session_moved_off_a_failed_instance_leaves_its_subscriptio
     await script.links[-1].send(updated)  # instance 1's new process
     await settle()
     assert updated not in second.messages
+
+
+@pytest.mark.parametrize(
+    "reloads",
+    [
+        [{"share": "per-session"}],
+        [{}],
+        [{"share": "per-session"}, {"share": "per-session", "env": {"X": "2"}}],
+    ],
+)
+async def test_an_idle_per_session_sessions_log_level_outlives_reloads(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, reloads: list[dict[str, Any]]
+) -> None:
+    """A session set its log level but has not used the per-session server
+    yet (no instance: the group keeps the level); a reload restarts the server
+    (or makes it shared), or two do. The new process is asked that level, and
+    the session gets no message below it (it got the server's debug noise)."""
+    scripts["s"] = script = ScriptedServer(nursery, label="s")
+    script.capabilities.update(logging={})
+    servers = {"a": {"command": "a"}, "s": {"command": "s", "share": "per-session"}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    client = await connect(nursery, daemon)
+    assert "result" in await client.request(1, "logging/setLevel", {"level": "error"})
+    await settle()
+    for after in reloads:
+        servers = {"a": {"command": "a"}, "s": {"command": "s", "env": {"X": "1"}, **after}}
+        assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("s",)
+        await settle()
+    await client.call(2, "s__echo")  # (starts its per-session instance, if any)
+    assert "result" in await client.answer(2)
+    await settle()
+    starts = [i for i, m in enumerate(script.received) if m.get("method") == "initialize"]
+    asked = script.received[starts[-1] :]  # (what the newest process was asked)
+    assert {"level": "error"} in [
+        m["params"] for m in asked if m.get("method") == "logging/setLevel"
+    ]
+    debug = jsonrpc.notification("notifications/message", {"level": "debug", "data": "noise"})
+    await script.links[-1].send(debug)
+    await settle()
+    assert not [m for m in client.messages if m.get("params", {}).get("data") == "noise"]
