@@ -328,37 +328,45 @@ class PerSessionServer(ServerGroup):
         instance = self._mine.get(session)
         if instance is None and not isinstance(item, ClientRequest):
             self._keep(item)  # (no instance yet: nothing of it to cancel or answer)
-            if not (isinstance(item, Attach) and session in self._inherited.subscribing()):
-                return
-            item = ClientRequest(session, [], 0)  # (start it now: the kept Attach goes first)
+            subscribed = isinstance(item, Attach) and session in self._inherited.subscribing()
+            # (its updates go on: it gets its instance now, told the kept Attach)
+            if subscribed and await self._start_for(session) is None:
+                self._tell_unsubscribed(session)
+            return
         if isinstance(item, Detach):
-            if instance is not None:
-                del self._mine[session]
-                self._inherited.session_gone(session)
-                if instance is self._catalog:  # (promoted: it serves the catalog now)
-                    await instance.send(item)
-                    return
-                self._stop(instance)
-                self._log.info("server.instance_stopped", session=session.id)
+            assert instance is not None  # (without one: kept above)
+            del self._mine[session]
+            self._inherited.session_gone(session)
+            if instance is self._catalog:  # (promoted: it serves the catalog now)
+                await instance.send(item)
+                return
+            self._stop(instance)
+            self._log.info("server.instance_stopped", session=session.id)
             return
         if instance is None:
-            assert isinstance(item, ClientRequest)  # (the rest was kept above)
-            if len(self._mine) >= self.config.max_instances:
+            instance = await self._start_for(session)
+            if instance is None:
+                assert isinstance(item, ClientRequest)  # (the rest was kept above)
                 self._refuse(item)
                 return
-            instance = self._mine[session] = self._instance(len(self._mine) + 1)
-            instance.adopt(self._inherited.only({session}))
-            try:
-                await self._start(instance)
-            except BaseException:  # (cancelled: the session is closing)
-                del self._mine[session]  # (it never ran: it must not take requests)
-                raise
-            self._log.info("server.instance_started", session=session.id)
-            for first in self._waiting.pop(session, []):
-                await instance.send(first)
-        if isinstance(item, ClientRequest) and not item.messages:
-            return  # (only to start it)
         await instance.send(item)
+
+    async def _start_for(self, session: SessionHandle) -> Upstream | None:
+        """Start ``session``'s instance and tell it what was kept for the
+        session; None if every instance allowed (maxInstances) runs."""
+        if len(self._mine) >= self.config.max_instances:
+            return None
+        instance = self._mine[session] = self._instance(len(self._mine) + 1)
+        instance.adopt(self._inherited.only({session}))
+        try:
+            await self._start(instance)
+        except BaseException:  # (cancelled: the session is closing)
+            del self._mine[session]  # (it never ran: it must not take requests)
+            raise
+        self._log.info("server.instance_started", session=session.id)
+        for first in self._waiting.pop(session, []):
+            await instance.send(first)
+        return instance
 
     def _refuse(self, item: ClientRequest) -> None:
         """A session's first request when every instance allowed runs: -32005.
@@ -375,6 +383,25 @@ class PerSessionServer(ServerGroup):
                     data={"server": self.name, "limit": limit},
                 )
             )
+
+    def _tell_unsubscribed(self, session: SessionHandle) -> None:
+        """A session subscribed to something before a reload finds no room for
+        its instance: it gets no updates until its next request to the server
+        finds room (that instance is asked its subscriptions). It is told so,
+        with a log message, since nothing else would tell it."""
+        limit = self.config.max_instances
+        asked = self._inherited.only({session})
+        uris = sorted(asked.subscribed_uris())
+        self._log.warning(
+            "server.instances_limit", session=session.id, limit=limit, subscriptions=uris
+        )
+        said = (
+            f"mcpbroker: MCP server {self.name!r}, restarted by a reload, runs one process per "
+            f"session and already runs {limit}, its limit (maxInstances): your subscriptions "
+            f"({', '.join(uris)}) get no updates until a request of yours to it finds room"
+        )
+        params = {"level": "warning", "logger": "mcpbroker", "data": said}
+        session.deliver(jsonrpc.notification("notifications/message", params))
 
     def _keep(self, item: InboxItem) -> None:
         """What a session without an instance sends: its Attach and its last log

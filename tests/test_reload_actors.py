@@ -886,3 +886,44 @@ async def test_an_idle_per_session_sessions_log_level_outlives_reloads(
     await script.links[-1].send(debug)
     await settle()
     assert not [m for m in client.messages if m.get("params", {}).get("data") == "noise"]
+
+
+async def test_a_subscribed_session_a_reload_leaves_past_max_instances_is_told(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A reload makes a shared server per-session with ``maxInstances: 1``
+    while two sessions are subscribed: the second gets no instance, so no
+    updates, and is told so (nothing told it: its updates silently stopped);
+    its next request that finds room renews them."""
+    scripts["s"] = script = ScriptedServer(nursery, label="s")
+    script.capabilities.update(resources={"subscribe": True})
+    uri = "mem://s/readme"
+    daemon = await start(nursery, parse_config({"mcpServers": {"s": {"command": "s"}}}))
+    one = await connect(nursery, daemon)
+    two = await connect(nursery, daemon)
+    for client in (one, two):
+        assert "result" in await client.request(1, "resources/subscribe", {"uri": uri})
+    await settle()
+    before = len(script.links)
+    servers = {"s": {"command": "s", "share": "per-session", "maxInstances": 1}}
+    assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("s",)
+    await settle()
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": uri})
+    for link in script.links[before:]:
+        await link.send(updated)
+    await settle()
+    got = [client.messages.count(updated) for client in (one, two)]
+    assert sorted(got) == [0, 1]
+    [left_out] = [c for c, n in zip((one, two), got, strict=True) if n == 0]
+    [told] = said(left_out)
+    assert "'s'" in told and "maxInstances" in told and uri in told
+    (served,) = {one, two} - {left_out}
+    await served.stream.send_eof()  # type: ignore[attr-defined]
+    await settle()
+    assert "result" in await left_out.request(2, "ping")  # (the broker answers pings)
+    await left_out.call(3, "s__echo")
+    assert "result" in await left_out.answer(3)
+    await settle()
+    await script.links[-1].send(updated)  # (its instance was asked its subscription)
+    await settle()
+    assert left_out.messages.count(updated) == 1
