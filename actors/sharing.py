@@ -506,9 +506,14 @@ class PooledServer(ServerGroup):
         # for it (see _grow), so they are lazy until then.
         lazy = index > 0 or self.config.startup == "lazy"
         numbering = (index + 1, self.config.pool)
-        return Upstream(
+        instance = Upstream(
             self.name, self.config, self.settings, lazy=lazy, numbering=numbering, warm_up=True
         )
+        # Its sessions' catalog is the catalog instance's (the Registry's): a
+        # list_changed of another instance is not theirs (it re-lists, to
+        # warm up, all the same). The catalog instance's goes to the Registry.
+        instance.lists_to_sessions = False
+        return instance
 
     def request_start(self) -> None:
         self._catalog.request_start()  # (and the others once it is ready: _grow)

@@ -190,6 +190,11 @@ class Upstream:
         if not lazy:
             self._start_requested.set()
         self.events = events
+        # Whether a list_changed goes to its sessions as it is when there is
+        # no Registry to tell (``events`` None): a per-session or per-era
+        # instance's own lists; not a pool's other instances, whose catalog
+        # is the catalog instance's (actors/sharing.py).
+        self.lists_to_sessions = True
         self._link: Link | None = None
         self._abandoned: str | None = None  # why the broker ended this connection, if it did
         self._link_nursery: trio.Nursery | None = None
@@ -1136,6 +1141,8 @@ class Upstream:
                 # The Registry refreshes its cache first, then tells sessions.
                 self._emit(ServerEvent(self.name, list_changed=action.message["method"]))
             elif isinstance(action, Broadcast | ListChanged):  # (no Registry: as is)
+                if isinstance(action, ListChanged) and not self.lists_to_sessions:
+                    continue
                 for session in self._protocol.sessions:
                     cast(SessionHandle, session).deliver(action.message, size)
             elif isinstance(action, SendUpstream):

@@ -927,3 +927,22 @@ async def test_a_subscribed_session_a_reload_leaves_past_max_instances_is_told(
     await script.links[-1].send(updated)  # (its instance was asked its subscription)
     await settle()
     assert left_out.messages.count(updated) == 1
+
+
+async def test_a_list_changed_of_a_pools_other_instance_is_not_the_sessions(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A pool's instance that is not the catalog's says its tools changed:
+    the sessions are not told (each got it as it was, though the catalog,
+    the catalog instance's lists, had not changed)."""
+    servers = {"a": {"command": "a"}, "g": {"command": "g", "pool": 2}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
+    client = await connect(nursery, daemon)
+    await settle()
+    script = scripts["g"]
+    assert len(script.links) == 2
+    listed = len(script.links[1].script.requests("tools/list"))
+    await script.links[1].send(jsonrpc.notification(TOOLS_CHANGED))  # (instance 1)
+    await settle()
+    assert TOOLS_CHANGED not in client.told()
+    assert len(script.requests("tools/list")) == listed + 1  # (it re-listed: warm-up)
