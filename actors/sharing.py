@@ -100,15 +100,19 @@ class ServerGroup:
         for the instances started later."""
         self.config = config
         self.settings = settings
-        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+        for instance in self._all_instances():
             instance.reconfigure(config, settings)
 
     def _every_instance(self) -> list[Upstream]:
         return self.instances()
 
+    def _all_instances(self) -> list[Upstream]:
+        """The catalog instance and every other, once each."""
+        return list({self._catalog: None, **dict.fromkeys(self._every_instance())})
+
     def retry(self) -> None:
         """Try every failed instance again now (a reload)."""
-        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+        for instance in self._all_instances():
             instance.retry()
 
     def _instance(self, index: int) -> Upstream:
@@ -264,7 +268,7 @@ class ServerGroup:
         catalog instance, which answers its requests with the same error:
         no instance starts in a group about to stop."""
         self._retired = True
-        for instance in {self._catalog: None, **dict.fromkeys(self._every_instance())}:
+        for instance in self._all_instances():
             instance.retire(reason, retryable=retryable)
 
     def asked(self) -> Fanout:
@@ -275,9 +279,11 @@ class ServerGroup:
                 asked = asked.merged(instance.asked())
         return asked
 
+    def modern_sessions(self) -> set[Any]:
+        return set().union(*(instance.modern_sessions() for instance in self._all_instances()))
+
     def inherit(self, old: ServerActor) -> None:
-        """A reload put this group in ``old``'s place: see the subclasses. (A
-        per-era server's instances start anew.)"""
+        """A reload put this group in ``old``'s place: see the subclasses."""
 
     def _stop(self, instance: Upstream) -> None:
         """Stop an instance: its process is shut down the way the spec says."""
@@ -447,6 +453,7 @@ class EraServer(ServerGroup):
         super().__init__(name, config, settings)
         self._modern: Upstream | None = None  # (started by the first modern client)
         self._modern_sessions: set[SessionHandle] = set()
+        self._inherited_modern = Fanout()  # (what they asked of the server a reload replaced)
 
     def _instance(self, index: int) -> Upstream:
         """The catalog instance (0), opened legacy; the modern one (1), opened
@@ -470,6 +477,17 @@ class EraServer(ServerGroup):
     def _every_instance(self) -> list[Upstream]:
         return [] if self._modern is None else [self._modern]
 
+    def inherit(self, old: ServerActor) -> None:
+        """What the sessions asked of the server this one replaces is asked of
+        the instance of their era at its handshake: the catalog (legacy)
+        instance takes what legacy sessions asked, the modern one, when the
+        first modern client starts it, what the modern sessions asked (a
+        modern client's listen URIs are subscribed once, and not again)."""
+        asked = old.asked()
+        modern = old.modern_sessions()
+        self._catalog.adopt(asked.without(modern))
+        self._inherited_modern = asked.only(modern)
+
     async def send(self, item: InboxItem) -> None:
         session = item.session
         identity = self._catalog.identity  # (modern: a modern-only server, shared)
@@ -482,6 +500,7 @@ class EraServer(ServerGroup):
             self._modern_sessions.add(session)
             if self._modern is None:
                 self._modern = self._instance(1)
+                self._modern.adopt(self._inherited_modern)
                 await self._start(self._modern)
                 self._log.info("server.instance_started", era="modern")
         if self._modern is not None and session in self._modern_sessions:

@@ -328,6 +328,10 @@ class Upstream:
         """What its sessions asked of the server (log levels, subscriptions)."""
         return self._protocol.fanout
 
+    def modern_sessions(self) -> set[Any]:
+        """The 2026-07-28 sessions attached (for a reload: actors/sharing.py)."""
+        return set(self._protocol.modern_sessions)
+
     def forget_subscriptions(self, session: SessionHandle) -> None:
         """Forget ``session``'s subscriptions, telling the server nothing: this
         instance has failed (its process is gone) and a pool moved the session

@@ -946,3 +946,78 @@ async def test_a_list_changed_of_a_pools_other_instance_is_not_the_sessions(
     await settle()
     assert TOOLS_CHANGED not in client.told()
     assert len(script.requests("tools/list")) == listed + 1  # (it re-listed: warm-up)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [({"era": "per-client"}, {"era": "per-client"}), ({}, {"era": "per-client"})],
+)
+async def test_a_reload_restart_of_a_per_client_server_asks_what_its_sessions_asked(
+    nursery: trio.Nursery,
+    scripts: Scripts,
+    autojump_clock: Any,
+    before: dict[str, Any],
+    after: dict[str, Any],
+) -> None:
+    """A reload restarts a per-client (era) server, or makes one: the legacy
+    session's subscription and log level are asked of the new legacy
+    instance, and its updates go on (they were dropped: its instances started
+    anew, asked nothing)."""
+    scripts["s"] = script = ScriptedServer(nursery, label="s")
+    script.capabilities.update(resources={"subscribe": True}, logging={})
+    daemon = await start(nursery, parse_config({"mcpServers": {"s": {"command": "s", **before}}}))
+    client = await connect(nursery, daemon)  # (a legacy client: the catalog instance's)
+    assert "result" in await client.request(1, "resources/subscribe", {"uri": "mem://s/readme"})
+    assert "result" in await client.request(2, "logging/setLevel", {"level": "error"})
+    await settle()
+    links_before = len(script.links)
+    servers = {"s": {"command": "s", "env": {"CHANGED": "1"}, **after}}
+    assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("s",)
+    await settle()
+    [new_link] = script.links[links_before:]
+    starts = [i for i, m in enumerate(script.received) if m.get("method") == "initialize"]
+    asked = [
+        (m["method"], m.get("params"))
+        for m in script.received[starts[-1] :]
+        if "id" in m and "method" in m
+    ]
+    assert ("resources/subscribe", {"uri": "mem://s/readme"}) in asked
+    assert ("logging/setLevel", {"level": "error"}) in asked
+    updated = jsonrpc.notification("notifications/resources/updated", {"uri": "mem://s/readme"})
+    await new_link.send(updated)
+    await settle()
+    assert client.messages.count(updated) == 1
+
+
+async def test_a_reload_hands_a_per_client_servers_modern_sessions_to_its_modern_instance(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """What a modern session asked of the server a reload replaced goes to the
+    modern instance (its listen's URIs are subscribed once, never again);
+    what a legacy one asked, to the catalog (legacy) instance: each once."""
+    from broker.fanout import Fanout
+
+    config = scripts.config("b")
+    group = EraServer("b", attrs.evolve(config.servers["b"], era="per-client"), config.broker)
+    outbox, _ = trio.open_memory_channel[Any](10)
+    legacy, modern = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
+
+    class Old:
+        def asked(self) -> Fanout:
+            asked = Fanout()
+            for session, uri in ((legacy, "mem://l"), (modern, "mem://m")):
+                asked.subscribe(session, uri)
+                asked.set_level(session, "error")
+            return asked
+
+        def modern_sessions(self) -> set[Any]:
+            return {modern}
+
+    group.inherit(Old())  # type: ignore[arg-type]
+    await nursery.start(group.run)
+    await group.send(Attach(modern, {}, modern=True))
+    assert group._modern is not None
+    catalog, other = group._catalog.asked(), group._modern.asked()
+    assert (catalog.subscribed_uris(), other.subscribed_uris()) == (["mem://l"], ["mem://m"])
+    assert (catalog.level_of(legacy), catalog.level_of(modern)) == ("error", None)
+    assert other.level_of(modern) == "error"
