@@ -16,7 +16,9 @@ instance, as :class:`InstanceFacts` in pool order, and is told an index.
   (:data:`PINNED`: subscriptions) goes to that instance, whatever the load,
   so that a session unsubscribes where it subscribed. A session whose instance
   has failed (given up, its process gone) is assigned another that serves. So do its tasks: a
-  task-augmented ``tools/call`` and ``tasks/list`` go to that instance, and
+  task-augmented ``tools/call`` (unless that instance is ready but does not
+  serve: it lacks a tool the catalog shows; the call then goes by load) and
+  ``tasks/list`` go to that instance, and
   ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` go to the instance that
   made the task (the actor tells which: each instance knows its own tasks),
   since a task lives in exactly one instance's process.
@@ -133,6 +135,12 @@ class PoolRouting:
                 others = [i for i in serving(instances) if not instances[i].failed]
                 if others:
                     assigned = self.attach(session, instances)
-            if assigned is not None:
+            if assigned is not None and (method in PINNED or _may_call(instances, assigned)):
                 return assigned
         return least_loaded(instances)
+
+
+def _may_call(instances: Sequence[InstanceFacts], index: int) -> bool:
+    """Whether a call may go to instance ``index``: it serves, or it is only
+    coming up (it takes the call once ready, or refuses it naming the server)."""
+    return not instances[index].ready or index in serving(instances)

@@ -360,3 +360,20 @@ async def test_the_catalog_goes_to_an_instance_that_becomes_ready_as_the_watcher
                     await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
         assert pool._catalog is other
+
+
+def test_a_task_call_goes_by_load_when_the_sessions_instance_does_not_serve() -> None:
+    """A session's instance re-listed and lacks a tool the catalog shows: its
+    task calls go to one that serves (it was refused -32602 while another
+    could serve it); its tasks/list and subscriptions stay there; an
+    instance only coming up keeps its session's task calls."""
+    routing = PoolRouting()
+    routing.attach("s0", [up(), up()])
+    routing.attach("s1", [up(), up()])  # (instance 1)
+    lacking = [up(), up(tools=frozenset({"a"}))]
+    call = {"method": "tools/call", "params": {"name": "b", "task": {}}}
+    assert routing.pick("s1", "tools/call", lacking, pinned=pinned(call)) == 0
+    assert routing.pick("s1", "tasks/list", lacking) == 1
+    assert routing.pick("s1", "resources/subscribe", lacking) == 1
+    assert routing.assigned("s1") == 1  # (it is not moved)
+    assert routing.pick("s1", "tools/call", [up(load=5), down()], pinned=pinned(call)) == 1
