@@ -283,7 +283,13 @@ class ServerGroup:
         return set().union(*(instance.modern_sessions() for instance in self._all_instances()))
 
     def inherit(self, old: ServerActor) -> None:
-        """A reload put this group in ``old``'s place: see the subclasses."""
+        """A reload put this group in ``old``'s place: its counters go on from
+        the old one's, whatever it was (counted as those of instances that
+        ended: counters only go up); what the sessions asked, see the
+        subclasses."""
+        last = old.statistics()
+        for counter in ("restarts", "requests", "timeouts", "errors"):
+            self._ended[counter] += getattr(last, counter)
 
     def _stop(self, instance: Upstream) -> None:
         """Stop an instance: its process is shut down the way the spec says."""
@@ -309,6 +315,7 @@ class PerSessionServer(ServerGroup):
         session asked of the server this group replaces; a session subscribed
         to something gets its instance as it attaches (not at its first
         request), so that its updates go on."""
+        super().inherit(old)
         self._inherited = old.asked().for_new_server()  # (a copy: old may be draining)
 
     def asked(self) -> Fanout:
@@ -483,6 +490,7 @@ class EraServer(ServerGroup):
         instance takes what legacy sessions asked, the modern one, when the
         first modern client starts it, what the modern sessions asked (a
         modern client's listen URIs are subscribed once, and not again)."""
+        super().inherit(old)
         asked = old.asked()
         modern = old.modern_sessions()
         self._catalog.adopt(asked.without(modern))
@@ -604,6 +612,7 @@ class PooledServer(ServerGroup):
         """Every instance hears every session's log level; a session's
         subscriptions go to the catalog's instance, to which such a session
         is assigned (where its later subscription requests go)."""
+        super().inherit(old)
         asked = old.asked()
         subscribing = asked.subscribing()
         self._pool[0].adopt(asked)

@@ -318,11 +318,11 @@ class Upstream:
         of the old one (of any of its instances) are asked of the new process
         at its handshake, as a crash's restart asks them (docs/configuration.md)."""
         self.adopt(old.asked())
-        if isinstance(old, Upstream):
-            # Its counters go on from the old one's (counters only go up: from 0,
-            # Prometheus read each restarting reload as a reset).
-            self._requests, self._timeouts_count = old._requests, old._timeouts_count
-            self._errors, self._restarts = old._errors, old._restarts
+        # Its counters go on from the old one's, whatever it was (counters only
+        # go up: from 0, Prometheus read each restarting reload as a reset).
+        last = old.statistics()
+        self._requests, self._timeouts_count = last.requests, last.timeouts
+        self._errors, self._restarts = last.errors - last.timeouts, last.restarts
 
     def asked(self) -> Fanout:
         """What its sessions asked of the server (log levels, subscriptions)."""

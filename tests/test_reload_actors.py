@@ -17,7 +17,7 @@ import trio.testing
 import actors.upstream
 from actors.daemon import Daemon
 from actors.mailbox import SessionHandle
-from actors.server_actor import Attach, ClientRequest, Detach
+from actors.server_actor import Attach, ClientRequest, Detach, UpstreamStatistics
 from actors.sharing import EraServer
 from broker import jsonrpc
 from broker.config import Config, parse_config
@@ -504,18 +504,32 @@ async def test_a_reload_whose_file_never_comes_blocks_nobody_and_is_refused(
     assert "could not be read within 10 s" in answered[0]["error"]
 
 
+SHARINGS = [{}, {"pool": 2}, {"share": "per-session"}, {"era": "per-client"}]
+
+
+@pytest.mark.parametrize("before", SHARINGS)
+@pytest.mark.parametrize("after", SHARINGS)
 async def test_the_counters_of_a_server_a_reload_restarts_go_on(
-    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+    nursery: trio.Nursery,
+    scripts: Scripts,
+    autojump_clock: Any,
+    before: dict[str, Any],
+    after: dict[str, Any],
 ) -> None:
-    # (they started again from 0: a counter reset for Prometheus)
-    daemon = await start(nursery, scripts.config("a", a="a1"))
+    # (they started again from 0: a counter reset for Prometheus; a pool's
+    # and a per-session server's did still, and a group's made shared)
+    servers = {"a": {"command": "a", **before}}
+    daemon = await start(nursery, parse_config({"mcpServers": servers}))
     client = await connect(nursery, daemon)
     for id in range(3):
         assert "result" in await client.request(id, "tools/call", {"name": "a__echo"})
-    before = daemon.upstreams["a"].statistics().requests
-    assert daemon.reload(scripts.config("a", a="a2")).restarted == ("a",)
+    counted = daemon.upstreams["a"].statistics()
+    servers = {"a": {"command": "a", "env": {"X": "1"}, **after}}
+    assert daemon.reload(parse_config({"mcpServers": servers})).restarted == ("a",)
     await settle()
-    assert daemon.upstreams["a"].statistics().requests >= before >= 3
+    now = daemon.upstreams["a"].statistics()
+    assert now.requests >= counted.requests >= 3
+    assert (now.errors, now.timeouts, now.restarts) >= (counted.errors, counted.timeouts, 0)
 
 
 async def test_an_unchanged_reload_reads_no_token_file(socket_path: str, tmp_path: Any) -> None:
@@ -1012,6 +1026,9 @@ async def test_a_reload_hands_a_per_client_servers_modern_sessions_to_its_modern
 
         def modern_sessions(self) -> set[Any]:
             return {modern}
+
+        def statistics(self) -> UpstreamStatistics:
+            return UpstreamStatistics("b", "ready", "ready", None, 0, 2, 0, 0, None)
 
     group.inherit(Old())  # type: ignore[arg-type]
     await nursery.start(group.run)
