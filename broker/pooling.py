@@ -130,11 +130,12 @@ class PoolRouting:
             return owner
         if pinned or method in PINNED:
             assigned = self._assigned.get(session)
-            if assigned is not None and instances[assigned].failed:
-                # (its process is gone for good: the session moves to one that serves)
-                others = [i for i in serving(instances) if not instances[i].failed]
-                if others:
-                    assigned = self.attach(session, instances)
+            gone = assigned is not None and instances[assigned].failed
+            if gone and any(not instances[i].failed for i in serving(instances)):
+                # (its process is gone for good: the session moves to one that
+                # serves, even if a reload handed it this one)
+                self._handed.discard(session)
+                assigned = self.attach(session, instances)
             if assigned is not None and (method in PINNED or _may_call(instances, assigned)):
                 return assigned
         return least_loaded(instances)

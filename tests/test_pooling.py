@@ -377,3 +377,14 @@ def test_a_task_call_goes_by_load_when_the_sessions_instance_does_not_serve() ->
     assert routing.pick("s1", "resources/subscribe", lacking) == 1
     assert routing.assigned("s1") == 1  # (it is not moved)
     assert routing.pick("s1", "tools/call", [up(load=5), down()], pinned=pinned(call)) == 1
+
+
+def test_a_session_handed_a_failed_instance_is_moved_all_the_same() -> None:
+    """A reload handed the session an instance that has failed before the
+    session attached: its subscription request moves it to one that serves
+    (it was 'moved' back to the failed one: attach kept what was handed)."""
+    routing = PoolRouting()
+    routing.assign("a", 1)
+    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    assert routing.pick("a", "resources/subscribe", [up(), failed]) == 0
+    assert routing.assigned("a") == 0
