@@ -509,7 +509,12 @@ class EraServer(ServerGroup):
             if self._modern is None:
                 self._modern = self._instance(1)
                 self._modern.adopt(self._inherited_modern)
-                await self._start(self._modern)
+                try:
+                    await self._start(self._modern)
+                except BaseException:  # (cancelled: the session is closing)
+                    self._modern = None  # (it never ran: the next modern client starts one)
+                    self._modern_sessions.discard(session)
+                    raise
                 self._log.info("server.instance_started", era="modern")
         if self._modern is not None and session in self._modern_sessions:
             if isinstance(item, Detach):

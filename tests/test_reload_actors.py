@@ -1038,3 +1038,24 @@ async def test_a_reload_hands_a_per_client_servers_modern_sessions_to_its_modern
     assert (catalog.subscribed_uris(), other.subscribed_uris()) == (["mem://l"], ["mem://m"])
     assert (catalog.level_of(legacy), catalog.level_of(modern)) == ("error", None)
     assert other.level_of(modern) == "error"
+
+
+async def test_a_per_client_servers_modern_start_cut_short_leaves_no_dead_instance(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """The first modern client's Attach is cancelled while it starts the
+    modern instance (the session is closing): the next modern client starts
+    one that runs (it got the instance that never ran, and no answers)."""
+    config = scripts.config("b")
+    group = EraServer("b", attrs.evolve(config.servers["b"], era="per-client"), config.broker)
+    await nursery.start(group.run)
+    outbox, _ = trio.open_memory_channel[Any](10)
+    first, second = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await group.send(Attach(first, {}, modern=True))
+    assert group._modern is None and first not in group._modern_sessions
+    await group.send(Attach(second, {}, modern=True))
+    assert group._modern is not None
+    with trio.fail_after(60):
+        await group._modern.wait_ready()
