@@ -548,6 +548,43 @@ async def authorize(
     return grant
 
 
+class NoRevocation(OAuthError):
+    """The grant's tokens cannot be revoked: its authorization server offers no
+    revocation endpoint, or the grant does not name that server."""
+
+
+async def revoke(grant: Grant) -> str:
+    """Revoke ``grant``'s tokens at its authorization server (RFC 7009): the
+    refresh token first (at most servers that revokes what was issued with
+    it), then the access token. Returns the endpoint used; an
+    :class:`OAuthError` says why they are not revoked (:class:`NoRevocation`:
+    they cannot be)."""
+    if grant.issuer is None:
+        raise NoRevocation("the grant does not name its authorization server")
+    async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=True) as client:
+        server = await _server_metadata(client, grant.issuer)
+        endpoint = server.revocation_endpoint
+        if endpoint is None:
+            raise NoRevocation(f"the authorization server {grant.issuer} offers no revocation")
+        tokens = grant.tokens
+        for token, hint in (
+            (tokens.refresh_token, "refresh_token"),
+            (tokens.access_token, "access_token"),
+        ):
+            if token is None:
+                continue
+            body = oauth.revocation_request(grant.client, token, hint)
+            headers = oauth.client_headers(grant.client)
+            answer = await _ask(client, "POST", endpoint, data=body, headers=headers)
+            if answer.status_code != 200:  # (an unknown token is 200 too: RFC 7009, 2.2)
+                said = answer.content[:200].decode(errors="replace")
+                raise OAuthError(
+                    f"{shown_url(endpoint)} refused to revoke the {hint.replace('_', ' ')} "
+                    f"({answer.status_code}: {said})"
+                )
+    return shown_url(endpoint)
+
+
 async def _probe(client: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> Challenge | None:
     """Whether the server asks for authorization: its challenge, or None.
     (Only the head of its answer is read: a server that asks nothing may

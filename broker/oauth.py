@@ -235,6 +235,7 @@ class ServerMetadata:
     auth_methods: tuple[str, ...] | None = None
     # It puts ``iss`` in its authorization responses (RFC 9207).
     iss_supported: bool = False
+    revocation_endpoint: str | None = None  # where tokens are revoked (RFC 7009)
 
 
 def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
@@ -252,8 +253,14 @@ def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
     ]
     if missing:
         raise OAuthError(f"the authorization server's metadata lacks {', '.join(missing)}")
-    registration = body.get("registration_endpoint")
-    for key in ("issuer", "authorization_endpoint", "token_endpoint", "registration_endpoint"):
+    registration, revocation = body.get("registration_endpoint"), body.get("revocation_endpoint")
+    for key in (
+        "issuer",
+        "authorization_endpoint",
+        "token_endpoint",
+        "registration_endpoint",
+        "revocation_endpoint",
+    ):
         if isinstance(body.get(key), str) and not secure_endpoint(body[key]):
             _refuse_insecure(f"the authorization server's {key}", body[key])
     if body["issuer"] != issuer:
@@ -276,6 +283,7 @@ def read_server_metadata(body: Any, issuer: str) -> ServerMetadata:
         if isinstance(auth_methods, list)
         else None,
         body.get("authorization_response_iss_parameter_supported") is True,
+        revocation if isinstance(revocation, str) else None,
     )
 
 
@@ -441,6 +449,13 @@ def code_request(
         "resource": resource,
         **_client_fields(client),
     }
+
+
+def revocation_request(client: Client, token: str, hint: str) -> dict[str, str]:
+    """The form body that revokes ``token`` (RFC 7009; ``hint``:
+    ``refresh_token`` or ``access_token``), proving the client as a token
+    request does (:func:`client_headers` for HTTP Basic)."""
+    return {"token": token, "token_type_hint": hint, **_client_fields(client)}
 
 
 def refresh_request(client: Client, refresh_token: str, resource: str) -> dict[str, str]:

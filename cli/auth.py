@@ -7,7 +7,8 @@ the server's authorization server, registers the broker there if need be,
 prints the URL to open (and opens it, unless ``--no-browser``), catches the
 answer on a loopback redirect and stores the tokens where the daemon reads
 them (``actors/oauth.py``). The daemon refreshes them from then on.
-``--logout`` forgets what is stored for the server.
+``--logout`` forgets what is stored for the server, and revokes its tokens
+at the authorization server where it offers that (RFC 7009).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--no-browser", action="store_true", help="print the URL to open; do not open a browser"
     )
-    parser.add_argument("--logout", action="store_true", help="forget the server's stored tokens")
+    parser.add_argument(
+        "--logout",
+        action="store_true",
+        help="forget the server's stored tokens, and revoke them at its authorization server",
+    )
     parser.add_argument(
         "--socket", metavar="PATH", default=None, help="the running daemon's socket, to tell it"
     )
@@ -42,7 +47,7 @@ def main(argv: list[str]) -> int:
     import trio
 
     from actors.links.link import LaunchError, configured_headers
-    from actors.oauth import Settings, TokenStore, authorize
+    from actors.oauth import NoRevocation, Settings, TokenStore, authorize, revoke
     from actors.paths import UnsafePath, default_config_path, default_socket_path
     from broker.config import ConfigError, load_config
     from broker.oauth import OAuthError
@@ -64,12 +69,27 @@ def main(argv: list[str]) -> int:
     store = TokenStore()
     if args.logout:
         try:
-            store.save(args.name, None)
+            with store.locked():
+                forgotten = store.load(args.name)
+                store.save_locked(args.name, None)
         except (OAuthError, UnsafePath, OSError) as exc:  # (a token file that cannot be read)
             print(f"mcpbroker auth: {exc}", file=sys.stderr)
             return 1
         print(f"forgot the tokens of {args.name!r} ({store.path})")
         _tell_daemon(args.socket or default_socket_path(), args.name)
+        if forgotten is None:
+            return 0
+        # Forgotten first (a daemon stops sending them), then revoked: a
+        # leaked token is of no use at the server either.
+        try:
+            endpoint = trio.run(revoke, forgotten)
+        except NoRevocation as exc:
+            print(f"not revoked at the authorization server: {exc}")
+            return 0
+        except (OAuthError, OSError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
+            print(f"mcpbroker auth: the tokens are not revoked: {exc}", file=sys.stderr)
+            return 1
+        print(f"revoked them at {endpoint}")
         return 0
 
     def show(url: str) -> None:

@@ -319,12 +319,20 @@ METADATA = {
     "authorization_endpoint": "https://as.example/a",
     "token_endpoint": "https://as.example/t",
     "registration_endpoint": "https://as.example/r",
+    "revocation_endpoint": "https://as.example/v",
     "code_challenge_methods_supported": ["S256"],
 }
 
 
 @pytest.mark.parametrize(
-    "key", ["issuer", "authorization_endpoint", "token_endpoint", "registration_endpoint"]
+    "key",
+    [
+        "issuer",
+        "authorization_endpoint",
+        "token_endpoint",
+        "registration_endpoint",
+        "revocation_endpoint",
+    ],
 )
 def test_authorization_server_endpoints_must_be_https(key: str) -> None:
     """The MCP spec's Communication Security: every authorization server
@@ -340,6 +348,28 @@ def test_authorization_server_endpoints_must_be_https(key: str) -> None:
     assert oauth.read_server_metadata({**METADATA, **local}, local["issuer"]).token_endpoint == (
         "http://127.0.0.1:9000/t"
     )
+
+
+def test_the_revocation_endpoint_and_its_request() -> None:
+    """RFC 7009: the endpoint from the metadata (none: None), and a form with
+    the token, its kind, and the client proved as at the token endpoint."""
+    assert oauth.read_server_metadata(METADATA, METADATA["issuer"]).revocation_endpoint == (
+        "https://as.example/v"
+    )
+    without = {key: value for key, value in METADATA.items() if key != "revocation_endpoint"}
+    assert oauth.read_server_metadata(without, METADATA["issuer"]).revocation_endpoint is None
+    public = Client("id", None, "http://127.0.0.1:1/cb")
+    assert oauth.revocation_request(public, "t", "refresh_token") == {
+        "token": "t",
+        "token_type_hint": "refresh_token",
+        "client_id": "id",
+    }
+    basic = Client("id", "secret", "http://127.0.0.1:1/cb", oauth.BASIC)
+    assert oauth.revocation_request(basic, "t", "access_token") == {
+        "token": "t",
+        "token_type_hint": "access_token",
+    }
+    assert oauth.client_headers(basic)["Authorization"].startswith("Basic ")
 
 
 def test_a_cleartext_authorization_server_is_not_asked() -> None:

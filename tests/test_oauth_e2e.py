@@ -35,7 +35,14 @@ from actors.oauth import (
     _resource_metadata,
     _server_metadata,
 )
-from broker.oauth import Challenge, Client, OAuthError, Tokens
+from broker.oauth import (
+    Challenge,
+    Client,
+    OAuthError,
+    Tokens,
+    client_headers,
+    refresh_request,
+)
 from tests.conftest import MCPBROKER, REPO, running_daemon, shim_client, text_of
 from tests.hostile_http import open_hostile_server, status_reply
 
@@ -108,7 +115,8 @@ async def run_auth(config: Path, tokens: Path, *extra: str) -> tuple[int, str, s
     async with httpx2.AsyncClient(follow_redirects=True) as browser:
         while b"\n\n" not in out.partition(b"http")[2] and process.poll() is None:
             out += await process.stdout.receive_some(4096)
-        for word in out.decode().split():
+        shown = out.decode().partition("Open this address")[2]  # (only what it asks to open)
+        for word in shown.split():
             if word.startswith("http"):
                 page = await browser.get(word)
                 assert page.status_code == 200 and b"you may close this window" in page.content
@@ -201,17 +209,34 @@ async def test_auth_of_a_server_that_asks_nothing(tmp_path: Path) -> None:
     assert b"no remote server 'remote'" in process.stderr
 
 
-async def test_logout_forgets(tmp_path: Path) -> None:
+async def test_logout_forgets_and_revokes(tmp_path: Path) -> None:
+    """The tokens are forgotten here, and revoked at the authorization server
+    (RFC 7009): a copy of them (a leaked one) is of no use there either."""
     tokens = tmp_path / "oauth.json"
     with trio.fail_after(60):
         async with oauth_server() as url:
             config = write_config(tmp_path, url)
             code, _, errors = await run_auth(config, tokens)
             assert code == 0, errors
-            assert TokenStore(str(tokens)).load("remote") is not None
-            code, out, _ = await run_auth(config, tokens, "--logout")
-            assert code == 0 and "forgot" in out
+            grant = TokenStore(str(tokens)).load("remote")
+            assert grant is not None
+            bearer = {**HEADERS, "Authorization": f"Bearer {grant.tokens.access_token}"}
+            async with httpx2.AsyncClient() as client:
+                assert (await client.post(url, json=INITIALIZE, headers=bearer)).status_code == 200
+            code, out, errors = await run_auth(config, tokens, "--logout")
+            assert code == 0 and "forgot" in out, errors
+            assert "revoked them at http://127.0.0.1" in out
             assert TokenStore(str(tokens)).load("remote") is None
+            async with httpx2.AsyncClient() as client:
+                assert (await client.post(url, json=INITIALIZE, headers=bearer)).status_code == 401
+                assert grant.tokens.refresh_token is not None
+                body = refresh_request(grant.client, grant.tokens.refresh_token, grant.resource)
+                refreshed = await client.post(
+                    grant.token_endpoint, data=body, headers=client_headers(grant.client)
+                )
+                assert refreshed.status_code == 400  # (invalid_grant: revoked too)
+            code, out, _ = await run_auth(config, tokens, "--logout")
+            assert code == 0 and "revoked" not in out  # (nothing stored: nothing to revoke)
 
 
 async def test_the_daemon_uses_the_grant_on_its_http_link(

@@ -8,7 +8,8 @@ would.
     python -m tests.servers.oauth_server PORT [ACCESS_TOKEN_SECONDS]
 
 Tools: ``whoami`` (the client id the token was issued to) and ``echo``.
-Every token issued is logged to stderr as ``issued <kind> <token>``.
+Every token issued is logged to stderr as ``issued <kind> <token>``, every
+token revoked as ``revoked <token>``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mcp.server.auth.provider import (
     TokenError,
     construct_redirect_uri,
 )
-from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions
+from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
@@ -102,6 +103,8 @@ class Provider:
 
     async def revoke_token(self, token: Any) -> None:
         self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+        print(f"revoked {token.token}", file=sys.stderr, flush=True)
 
     def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
         access, refresh = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
@@ -133,6 +136,7 @@ def build(port: int, access_seconds: int) -> MCPServer[Any]:
             client_registration_options=ClientRegistrationOptions(
                 enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]
             ),
+            revocation_options=RevocationOptions(enabled=True),
             required_scopes=[SCOPE],
             validate_token_resource=True,
         ),
