@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import pwd
 import secrets
@@ -114,10 +115,16 @@ class TokenStore:
             return None
 
     def save(self, name: str, grant: Grant | None) -> None:
-        """Store (or, with None, forget) a server's grant: the file is read,
-        changed and written under the store's lock, so no writer loses
+        """Store (or, with None, forget) a server's grant, under the server's
+        lock (a refresh of it in progress ends first), then the store's: the
+        file is read, changed and written under it, so no writer loses
         another's grant (a daemon's refresh, ``mcpbroker auth`` of another
         server)."""
+        with self.locked(name), self.locked():
+            self.save_locked(name, grant)
+
+    def save_as_holder(self, name: str, grant: Grant | None) -> None:
+        """:meth:`save`, for a caller that holds the server's lock."""
         with self.locked():
             self.save_locked(name, grant)
 
@@ -139,17 +146,23 @@ class TokenStore:
             )
         os.replace(temporary, self.path)
 
-    def open_lock(self) -> int:
-        """A descriptor of the store's lock file (``PATH.lock``, 0600, beside
-        the file), to ``flock``; the directory is made private first."""
+    def open_lock(self, name: str | None = None) -> int:
+        """A descriptor of a lock file beside the store (0600), to ``flock``:
+        the store's (``PATH.lock``), or server ``name``'s (``PATH.lock.`` and
+        a hash of the name); the directory is made private first."""
         ensure_private_dir(os.path.dirname(os.path.abspath(self.path)))
-        return open_private(f"{self.path}.lock", os.O_RDWR)
+        suffix = "" if name is None else "." + hashlib.sha256(name.encode()).hexdigest()[:16]
+        return open_private(f"{self.path}.lock{suffix}", os.O_RDWR)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """The store's lock, held across a read-modify-write (blocks; a
-        process's lock is let go when it exits, however it exits)."""
-        fd = self.open_lock()
+    def locked(self, name: str | None = None) -> Iterator[None]:
+        """The store's lock, held across a read-modify-write; or server
+        ``name``'s, held across what uses its refresh token (a refresh, whose
+        POST may take :data:`HTTP_TIMEOUT`: the other servers' go on
+        meanwhile). One server's lock, then the store's, never the other
+        way. Blocks; a process's locks are let go when it exits, however it
+        exits."""
+        fd = self.open_lock(name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -157,9 +170,9 @@ class TokenStore:
             os.close(fd)
 
     @contextlib.asynccontextmanager
-    async def locked_async(self) -> AsyncIterator[None]:
+    async def locked_async(self, name: str | None = None) -> AsyncIterator[None]:
         """:meth:`locked` for a Trio task: it polls, so it can be cancelled."""
-        fd = await trio.to_thread.run_sync(self.open_lock)
+        fd = await trio.to_thread.run_sync(self.open_lock, name)
         try:
             while True:
                 try:
@@ -197,7 +210,8 @@ class BearerTokens(httpx2.Auth):
 
     Refreshes are one at a time per server: in the daemon under its lock
     (one object for every link of the server), across processes under the
-    token store's (:meth:`TokenStore.locked_async`); each reads the file
+    server's lock in the token store (:meth:`TokenStore.locked_async`, held
+    across the POST; the store's own only to write); each reads the file
     first and takes a grant refreshed meanwhile as it is, since refresh
     tokens rotate and a second refresh with the old one would fail (or, on
     an authorization server that detects reuse, revoke the grant)."""
@@ -304,7 +318,7 @@ class BearerTokens(httpx2.Auth):
         locks, a grant another request refreshed meanwhile is taken as it is."""
         if not force and self._clock() < self._retry_at:
             return None  # (one failed lately: the token as it is, no file read)
-        async with self._lock, self._store.locked_async():
+        async with self._lock, self._store.locked_async(self.name):
             grant = await self._read()
             if grant is None:
                 return None
@@ -332,7 +346,7 @@ class BearerTokens(httpx2.Auth):
                 return None
             self._failing, self._retry_at = None, 0.0
             grant = self._grant = attrs.evolve(grant, tokens=tokens)
-            await trio.to_thread.run_sync(self._store.save_locked, self.name, grant)
+            await trio.to_thread.run_sync(self._store.save_as_holder, self.name, grant)
             return grant
 
 

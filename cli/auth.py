@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     store = TokenStore()
     if args.logout:
         try:
-            with store.locked():
+            with store.locked(args.name), store.locked():
                 forgotten = store.load(args.name)
                 store.save_locked(args.name, None)
         except (OAuthError, UnsafePath, OSError) as exc:  # (a token file that cannot be read)

@@ -414,7 +414,7 @@ async def test_the_links_of_one_server_refresh_once_between_them(tmp_path: Path)
     assert bearers_of(seen) == ["Bearer AT-2"] * 3
 
 
-async def test_a_refresh_waits_for_another_process_holding_the_store(tmp_path: Path) -> None:
+async def test_a_refresh_waits_for_another_process_holding_the_server(tmp_path: Path) -> None:
     """Another process (here: a thread holding the lock) refreshing the same
     grant: this one waits, then takes the grant it stored, without a refresh."""
     store = TokenStore(str(tmp_path / "oauth.json"))
@@ -426,10 +426,10 @@ async def test_a_refresh_waits_for_another_process_holding_the_store(tmp_path: P
     holding, release = threading.Event(), threading.Event()
 
     def other_process() -> None:
-        with store.locked():
+        with store.locked("s"):
             holding.set()
             release.wait(5)
-            store.save_locked("s", grant_for(access="AT-other", refresh="RT-other"))
+            store.save_as_holder("s", grant_for(access="AT-other", refresh="RT-other"))
 
     thread = threading.Thread(target=other_process)
     thread.start()
@@ -446,6 +446,39 @@ async def test_a_refresh_waits_for_another_process_holding_the_store(tmp_path: P
     thread.join(5)
     assert endpoint.refreshes == []
     assert bearers_of(seen) == ["Bearer AT-other"]
+
+
+async def test_a_slow_refresh_of_one_server_holds_no_other_up(tmp_path: Path) -> None:
+    """The lock across a refresh's POST (up to 30 s) is the server's own: one
+    held for server "a" (another process refreshing it at a slow
+    authorization server) neither delays server "b"'s refresh nor a save."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("a", grant_for(expires_at=time.time() + 5))
+    store.save("b", grant_for(expires_at=time.time() + 5))
+    endpoint = TokenEndpoint()
+    auth = BearerTokens("b", store, url=RESOURCE, transport=endpoint.transport)
+    seen: list[httpx2.Request] = []
+    server = httpx2.MockTransport(lambda request: seen.append(request) or httpx2.Response(200))
+    holding, release = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        with store.locked("a"):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other_process)
+    thread.start()
+    try:
+        assert holding.wait(5)
+        with trio.fail_after(3):
+            async with httpx2.AsyncClient(auth=auth, transport=server) as client:
+                await client.post(RESOURCE)
+            await trio.to_thread.run_sync(store.save, "c", grant_for(access="AT-c"))
+    finally:
+        release.set()
+        thread.join(5)
+    assert endpoint.refreshes == ["RT-1"] and bearers_of(seen) == ["Bearer AT-2"]
+    assert store.load("c") is not None
 
 
 async def test_a_token_answer_past_the_bound_is_not_read(tmp_path: Path) -> None:
