@@ -156,8 +156,14 @@ def load_records(config: str) -> dict[str, Any]:
     if not isinstance(hosts_, dict):
         raise InstallError(f'{path} has no "hosts" object; move it away and install again')
     for host_file, record in hosts_.items():
-        if not isinstance(record, dict) or not all(
-            isinstance(record.get(key), str) for key in ("backup", "sha256", "installed")
+        earlier = record.get("earlier", []) if isinstance(record, dict) else None
+        if (
+            not isinstance(record, dict)
+            or not all(
+                isinstance(record.get(key), str) for key in ("backup", "sha256", "installed")
+            )
+            or not isinstance(earlier, list)
+            or not all(isinstance(backup, str) for backup in earlier)
         ):
             raise InstallError(
                 f"{path}: the record of {host_file} is not one mcpbroker wrote (it needs "
@@ -257,6 +263,10 @@ def install(args: argparse.Namespace, out: Any) -> int:
     records[path] = {
         "client": host.client,
         "backup": backup,
+        # An install over an earlier one (a server added since): the earlier
+        # backups, oldest first, so uninstall gives back what was there before
+        # the first (see backups_of).
+        "earlier": [*record.get("earlier", []), record["backup"]] if record is not None else [],
         "sha256": digest(new_host),
         "installed": _now().isoformat(timespec="seconds"),
     }
@@ -300,11 +310,7 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
     if record is None:
         raise InstallError(f"no install into {path} is recorded in {records_path(config)}")
     backup = record["backup"]
-    try:
-        with open(backup, "rb") as file:
-            original = file.read()
-    except OSError as exc:
-        raise InstallError(f"cannot read the backup {backup}: {exc}") from None
+    backups = backups_of(record)
     try:
         with open(path, "rb") as file:
             current: bytes | None = file.read()
@@ -312,7 +318,13 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
         current = None
     changed = current is None or digest(current) != record["sha256"]
     if args.servers_only and current is not None:
-        return _restore_servers(args, out, path, current, original, record, config, records)
+        return _restore_servers(args, out, path, current, backups, record, config, records)
+    # The last backup as it is, with the server entries of each earlier one
+    # put back (an install over an earlier install backed up a file that
+    # already pointed at the broker).
+    original = backups[0][1]
+    for name, older in backups[1:]:
+        original = _put_back(path, original, name, older)
     if changed and not args.force:
         what = "is gone" if current is None else "changed"
         raise InstallError(
@@ -333,9 +345,40 @@ def uninstall(args: argparse.Namespace, out: Any) -> int:
     write_atomically(path, original, mode)
     del records[path]
     save_records(config, records)
-    print(f"restored {path} from {backup}; the servers stay in {config}", file=out)
+    earlier = f" and the server entries of {', '.join(n for n, _ in backups[1:])}"
+    print(
+        f"restored {path} from {backup}{earlier if len(backups) > 1 else ''}; "
+        f"the servers stay in {config}",
+        file=out,
+    )
     print(f"restart {host.title} to use its own servers again", file=out)
     return 0
+
+
+def backups_of(record: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The record's backups, each read, newest first: its own, then those of
+    the installs it was made over (``earlier``)."""
+    backups = []
+    for name in (record["backup"], *reversed(record.get("earlier", []))):
+        try:
+            with open(name, "rb") as file:
+                backups.append((name, file.read()))
+        except OSError as exc:
+            raise InstallError(f"cannot read the backup {name}: {exc}") from None
+    return backups
+
+
+def _put_back(path: str, current: bytes, name: str, backup: bytes) -> bytes:
+    """``current`` with the server entries of ``backup`` put back (and the
+    broker's entries it did not have removed: hosts.restore_servers)."""
+    text = current.decode("utf-8")
+    edits = hosts.restore_servers(
+        decode(text, path, comments=True), decode(backup.decode("utf-8"), name, comments=True)
+    )
+    try:
+        return same_line_ends(text, apply_edits(text, edits)).encode()
+    except EditError as exc:
+        raise InstallError(f"{path}: {exc}") from None
 
 
 def _restore_servers(
@@ -343,24 +386,21 @@ def _restore_servers(
     out: Any,
     path: str,
     current: bytes,
-    original: bytes,
+    backups: list[tuple[str, bytes]],
     record: dict[str, Any],
     config: str,
     records: dict[str, Any],
 ) -> int:
-    """``uninstall --servers-only``: the backup's server entries put back
+    """``uninstall --servers-only``: the backups' server entries put back
     into the file as it is now (for a host that rewrites its file as it
-    runs, such as Claude Code's ~/.claude.json)."""
+    runs, such as Claude Code's ~/.claude.json), newest first, so that the
+    oldest, from before the first install, has the last word."""
     host = hosts.HOSTS[args.client]
     text = current.decode("utf-8")
-    before = original.decode("utf-8")
-    edits = hosts.restore_servers(
-        decode(text, path, comments=True), decode(before, record["backup"], comments=True)
-    )
-    try:
-        new = same_line_ends(text, apply_edits(text, edits))
-    except EditError as exc:
-        raise InstallError(f"{path}: {exc}") from None
+    restored = current
+    for name, backup in backups:
+        restored = _put_back(path, restored, name, backup)
+    new = restored.decode("utf-8")
     if args.dry_run:
         out.write(diff(path, text, new))
         print(f"(dry run: {path}'s server entries would be put back; nothing written)", file=out)
@@ -369,7 +409,8 @@ def _restore_servers(
     write_atomically(path, new)
     del records[path]
     save_records(config, records)
-    print(f"put back the server entries of {path} from {record['backup']}", file=out)
+    names = ", ".join(name for name, _ in backups)
+    print(f"put back the server entries of {path} from {names}", file=out)
     print(f"restart {host.title} to use its own servers again", file=out)
     return 0
 

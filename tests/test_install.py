@@ -360,6 +360,30 @@ def test_a_symlinked_host_file_stays_a_symlink(tmp_path: Path) -> None:
     assert home.host_file.is_symlink() and dotfiles.read_bytes() == home.original
 
 
+@pytest.mark.parametrize("servers_only", [False, True])
+def test_uninstall_after_a_second_install_gives_back_what_was_there_before_the_first(
+    tmp_path: Path, servers_only: bool
+) -> None:
+    """An install over an earlier one (a server added since) recorded only its
+    own backup, which already pointed at the broker: uninstall left the
+    broker's entries in, and the first backup was forgotten. Each backup is
+    kept; uninstall gives back the original's entries and the one added
+    since, and none of the broker's."""
+    home = Home(tmp_path, "cursor")
+    home.run("install", "--client", "cursor")
+    fresh = json.loads(home.host_file.read_text())
+    fresh["mcpServers"]["new"] = {"command": "uvx", "args": ["new-server"]}  # added since
+    home.host_file.write_text(json.dumps(fresh, indent=2))
+    home.run("install", "--client", "cursor")
+    result = home.run(
+        "uninstall", "--client", "cursor", *(["--servers-only"] if servers_only else [])
+    )
+    want = json.loads(home.original)
+    want["mcpServers"]["new"] = {"command": "uvx", "args": ["new-server"]}
+    assert json.loads(home.host_file.read_text()) == want
+    assert "mcpbroker-backup" in result.stdout
+
+
 def test_a_second_aggregate_install_adds_no_second_aggregate_entry(tmp_path: Path) -> None:
     home = Home(tmp_path, "cursor")
     home.run("install", "--client", "cursor", "--aggregate")
