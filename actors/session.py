@@ -30,6 +30,7 @@ gives up those whose client does not come back within ``broker.inputTimeout``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
@@ -78,7 +79,7 @@ from broker.session import (
 )
 from broker.states import SessionState, SessionTrigger
 from broker.wire.envelope import answer_id
-from broker.wire.frames import Oversize
+from broker.wire.frames import Frame, Oversize
 
 
 @attrs.frozen
@@ -97,6 +98,9 @@ class SessionStatistics:
 WRITE_BATCH_BYTES = 1024 * 1024
 LINGER_SECONDS = 5.0
 SETTLE_TIMEOUT = 10.0  # how long a request waits for the view's servers to start
+# What a session waiting for its servers reads ahead, at most, for after the
+# wait (then it stops reading until the wait ends): see _wait_for_servers.
+HELD_FRAMES = 64
 FLUSH_SECONDS = 5.0
 DETACH_TIMEOUT = 5.0
 
@@ -162,6 +166,9 @@ class Session:
         self._attached: list[ServerActor] | None = None  # set once initialized
         self._capabilities: dict[str, Any] = {}  # the client's, once initialized
         self._deferred: set[Any] = set()  # ids of requests waiting for their servers
+        # Reads taken while a request waited for its servers, in order, for
+        # the read loop before it reads again (an empty one: the client left).
+        self._held: collections.deque[tuple[list[Frame], int]] = collections.deque()
         self._idle = trio.Event()  # set (and renewed) whenever the writer may have made it idle
         self._drained = trio.Event()
         self._log = get_logger(session=self._handle.id)
@@ -236,10 +243,13 @@ class Session:
 
     async def _read_loop(self) -> None:
         while True:
-            try:
-                frames, size = await self._connection.receive()
-            except TransportClosed:
-                return
+            if self._held:
+                frames, size = self._held.popleft()
+            else:
+                try:
+                    frames, size = await self._connection.receive()
+                except TransportClosed:
+                    return
             if not frames:
                 return
             calls = self._protocol.calls
@@ -473,13 +483,9 @@ class Session:
         elif isinstance(action, AttachServers):
             await self._attach(action)
         elif isinstance(action, Defer):
-            id = action.message.get("id")
-            self._deferred.add(id)  # (stop() answers it, if it comes meanwhile)
-            with trio.move_on_after(SETTLE_TIMEOUT):
-                await self._registry.wait_settled(self._protocol.view)
-            self._deferred.discard(id)
-            for again in self._protocol.receive(action.message, settled=True):
-                await self._execute(again)
+            if await self._wait_for_servers(action.message):
+                for again in self._protocol.receive(action.message, settled=True):
+                    await self._execute(again)
         elif isinstance(action, CancelUpstream):
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
@@ -495,6 +501,65 @@ class Session:
         elif isinstance(action, NotifyUpstreams):
             for upstream in self._attached or ():
                 await upstream.send(ClientNotification(self._handle, action.message))
+
+    async def _wait_for_servers(self, request: Message) -> bool:
+        """Wait (at most ``SETTLE_TIMEOUT``) for the view's servers to settle
+        before ``request`` is tried again. The session reads on meanwhile,
+        keeping what it reads in order for after the wait (at most
+        ``HELD_FRAMES``), but for what may not wait: a ping is answered, a
+        cancel of a request in flight is passed on, and a cancel of this
+        request ends the wait (it is then never tried: no answer is due).
+        False: it was cancelled, or the client left."""
+        waiting = _Waiting(request.get("id"))
+        self._deferred.add(waiting.id)  # (stop() answers it, if it comes meanwhile)
+        with trio.move_on_after(SETTLE_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_while_waiting, waiting, nursery.cancel_scope)
+                await self._registry.wait_settled(self._protocol.view)
+                nursery.cancel_scope.cancel()
+        self._deferred.discard(waiting.id)
+        return not waiting.dropped
+
+    async def _read_while_waiting(self, waiting: _Waiting, scope: trio.CancelScope) -> None:
+        held = 0
+        while held < HELD_FRAMES:
+            try:
+                frames, size = await self._connection.receive()
+            except TransportClosed:
+                frames, size = [], 0
+            kept = [frame for frame in frames if not await self._at_once(frame, waiting)]
+            if kept or not frames:
+                self._held.append((kept, size))  # (empty: the client left)
+                held += len(kept)
+            if waiting.dropped or not frames:
+                waiting.dropped = True
+                scope.cancel()
+                return
+
+    async def _at_once(self, frame: Frame, waiting: _Waiting) -> bool:
+        """Whether ``frame``, read while a request waits for its servers, was
+        taken now: a ping (answered), a cancel of that request (the wait
+        ends) or of one in flight (passed on). Anything else waits its turn."""
+        if type(frame) is not bytes:
+            return False
+        try:
+            message = jsonrpc.decode(frame)
+        except JsonRpcError:
+            return False
+        method = message.get("method") if isinstance(message, dict) else None
+        if method == "notifications/cancelled":
+            target = (message.get("params") or {}).get("requestId")
+            if type(target) is type(waiting.id) and target == waiting.id:
+                waiting.dropped = True
+                return True
+            if not jsonrpc.is_valid_id(target) or target not in self._protocol.inflight:
+                return False  # (one for a request read but not taken yet: after it)
+        elif method != "ping" or "id" not in message:
+            return False
+        for action in self._protocol.receive(message):
+            await self._execute(action)
+        await self._after_rules()
+        return True
 
     async def _reply(self, message: Outgoing) -> None:
         """Queue an answer of the session's own. Unlike an upstream's delivery it may
@@ -657,6 +722,14 @@ class Session:
             self._idle.set()
             self._idle = trio.Event()
         return True
+
+
+@attrs.define
+class _Waiting:
+    """A request waiting for its servers (Session._wait_for_servers)."""
+
+    id: Any
+    dropped: bool = False  # cancelled by its client, or the client left
 
 
 def _size_of(message: Outgoing) -> int:

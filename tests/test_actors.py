@@ -1076,3 +1076,71 @@ async def test_requests_held_for_their_turn_are_waiting_not_in_flight(
     assert len(script.requests("tools/call")) == 2
     figures = upstream.statistics()
     assert (figures.in_flight, figures.waiting) == (0, 0)
+
+
+async def slow_pair(nursery: trio.Nursery) -> Client:
+    """A session of a ready server and one that takes 5 s to start: its
+    initialize waits for both (it is deferred)."""
+    scripts = {"a": ScriptedServer(nursery), "b": ScriptedServer(nursery, initialize_delay=5)}
+    return await open_client(nursery, await start_broker(nursery, scripts))
+
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": "i",
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}},
+}
+
+
+async def test_a_request_waiting_for_its_servers_holds_no_ping_up(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """While a request waits for the view's servers (up to 10 s), the session
+    answers a ping at once; what else it reads waits, in order, for after."""
+    client = await slow_pair(nursery)
+    start = trio.current_time()
+    await client.send(INIT)
+    await trio.sleep(0.1)
+    await client.send({"jsonrpc": "2.0", "id": "p1", "method": "ping"})
+    await client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    await trio.sleep(0.1)
+    await client.send({"jsonrpc": "2.0", "id": "l", "method": "tools/list"})
+    await trio.sleep(0.1)
+    await client.send({"jsonrpc": "2.0", "id": "p2", "method": "ping"})
+    first, second = await client.receive(), await client.receive()
+    assert (first["id"], second["id"]) == ("p1", "p2") and "result" in second
+    assert trio.current_time() - start < 1
+    initialized, listed = await client.receive(), await client.receive()
+    assert (initialized["id"], listed["id"]) == ("i", "l")
+    assert trio.current_time() - start >= 5  # (after b started)
+    assert {tool["name"] for tool in listed["result"]["tools"]} >= {"a__echo", "b__echo"}
+
+
+async def test_a_request_cancelled_while_it_waits_for_its_servers_is_dropped(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    client = await slow_pair(nursery)
+    await client.send(INIT)
+    await trio.sleep(0.1)
+    cancel = {"requestId": "i", "reason": "host gave up"}
+    await client.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+    await trio.sleep(0.1)
+    await client.send({**INIT, "id": "i2"})
+    answer = await client.receive()
+    assert answer["id"] == "i2" and "result" in answer  # (and nothing for "i")
+    await trio.sleep(1)
+    assert client.others == [] and client.session.handle.close_reason is None
+
+
+async def test_a_client_that_leaves_while_a_request_waits_is_let_go_at_once(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    client = await slow_pair(nursery)
+    await client.send(INIT)
+    await trio.sleep(0.1)
+    start = trio.current_time()
+    await client.stream.aclose()
+    with trio.fail_after(3):
+        await client.session.wait_idle()
+    assert trio.current_time() - start < 3
