@@ -491,6 +491,10 @@ def _server(name: Any, entry: Any, warnings: list[str]) -> ServerConfig:
         raise ConfigError(f'"{where}.pool" must be 1 to 64, and only with "share": "shared"')
     if not 1 <= server.max_instances <= 1024:
         raise ConfigError(f'"{where}.maxInstances" must be 1 to 1024')
+    if "maxInstances" in entry and server.share != "per-session":
+        warnings.append(
+            f'"{where}.maxInstances" ignored: it caps the instances of "share": "per-session"'
+        )
     if server.server_requests not in SERVER_REQUEST_MODES:
         raise ConfigError(
             f'"{where}.serverRequests" must be "auto", "exclusive" or "concurrent", '

@@ -97,6 +97,9 @@ def test_host_keys_accepted_without_warnings() -> None:
         ({"mcpServrs": {}}, "'mcpServrs'"),
         (servers(a=stdio(argz=["x"])), '"mcpServers.a.argz"'),
         ({"broker": {"maxMesageBytes": 9}}, '"broker.maxMesageBytes"'),
+        # (a key that does nothing where it is: only per-session servers have a cap)
+        (servers(a=stdio(maxInstances=4)), '"mcpServers.a.maxInstances"'),
+        (servers(a=stdio(maxInstances=4, pool=2)), '"mcpServers.a.maxInstances"'),
     ],
 )
 def test_unknown_keys_are_warnings(data: dict[str, Any], warning: str) -> None:
