@@ -509,7 +509,7 @@ class Session:
         ``HELD_FRAMES``), but for what may not wait: a ping is answered, a
         cancel of a request in flight is passed on, and a cancel of this
         request ends the wait (it is then never tried: no answer is due).
-        False: it was cancelled, or the client left."""
+        False: it was cancelled."""
         waiting = _Waiting(request.get("id"))
         self._deferred.add(waiting.id)  # (stop() answers it, if it comes meanwhile)
         with trio.move_on_after(SETTLE_TIMEOUT):
@@ -527,12 +527,16 @@ class Session:
                 frames, size = await self._connection.receive()
             except TransportClosed:
                 frames, size = [], 0
+            if not frames:
+                # The client's end, for after the wait: it may have closed only
+                # its sending side, and still read the answer (printf | connect).
+                self._held.append(([], 0))
+                return
             kept = [frame for frame in frames if not await self._at_once(frame, waiting)]
-            if kept or not frames:
-                self._held.append((kept, size))  # (empty: the client left)
+            if kept:
+                self._held.append((kept, size))
                 held += len(kept)
-            if waiting.dropped or not frames:
-                waiting.dropped = True
+            if waiting.dropped:
                 scope.cancel()
                 return
 
@@ -729,7 +733,7 @@ class _Waiting:
     """A request waiting for its servers (Session._wait_for_servers)."""
 
     id: Any
-    dropped: bool = False  # cancelled by its client, or the client left
+    dropped: bool = False  # cancelled by its client
 
 
 def _size_of(message: Outgoing) -> int:

@@ -106,6 +106,38 @@ async def check_state_survived(session: ClientSession, host: Host, old_pid: int)
         await host.updated.wait()  # the subscription was replayed
 
 
+class DaemonsByHand:
+    """Daemons started by hand (``mcpbroker serve``), as a user upgrading
+    does; :func:`daemons_by_hand` stops any still running at the end."""
+
+    def __init__(self, socket_path: str, config_file: str) -> None:
+        self.socket_path = socket_path
+        self.serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
+        self.started: list[trio.Process] = []
+
+    async def start(self, *, listening: bool = False) -> trio.Process:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        process = await trio.lowlevel.open_process(self.serve, env=env, stderr=subprocess.DEVNULL)
+        self.started.append(process)
+        while listening and not os.path.exists(self.socket_path):
+            await trio.sleep(0.05)
+        return process
+
+
+@asynccontextmanager
+async def daemons_by_hand(socket_path: str, config_file: str) -> AsyncIterator[DaemonsByHand]:
+    daemons = DaemonsByHand(socket_path, config_file)
+    try:
+        yield daemons
+    finally:
+        with trio.move_on_after(10) as cleanup:
+            cleanup.shield = True
+            for process in daemons.started:
+                if process.returncode is None:
+                    process.terminate()
+                    await process.wait()
+
+
 async def test_sigkill_the_daemon_under_a_host_session(socket_path: str, config_file: str) -> None:
     host = Host()
     with trio.fail_after(60):
@@ -132,14 +164,9 @@ async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
 ) -> None:
     host = Host()
     caught: list[MCPError] = []
-    serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
-    second = None
-    try:
-        with trio.fail_after(60):
-            while not os.path.exists(socket_path):
-                await trio.sleep(0.05)
+    with trio.fail_after(60):
+        async with daemons_by_hand(socket_path, config_file) as daemons:
+            first = await daemons.start(listening=True)
             # (no --config: this shim cannot start a daemon, it waits for one)
             async with host_session(socket_path, host, None) as session:
                 old_pid = await set_up(session, host)
@@ -161,22 +188,13 @@ async def test_an_upgrade_by_hand_sigterm_then_a_new_daemon(
                     nursery.start_soon(call_during_the_gap)
                     await trio.sleep(0.5)
                     assert not results
-                    second = await trio.lowlevel.open_process(
-                        serve, env=env, stderr=subprocess.DEVNULL
-                    )
+                    second = await daemons.start()
                     with trio.fail_after(10):
                         while not results:
                             await trio.sleep(0.05)
                 assert not results[0].is_error
                 assert daemon_pid(socket_path) == second.pid
                 await check_state_survived(session, host, old_pid)
-    finally:
-        with trio.move_on_after(10) as cleanup:
-            cleanup.shield = True
-            for process in (first, second):
-                if process is not None and process.returncode is None:
-                    process.terminate()
-                    await process.wait()
 
 
 async def test_with_no_resume_the_shim_exits_as_before(socket_path: str, config_file: str) -> None:
@@ -244,14 +262,9 @@ async def test_a_call_made_while_the_daemon_drains_is_served_by_the_next_one(
     is stopping, and the shim holds the host's new requests for the next
     daemon, as during a gap (broker/hello.py's notices)."""
     host = Host()
-    serve = [MCPBROKER, "serve", "--config", config_file, "--socket", socket_path]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    first = await trio.lowlevel.open_process(serve, env=env, stderr=subprocess.DEVNULL)
-    second = None
-    try:
-        with trio.fail_after(60):
-            while not os.path.exists(socket_path):
-                await trio.sleep(0.05)
+    with trio.fail_after(60):
+        async with daemons_by_hand(socket_path, config_file) as daemons:
+            first = await daemons.start(listening=True)
             async with host_session(socket_path, host, None) as session:
                 old_pid = await set_up(session, host)
                 results: dict[str, Any] = {}
@@ -268,16 +281,7 @@ async def test_a_call_made_while_the_daemon_drains_is_served_by_the_next_one(
                     await first.wait()
                     assert not results["slow"].is_error  # (finished within the drain)
                     assert "during" not in results  # held: not refused
-                    second = await trio.lowlevel.open_process(
-                        serve, env=env, stderr=subprocess.DEVNULL
-                    )
+                    second = await daemons.start()
                 assert not results["during"].is_error, results["during"]
                 assert int(text_of(results["during"])) != old_pid  # the next daemon's server
                 assert daemon_pid(socket_path) == second.pid
-    finally:
-        with trio.move_on_after(10) as cleanup:
-            cleanup.shield = True
-            for process in (first, second):
-                if process is not None and process.returncode is None:
-                    process.terminate()
-                    await process.wait()
