@@ -88,6 +88,9 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
         child = subprocess.Popen(
             [
                 sys.executable,
+                # -P: not the working directory (the host's project) first on
+                # sys.path, where its cli/ or logging.py would be imported instead
+                "-P",
                 "-m",
                 "cli.main",
                 "serve",
@@ -115,7 +118,11 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
         # A daemon that exited may only have lost a race with another shim's
         # daemon: give that one a moment before reporting what this one logged.
         if exited_at is not None and time.monotonic() - exited_at > LOST_RACE_GRACE:
-            raise DaemonUnavailable(f"the daemon failed to start:\n{_tail(log_path, start)}")
+            tail = (
+                _tail(log_path, start)
+                or f"(it exited with status {child.returncode} and logged nothing)"
+            )
+            raise DaemonUnavailable(f"the daemon failed to start:\n{tail}")
         time.sleep(POLL_INTERVAL)
     raise DaemonUnavailable(
         f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"

@@ -134,6 +134,8 @@ def is_broker_entry(entry: Any) -> bool:
         return False
     if posixpath.basename(command) == "mcpbroker":
         return args[:1] == ["connect"]
+    if args[:1] == ["-P"]:  # (cli/service.py's daemon_command since it has -P)
+        args = args[1:]
     return args[:3] == ["-m", "cli.main", "connect"]  # a Python running mcpbroker
 
 

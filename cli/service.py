@@ -43,12 +43,15 @@ class ServiceError(Exception):
 
 def daemon_command() -> list[str]:
     """How the service starts this installation's ``mcpbroker``: the script
-    beside this Python (a venv's ``bin/``), else ``python -m cli.main``."""
+    beside this Python (a venv's ``bin/``), else ``python -P -m cli.main``
+    (``-P``: the working directory, a host's project for the shim this
+    command also is in a host's config, is not put first on ``sys.path``,
+    where its ``cli/`` or ``logging.py`` would be imported instead)."""
     bindir = os.path.dirname(os.path.abspath(sys.executable))
     script = os.path.join(bindir, "mcpbroker")
     if os.access(script, os.X_OK):
         return [script]
-    return [os.path.abspath(sys.executable), "-m", "cli.main"]
+    return [os.path.abspath(sys.executable), "-P", "-m", "cli.main"]
 
 
 def serve_argv(command: list[str], config: str, socket_path: str, *extra: str) -> list[str]:

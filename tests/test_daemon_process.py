@@ -19,6 +19,10 @@ import trio
 from tests.conftest import MCPBROKER, REPO, demo_server, shim_client, text_of
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+INITIALIZE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+    b'"capabilities":{},"clientInfo":{"name":"test","version":"1"}}}\n'
+)
 
 
 def write_config(directory: str, servers: dict[str, Any]) -> str:
@@ -116,6 +120,58 @@ async def test_connect_starts_the_daemon_when_none_is_running(socket_path: str) 
     with trio.fail_after(10):
         while psutil.pid_exists(daemon_pid) and psutil.Process(daemon_pid).status() != "zombie":
             await trio.sleep(0.05)
+
+
+async def test_a_daemon_the_shim_starts_in_a_project_imports_none_of_its_modules(
+    socket_path: str,
+) -> None:
+    # Hosts start the shim in the project's folder; a project's cli/, tools/ or
+    # logging.py replaced mcpbroker's (or the standard library's) in the daemon
+    # and the demo server it runs there.
+    directory = os.path.dirname(socket_path)
+    project = Path(directory, "project")
+    marker = Path(directory, "ran")
+    for package in ("cli", "tools"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text("")
+        for module in ("main", "demo_server"):
+            (project / package / f"{module}.py").write_text(f"open({str(marker)!r}, 'a')\n")
+    (project / "logging.py").write_text("raise SystemExit('the project logging.py')\n")
+    from tools.demo import demo_config
+
+    config = Path(directory, "demo.json")
+    config.write_text(json.dumps(demo_config()))  # (no cwd: the daemon's, the project)
+    call = b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo",'
+    call += b'"arguments":{"text":"hi"}}}\n'
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [
+                MCPBROKER,
+                "connect",
+                "--no-resume",
+                "--socket",
+                socket_path,
+                "--config",
+                str(config),
+                "demo",
+            ],
+            cwd=project,
+            env=ENV,
+            stdin=INITIALIZE + b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + call,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    try:
+        assert not marker.exists(), "the project's module ran"
+        answers = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [answer.get("id") for answer in answers if "result" in answer] == [1, 2], (
+            result.stderr
+        )
+        assert answers[1]["result"]["content"][0]["text"] == "hi"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(Path(socket_path + ".lock").read_text()), signal.SIGTERM)
 
 
 async def test_connect_without_daemon_or_config_says_what_to_do(socket_path: str) -> None:

@@ -15,6 +15,6 @@ DEMO_SERVER_NAME = "demo"
 def demo_config() -> dict[str, Any]:
     return {
         "mcpServers": {
-            DEMO_SERVER_NAME: {"command": sys.executable, "args": ["-m", "tools.demo_server"]}
+            DEMO_SERVER_NAME: {"command": sys.executable, "args": ["-P", "-m", "tools.demo_server"]}
         }
     }
