@@ -8,6 +8,8 @@ daemon must be told again and what a dead one owed the host:
 - the host's ``initialize`` and ``notifications/initialized`` lines, its last
   ``logging/setLevel`` and its resource subscriptions (replayed, with the
   shim's own ids, whose answers the shim drops: :meth:`HostState.replay`);
+  an ``initialize`` or ``logging/setLevel`` only once the daemon answered it
+  with a result (one it refused, or could not read, is not the session's);
 - the ids of the host's requests not yet answered (each gets an error at a
   gap: :meth:`HostState.gap_errors`);
 - the ids of the daemon's requests to the host not yet answered (the host's
@@ -27,6 +29,7 @@ RESUME_ID = b'"mcpbroker-resume-'  # ids of the shim's replayed requests (their 
 MAX_PENDING = 65536  # host requests remembered as in flight (the daemon refuses far fewer)
 MAX_SUBSCRIPTIONS = 4096
 MAX_REMEMBERED_LINE = 1 << 20  # a state line longer than this is not kept for replay
+MAX_ASKED = 16  # initialize / setLevel lines awaiting their answers (the oldest go)
 GAP_CODE = -32000  # as for a server that went away (broker/jsonrpc.py CONNECTION_CLOSED)
 GAP_MESSAGE = (
     "mcpbroker: the daemon went away while this request was in flight (it may or may "
@@ -67,6 +70,8 @@ def _scan(line: bytes) -> tuple[bytes | None, bytes | None]:
     if found_method and found_id:
         if method is not None and method.startswith(b'"'):
             method = method[1:-1]
+        if id is not None and not _is_id(id):
+            id = None  # (7x, 1.5, true: no answer can name it; the daemon's has id null)
         return method, id
     return _scan_slowly(line)
 
@@ -103,6 +108,14 @@ def _scan_compact(line: bytes) -> tuple[bytes | None, bytes | None] | None:
     if line.startswith(b'{"method":"'):
         return _method_at(line, 11, id)
     return (None, id) if line.startswith(_ANSWER_FIRST) else None
+
+
+def _is_id(value: bytes) -> bool:
+    """Whether a scalar's bytes are a JSON string or integer (a request id)."""
+    if value[:1] == b'"':
+        return True  # (_value_at: a whole string, canonical if it had escapes)
+    digits = value[1:] if value[:1] == b"-" else value
+    return digits.isdigit() and (digits[:1] != b"0" or len(digits) == 1)
 
 
 def _id_at(line: bytes, i: int) -> tuple[bytes | None, int]:
@@ -252,9 +265,44 @@ def with_id(line: bytes, id: bytes) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def error_line(id: bytes, message: str = GAP_MESSAGE) -> bytes:
+def _answerable(id: bytes) -> bool:
+    """Whether ``id`` is JSON for a string or an integer, to be written to the host as it is."""
     import json
 
+    try:
+        value = json.loads(id)
+    except ValueError:  # (and UnicodeDecodeError)
+        return False
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def _result(line: bytes) -> bool:
+    """Whether a daemon's answer is a result (not an error)."""
+    import json
+
+    try:
+        answer = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(answer, dict) and "result" in answer
+
+
+def _readable(line: bytes) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(line), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def error_line(id: bytes, message: str = GAP_MESSAGE) -> bytes:
+    """The error for the host's request ``id``; nothing if ``id`` is not
+    valid JSON for a request id (the stdio transport allows no other line)."""
+    import json
+
+    if not _answerable(id):
+        return b""
     text = json.dumps(message)
     return b'{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":%s}}\n' % (
         id,
@@ -268,10 +316,10 @@ class HostState:
 
     def __init__(self) -> None:
         self.initialize: bytes | None = None
-        self.initialize_id: bytes | None = None
         self.initialized: bytes | None = None
         self.set_level: bytes | None = None
         self.subscriptions: dict[bytes, bytes] = {}  # uri -> the subscribe line
+        self.asked: dict[bytes, tuple[bytes, bytes]] = {}  # id -> (method, line), unanswered
         self.pending: dict[bytes, None] = {}  # the host's requests in flight
         self.daemon_pending: dict[bytes, None] = {}  # the daemon's requests to the host
         self.stale: set[bytes] = set()  # a dead daemon's requests: their answers are dropped
@@ -302,7 +350,7 @@ class HostState:
             else:
                 self.overflow = True
         if method in _REMEMBERED:
-            self._remember(method, line)
+            self._remember(method, line, id)
         elif method == b"notifications/cancelled" and self.pending:
             self.pending.pop(_cancelled_id(line) or b"", None)  # (no answer will come)
         return True
@@ -331,18 +379,32 @@ class HostState:
             self.replayed.discard(id)
             return False
         self.pending.pop(id, None)
+        if self.asked:
+            asked = self.asked.pop(id, None)
+            if asked is not None:
+                self._answered(*asked, line)
         return True
 
-    def _remember(self, method: bytes, line: bytes) -> None:
+    def _answered(self, method: bytes, line: bytes, answer: bytes) -> None:
+        """The daemon answered an ``initialize`` or ``logging/setLevel``: a
+        result makes it the session's, to replay (the line the daemon read)."""
+        if not _result(answer) or not _readable(line):
+            return
+        if method == b"initialize":
+            self.initialize = line
+        else:
+            self.set_level = line
+
+    def _remember(self, method: bytes, line: bytes, id: bytes | None) -> None:
         if len(line) > MAX_REMEMBERED_LINE:
             return
-        if method == b"initialize" and self.initialize is None:
-            self.initialize = line
-            self.initialize_id = scan(line)[1]
+        if method in _ASKED:
+            if id is not None:  # (remembered once answered: _answered)
+                if len(self.asked) >= MAX_ASKED:
+                    del self.asked[next(iter(self.asked))]
+                self.asked[id] = (method, line)
         elif method == b"notifications/initialized":
             self.initialized = line
-        elif method == b"logging/setLevel":
-            self.set_level = line
         elif method == b"resources/subscribe":
             uri = _param(line, b"uri")
             if uri is not None and (
@@ -357,11 +419,9 @@ class HostState:
     def gap_errors(self) -> bytes:
         """The daemon is gone: an error for each host request in flight (and
         forget them); the daemon's own requests become stale. An
-        ``initialize`` still in flight is forgotten too: the host, told to
-        try again, does (replayed by the shim, its retry was refused as a
-        second initialize, and the host never had its answer)."""
-        if self.initialize_id is not None and self.initialize_id in self.pending:
-            self.initialize = self.initialize_id = self.initialized = None
+        ``initialize`` still in flight is not the session's: the host, told
+        to try again, does."""
+        self.asked.clear()
         errors = b"".join(error_line(id) for id in self.pending)
         self.pending.clear()
         self.stale |= self.daemon_pending.keys()
@@ -389,6 +449,7 @@ class HostState:
         return id
 
 
+_ASKED = frozenset({b"initialize", b"logging/setLevel"})
 _REMEMBERED = frozenset(
     {
         b"initialize",

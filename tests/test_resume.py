@@ -98,6 +98,9 @@ def test_the_replay_restores_the_session_and_its_answers_are_dropped() -> None:
         b'{"jsonrpc":"2.0","id":5,"method":"resources/unsubscribe","params":{"uri":"a://1"}}\n',
     ):
         state.up(line)
+        id = scan(line)[1]
+        if id is not None:
+            assert state.down(b'{"jsonrpc":"2.0","id":%s,"result":{}}\n' % id)
     first, rest = state.replay()
     assert first is not None
     replayed_init = json.loads(first)
@@ -150,6 +153,57 @@ def test_an_initialize_in_flight_at_a_gap_is_the_hosts_to_send_again() -> None:
     (error,) = state.gap_errors().splitlines()
     assert json.loads(error)["id"] == 0
     assert state.replay() == (None, b"")
+
+
+def test_only_the_lines_the_daemon_took_are_replayed() -> None:
+    """A malformed ``initialize`` or ``logging/setLevel`` the daemon answered
+    with a parse error (id null) is not the session's: replaying it ended the
+    shim (a JSONDecodeError), and an unanswered first ``initialize`` made the
+    shim forget the one the daemon took, so the restored session refused
+    every call."""
+    state = HostState()
+    bad_init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"a":1}}}\n'
+    init = b'{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"a":2}}\n'
+    bad_level = b'{"jsonrpc":"2.0","id":6,"method":"logging/setLevel","params":{"level":"x"}}}\n'
+    refused = b'{"jsonrpc":"2.0","id":7,"method":"logging/setLevel","params":{"level":"y"}}\n'
+    parse_error = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}\n'
+    state.up(bad_init)
+    state.down(parse_error)
+    state.up(init)
+    state.down(b'{"jsonrpc":"2.0","id":5,"result":{"capabilities":{}}}\n')
+    state.up(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+    state.up(bad_level)
+    state.down(parse_error)
+    state.up(refused)
+    state.down(b'{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no"}}\n')
+    state.gap_errors()
+    first, rest = state.replay()
+    assert first is not None and json.loads(first)["params"] == {"a": 2}
+    assert [json.loads(line)["method"] for line in rest.splitlines()] == [
+        "notifications/initialized"
+    ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","method":"ping","id":7x}\n',
+        b'{"jsonrpc":"2.0","method":"ping","id":1.5}\n',
+        b'{"jsonrpc":"2.0","method":"ping","id":true}\n',
+        b'{"jsonrpc":"2.0","id":007,"method":"ping"}\n',
+        b'{"jsonrpc":"2.0","id":--7,"method":"ping"}\n',
+        b'{"jsonrpc":"2.0","id":"\xff","method":"ping"}\n',
+    ],
+)
+def test_a_gap_writes_the_host_only_json(line: bytes) -> None:
+    """An id that is not a JSON string or integer gets no error at a gap (it
+    was written as it came: a line that is not JSON, which the stdio
+    transport forbids)."""
+    state = HostState()
+    state.up(line)
+    state.up(b'{"jsonrpc":"2.0","id":2,"method":"ping"}\n')
+    errors = state.gap_errors().splitlines()
+    assert [json.loads(error)["id"] for error in errors] == [2]
 
 
 @pytest.mark.parametrize(
