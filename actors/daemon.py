@@ -157,6 +157,9 @@ class Daemon:
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[ServerActor, trio.CancelScope] = {}  # each server's run
         self._stopping: str | None = None  # set once shut_down() begins
+        # (reason, unfinished) once shut_down() stops the sessions: one that
+        # opens after that is stopped at once, not waited for
+        self._closing: tuple[str, str] | None = None
         self._session_ended = trio.Event()  # set (and renewed) as each session ends
 
     def statistics(self) -> DaemonStatistics:
@@ -533,6 +536,7 @@ class Daemon:
             f"{STOPPING} (this request did not finish within "
             f"broker.shutdownTimeout = {timeout:g} s)"
         )
+        self._closing = (STOPPING, unfinished)
         for session in list(self._sessions):
             session.stop(STOPPING, unfinished)
         with trio.move_on_after(CLOSE_SESSIONS_TIMEOUT):
@@ -587,6 +591,11 @@ class Daemon:
         )
         if self._stopping is not None:
             session.daemon_stopping(self._stopping)
+        if self._closing is not None:
+            # (a client that connects while the last sessions close, socat or
+            # a --no-resume shim, which asks for no notice: it kept the drain
+            # waiting for CLOSE_SESSIONS_TIMEOUT)
+            session.stop(*self._closing)
         self._sessions.add(session)
         # Whatever is logged in this session's tasks says which session it was.
         with structlog.contextvars.bound_contextvars(session=session.handle.id):

@@ -287,6 +287,40 @@ async def test_shutdown_drains_then_answers_what_is_left(
     assert scripts["a"].requests("notifications/cancelled")
 
 
+async def test_a_client_that_comes_while_the_sessions_close_is_closed_not_waited_for(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """A client that asks for no notice (socat, a --no-resume shim) and comes
+    after the drain stopped the sessions (one of them slow to close: its
+    client does not read) was never stopped: the daemon waited for it for
+    CLOSE_SESSIONS_TIMEOUT (10 s) on top."""
+    from actors.daemon import CLOSE_SESSIONS_TIMEOUT
+    from actors.session import FLUSH_SECONDS
+
+    daemon = await start(nursery, scripts.config("a", broker={"shutdownTimeout": 1}))
+    ours, theirs = trio.testing.lockstep_stream_pair()  # (its client never reads)
+    nursery.start_soon(daemon._serve_client, theirs)
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+    initialize = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": params}
+    await ours.send_all(ndjson.encode(initialize))
+    await settle()
+    started = trio.current_time()
+    async with trio.open_nursery() as stopping:
+        stopping.start_soon(daemon.shut_down)
+        while not any(session._stopping for session in daemon._sessions):
+            await trio.sleep(0.01)  # (the drain has stopped the sessions)
+        late_stream, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(daemon._serve_client, theirs)
+        late = Client(late_stream)
+        nursery.start_soon(late.read_forever)
+        await late.send(initialize)
+        with trio.fail_after(1):
+            while not late.closed:  # (closed at once: it goes to the next daemon)
+                await trio.sleep(0.01)
+    assert trio.current_time() - started < CLOSE_SESSIONS_TIMEOUT
+    assert trio.current_time() - started <= 1 + FLUSH_SECONDS  # (the slow one, bounded)
+
+
 async def connect_refused(nursery: trio.Nursery, daemon: Daemon) -> Any:
     """A client that comes while the daemon stops: its initialize is refused."""
     ours, theirs = trio.testing.memory_stream_pair()
