@@ -27,6 +27,10 @@ from actors.paths import (
     prepare_socket_dir,
 )
 
+TYPE_CHECKING = False  # (not typing's: the shim does without it, cli/main.py)
+if TYPE_CHECKING:
+    import subprocess
+
 # What a service manager gave the host (systemd's sd_notify and sd_listen_fds):
 # the daemon a shim starts outlives the host and is not that manager's service.
 SERVICE_MANAGER_ENV = frozenset(
@@ -35,6 +39,8 @@ SERVICE_MANAGER_ENV = frozenset(
 DAEMON_START_TIMEOUT = 15.0
 POLL_INTERVAL = 0.01
 LOST_RACE_GRACE = 2.0
+MAX_STARTS = 4  # daemons started in one wait (each after the lock's holder went)
+CONFIG_ERROR_EXIT = 2  # `mcpbroker serve`'s exit code for a bad config (cli/service.py's)
 
 
 class DaemonUnavailable(Exception):
@@ -69,8 +75,10 @@ def connect(socket_path: str) -> _socket.socket | None:
 
 
 def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
-    import subprocess  # only on this path: most shims find the daemon running
-
+    """Start a daemon on ``socket_path`` and return a connection to it. One
+    that exits because another holds the lock is waited for: that one either
+    listens (a race between shims) or goes away (a daemon still stopping its
+    servers after its socket was removed), and then one is started again."""
     config = config or default_config_path()
     if not os.path.exists(config):
         raise DaemonUnavailable(
@@ -80,12 +88,62 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
     log_path = log_path_for(socket_path)
     try:
         prepare_socket_dir(socket_path)
-        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND)
     except (UnsafePath, OSError) as exc:
         raise DaemonUnavailable(str(exc)) from None
-    start = os.fstat(log_fd).st_size  # (the failure message shows only what follows)
-    with os.fdopen(log_fd, "ab") as log:
-        child = subprocess.Popen(
+    start = _size(log_path)  # (the failure message shows only what this daemon logs)
+    child = _spawn(socket_path, config, log_path)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT
+    exited_at: float | None = None
+    starts = 1
+    holder: int | None = None  # a live daemon that holds the lock, not this shim's
+    while time.monotonic() < deadline:
+        sock = connect(socket_path)
+        if sock is not None:
+            return sock
+        if exited_at is None and child.poll() is not None:
+            exited_at = time.monotonic()
+        if exited_at is not None and child.returncode != CONFIG_ERROR_EXIT:
+            # It may have found the lock held: by another shim's daemon, about
+            # to listen, or by one still stopping its servers with its socket
+            # gone (SIGTERM): wait for that one to listen or to go, then start.
+            other = _lock_holder(socket_path)
+            if other != child.pid and _lock_held(socket_path):
+                holder = other or 0  # (0: its pid not written yet)
+            elif other != child.pid and starts < MAX_STARTS:  # (it did not take the lock)
+                holder, exited_at, starts = None, None, starts + 1
+                start = _size(log_path)
+                child = _spawn(socket_path, config, log_path)
+            else:
+                holder = None
+        if (
+            holder is None
+            and exited_at is not None
+            and time.monotonic() - exited_at > LOST_RACE_GRACE
+        ):
+            tail = _tail(log_path, start) or (
+                f"(it exited with status {child.returncode} and logged nothing)"
+            )
+            raise DaemonUnavailable(f"the daemon failed to start:\n{tail}")
+        time.sleep(POLL_INTERVAL)
+    if holder is not None:
+        raise DaemonUnavailable(
+            f"another mcpbroker daemon (pid {holder or '?'}) holds {socket_path}.lock without "
+            f"listening, and did not go away within {DAEMON_START_TIMEOUT:g} s"
+        )
+    raise DaemonUnavailable(
+        f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"
+    )
+
+
+def _spawn(socket_path: str, config: str, log_path: str) -> subprocess.Popen[bytes]:
+    import subprocess  # only on this path: most shims find the daemon running
+
+    try:
+        log = os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab")
+    except (UnsafePath, OSError) as exc:
+        raise DaemonUnavailable(str(exc)) from None
+    with log:
+        return subprocess.Popen(
             [
                 sys.executable,
                 # -P: not the working directory (the host's project) first on
@@ -107,26 +165,42 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             start_new_session=True,
             env=daemon_environ(os.environ),
         )
-    deadline = time.monotonic() + DAEMON_START_TIMEOUT
-    exited_at: float | None = None
-    while time.monotonic() < deadline:
-        sock = connect(socket_path)
-        if sock is not None:
-            return sock
-        if exited_at is None and child.poll() is not None:
-            exited_at = time.monotonic()
-        # A daemon that exited may only have lost a race with another shim's
-        # daemon: give that one a moment before reporting what this one logged.
-        if exited_at is not None and time.monotonic() - exited_at > LOST_RACE_GRACE:
-            tail = (
-                _tail(log_path, start)
-                or f"(it exited with status {child.returncode} and logged nothing)"
-            )
-            raise DaemonUnavailable(f"the daemon failed to start:\n{tail}")
-        time.sleep(POLL_INTERVAL)
-    raise DaemonUnavailable(
-        f"the daemon did not start listening within {DAEMON_START_TIMEOUT:g} s; see {log_path}"
-    )
+
+
+def _lock_holder(socket_path: str) -> int | None:
+    """The pid the daemon lock beside ``socket_path`` names (its last holder's)."""
+    try:
+        with open(socket_path + ".lock", "rb") as f:
+            return int(f.read(32).strip() or b"0") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _lock_held(socket_path: str) -> bool:
+    """Whether a daemon holds the lock beside ``socket_path`` (the lock, not
+    its pid: a daemon that exited may be its parent's zombie for a while)."""
+    import fcntl
+
+    try:
+        fd = os.open(socket_path + ".lock", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (and let go at once)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _tail(path: str, start: int = 0, lines: int = 10) -> str:

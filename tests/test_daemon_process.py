@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -169,6 +170,47 @@ async def test_a_daemon_the_shim_starts_in_a_project_imports_none_of_its_modules
             result.stderr
         )
         assert answers[1]["result"]["content"][0]["text"] == "hi"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(Path(socket_path + ".lock").read_text()), signal.SIGTERM)
+
+
+async def test_a_shim_that_finds_a_daemon_still_stopping_waits_for_it_then_starts_one(
+    socket_path: str,
+) -> None:
+    """A daemon stopping its servers after SIGTERM has removed its socket but
+    still holds the lock (here a stand-in, for 3 s): the daemon the shim
+    started exited 'already serving', and the shim gave up 2 s later."""
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.ftruncate(fd, 0); os.write(fd, b'%d\\n' % os.getpid())\n"
+        "print('held', flush=True); time.sleep(3)\n"
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            stopping = await nursery.start(
+                functools.partial(
+                    trio.run_process,
+                    [sys.executable, "-c", hold, socket_path + ".lock"],
+                    stdout=subprocess.PIPE,
+                )
+            )
+            assert stopping.stdout is not None
+            assert (await stopping.stdout.receive_some()).startswith(b"held")
+            result = await trio.run_process(
+                [MCPBROKER, "connect", "--no-resume", "--socket", socket_path, "--config", config],
+                env=ENV,
+                stdin=INITIALIZE,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+    try:
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["result"]["serverInfo"]
     finally:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(Path(socket_path + ".lock").read_text()), signal.SIGTERM)
