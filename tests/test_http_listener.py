@@ -225,3 +225,35 @@ async def test_a_post_quiet_for_long_turns_sse_for_its_keepalive(autojump_clock:
         assert orjson.loads(events[-1])["result"]["echo"] == "slow"
         assert bodies[-1][0] - start >= 40
         nursery.cancel_scope.cancel()
+
+
+async def test_a_post_whose_request_is_cancelled_ends_and_its_id_is_free(
+    autojump_clock: Any,
+) -> None:
+    """A request the client cancels gets no answer (MCP's cancellation): its
+    POST is answered 202, and its id may be used again. It stayed in flight
+    on its stream for the whole session (a JSON batch never answered; an
+    SSE stream never ended; the id refused as in use)."""
+    app = HttpListener(lambda: Policy(), ["s"], 1 << 20, 1 << 20, scripted)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(app.run)
+        _, headers, _ = await call(app, "POST", initialize())
+        session = headers[b"mcp-session-id"].decode()
+        answered: list[tuple[float, int]] = []
+
+        async def slow() -> None:
+            request = {"jsonrpc": "2.0", "id": 7, "method": "slow"}
+            status, _, _ = await call(app, "POST", request, session)
+            answered.append((trio.current_time(), status))
+
+        nursery.start_soon(slow)
+        await trio.sleep(1)
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled"}
+        status, _, _ = await call(app, "POST", {**cancel, "params": {"requestId": 7}}, session)
+        assert status == 202
+        await trio.sleep(1)
+        assert answered and answered[0][1] == 202 and answered[0][0] < 5
+        again = {"jsonrpc": "2.0", "id": 7, "method": "quick"}
+        status, _, body = await call(app, "POST", again, session)  # (after slow's 40 s)
+        assert status == 200 and orjson.loads(body)["result"]["echo"] == "quick"
+        nursery.cancel_scope.cancel()

@@ -395,6 +395,25 @@ def test_a_batch_answer_goes_on_the_batch_stream() -> None:
     assert streams.take(number) and streams.done(number)
 
 
+def test_a_cancelled_request_is_struck_off_its_stream_and_its_id_is_free() -> None:
+    """No answer comes to a request the client cancelled: a JSON batch is
+    answered with the rest, a stream with nothing else due ends, and the id
+    is no longer in flight (it was, for the whole session)."""
+    streams = initialized("2025-03-26")
+    batch = opened(streams, 42, 43, sse=False)
+    single = opened(streams, 50)
+    add(streams, [jsonrpc.result_response(43, "b")])  # (the session answers the rest)
+    assert not streams.done(batch)
+    body = b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":42}}'
+    post = http.read_post(body, 1 << 20, "2025-03-26")
+    assert isinstance(post, http.Post) and post.cancelled == (42,)
+    assert streams.answered(post) == [batch]
+    assert streams.take(batch) and streams.done(batch)
+    assert streams.answered(http.Post((), (), (), False, False, (50, 99))) == [single]
+    assert streams.done(single)
+    assert isinstance(streams.open(http.Post((50,), (), (), False, False), True), int)
+
+
 def test_a_second_request_with_an_id_in_flight_is_refused() -> None:
     streams = initialized()
     opened(streams, 1)

@@ -320,7 +320,8 @@ class HttpListener:
                 number = session.streams.open(post, mode, json_first) if post.requests else None
                 if isinstance(number, wire.Refuse):
                     return await self._refuse(send, number, scope)
-                session.streams.answered(post)
+                for cancelled in session.streams.answered(post):
+                    session.wake(cancelled)  # (its stream may be over now)
                 handed, counted = counted, 0
                 if not await session.deliver(body, handed):
                     return await self._refuse(send, _ENDED, scope)
@@ -524,6 +525,7 @@ class HttpListener:
         streams = session.streams
         streams.attach(number, writer)
         since, quiet = self.ticks, b""
+        stream: wire.Stream | None = None
         try:
             events: list[wire.Event] = []
             while not session.closed:
@@ -541,8 +543,10 @@ class HttpListener:
                     quiet = sse.KEEPALIVE
                     continue
                 await waker.wait()
-            if not events:
+            if not events and (session.closed or stream is None):
                 await self._refuse(send, _ENDED, None)
+            elif not events:  # (its requests were cancelled: no answer comes)
+                await respond(send, 202)
             else:
                 body = events[0].data
                 if len(events) > 1:

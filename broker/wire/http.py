@@ -203,6 +203,8 @@ class Post:
     tokens: tuple[Any, ...]  # progress tokens its requests carry
     initialize: bool  # it is an initialize request
     batch: bool
+    # ids of the client's requests its notifications/cancelled name (no answer will come)
+    cancelled: tuple[RequestId, ...] = ()
 
 
 def json_first(fields: dict[str, str], post: Post) -> bool:
@@ -243,6 +245,7 @@ def read_post(
     requests: list[RequestId] = []
     answers: list[RequestId] = []
     tokens: list[Any] = []
+    cancelled: list[RequestId] = []
     initialize = False
     invalid: JsonRpcError | None = None  # (a batch's first item that is no message)
     for item in items:
@@ -276,9 +279,14 @@ def read_post(
                 tokens.append(token)
         elif kind is Kind.RESPONSE and jsonrpc.is_valid_id(item.get("id")):
             answers.append(item["id"])
+        elif kind is Kind.NOTIFICATION and item["method"] == "notifications/cancelled":
+            params = item.get("params")
+            request = params.get("requestId") if isinstance(params, dict) else None
+            if jsonrpc.is_valid_id(request):
+                cancelled.append(request)
     if invalid is not None and not requests:  # (no answer's stream to carry its error)
         return Refuse(400, invalid.message, code=invalid.code, id=invalid.id)
-    return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch)
+    return Post(tuple(requests), tuple(answers), tuple(tokens), initialize, batch, tuple(cancelled))
 
 
 def _header_mismatch(request: Any, meta: Any, header: str | None) -> Refuse | None:
@@ -401,11 +409,25 @@ class HttpStreams:
         self.streams[number] = stream
         return number
 
-    def answered(self, post: Post) -> None:
-        """The client answered requests of the server's (in ``post``)."""
+    def answered(self, post: Post) -> list[int]:
+        """The client answered requests of the server's (in ``post``), or
+        cancelled its own: those get no answer (MCP's cancellation), so they
+        are struck off their streams, which end if nothing else is due, and
+        their ids are free again. Returns the streams that changed."""
         for answer in post.answers:
             if isinstance(answer, str):
                 self._by_server_request.pop(answer, None)
+        changed = []
+        for request in post.cancelled:
+            key = id_key(request)
+            number = self._by_request.pop(key, None)
+            stream = self.streams.get(number) if number is not None else None
+            if stream is not None and key in stream.waiting:
+                stream.waiting.discard(key)
+                self._tokens_over(stream)
+                self._forget_if_over(stream)
+                changed.append(stream.number)
+        return changed
 
     # -- what goes to the client --------------------------------------------
 
@@ -529,6 +551,10 @@ class HttpStreams:
                     result = item.get("result") if type(item) is dict else None
                     version = result.get("protocolVersion") if isinstance(result, dict) else None
                     self.version = version if isinstance(version, str) else None
+        self._tokens_over(stream)
+
+    def _tokens_over(self, stream: Stream) -> None:
+        """A stream with no answer due: its progress tokens are nobody's now."""
         if not stream.waiting:
             for token in stream.tokens:
                 if self._by_token.get(token) == stream.number:
