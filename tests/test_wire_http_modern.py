@@ -200,6 +200,10 @@ def test_which_requests_are_modern_and_the_verbs_and_statuses() -> None:
     for verb in ("GET", "DELETE"):
         refusal = wrong_verb(verb)
         assert refusal.status == 405 and refusal.headers == (("Allow", "POST"),)
+        # (a version the broker does not know: 400 -32022, as a POST's, not 405,
+        # which tells a legacy client with a typo that there is no GET stream)
+        unknown = wrong_verb(verb, "2025-13-01")
+        assert (unknown.status, unknown.code) == (400, -32022)
     assert [status_of(code) for code in (-32020, -32021, -32022, -32602, -32601, -32603, 7)] == [
         400,
         400,

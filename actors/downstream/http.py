@@ -347,7 +347,8 @@ class HttpListener:
     ) -> None:
         """A 2026-07-28 request: checked here, answered by its own context."""
         if target.method != "POST":
-            return await self._refuse(send, http_modern.wrong_verb(target.method), scope)
+            header = target.fields.get(wire.VERSION_HEADER)
+            return await self._refuse(send, http_modern.wrong_verb(target.method, header), scope)
         body = await _read_body(receive, target.fields, self._limit)
         if isinstance(body, wire.Refuse):
             return await self._refuse(send, body, scope)

@@ -105,9 +105,14 @@ def answer_mode(fields: dict[str, str], method: str) -> bool | Refuse:
     return mode
 
 
-def wrong_verb(method: str) -> Refuse:
+def wrong_verb(method: str, header: str | None = MODERN_VERSIONS[-1]) -> Refuse:
     """GET and DELETE (and any other verb) at a modern version: 405, as the spec
-    asks of a server of this revision (there is no GET stream, no session)."""
+    asks of a server of this revision (there is no GET stream, no session).
+    At an ``MCP-Protocol-Version`` (``header``) the broker does not know at
+    all, 400 with -32022 as for a POST (the spec's MUST for any request): a
+    405 tells a legacy client it has no GET stream, for a typo in a header."""
+    if header not in MODERN_VERSIONS:
+        return _refuse(unsupported_version(header))
     return Refuse(
         405,
         f"Method {method} not allowed: a 2026-07-28 client only POSTs (no GET stream, no sessions)",
