@@ -20,6 +20,7 @@ uid (:func:`peer_uid`).
 from __future__ import annotations
 
 import _socket  # (not ``socket``: the shim avoids its import time)
+import contextlib
 import errno
 import os
 import pwd
@@ -70,6 +71,51 @@ def default_config_path() -> str:
 def log_path_for(socket_path: str) -> str:
     """Where a daemon started by the shim writes its log."""
     return socket_path + ".log"
+
+
+# The listeners a daemon was given on its command line, recorded beside its
+# socket while it runs (docs/hosts.md, "When the daemon restarts"): a daemon a
+# shim starts in place of one that died (its record left behind) serves them too.
+LISTENER_FLAGS = ("--ws", "--http", "--token-file", "--metrics")
+
+
+def listeners_path_for(socket_path: str) -> str:
+    return socket_path + ".listeners"
+
+
+def record_listeners(socket_path: str, flags: list[str]) -> None:
+    """Record ``flags`` (pairs: a LISTENER_FLAGS flag, its value) for the
+    daemon serving ``socket_path``, or remove the record if there are none.
+    The caller holds the daemon lock."""
+    path = listeners_path_for(socket_path)
+    if not flags:
+        forget_listeners(socket_path)
+        return
+    fd = open_private(path, os.O_WRONLY)
+    with os.fdopen(fd, "w") as f:
+        f.truncate()
+        f.write("".join(flag + "\n" for flag in flags))
+
+
+def forget_listeners(socket_path: str) -> None:
+    """A daemon stopping cleanly: its listeners are not to be brought back."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(listeners_path_for(socket_path))
+
+
+def recorded_listeners(socket_path: str) -> list[str]:
+    """The listener flags a daemon that did not stop cleanly recorded (none
+    if there is no record, or it is not one)."""
+    try:
+        fd = open_private(listeners_path_for(socket_path), os.O_RDONLY, create=False)
+    except (UnsafePath, OSError):
+        return []
+    with os.fdopen(fd) as f:
+        lines = f.read(1 << 16).split("\n")[:-1]
+    pairs = list(zip(lines[::2], lines[1::2], strict=False))
+    if len(lines) % 2 or not all(flag in LISTENER_FLAGS and value for flag, value in pairs):
+        return []
+    return lines
 
 
 def ensure_private_dir(path: str) -> None:

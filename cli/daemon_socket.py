@@ -25,6 +25,7 @@ from actors.paths import (
     open_private,
     peer_uid,
     prepare_socket_dir,
+    recorded_listeners,
 )
 
 TYPE_CHECKING = False  # (not typing's: the shim does without it, cli/main.py)
@@ -91,7 +92,14 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
     except (UnsafePath, OSError) as exc:
         raise DaemonUnavailable(str(exc)) from None
     start = _size(log_path)  # (the failure message shows only what this daemon logs)
-    child = _spawn(socket_path, config, log_path)
+    # A daemon that died (no clean stop) left the listeners it was started
+    # with: this one serves them too, for the hosts that use it by URL.
+    listeners = recorded_listeners(socket_path)
+    if listeners:
+        _say(
+            f"starting a daemon with the listeners of the one that went away: {' '.join(listeners)}"
+        )
+    child = _spawn(socket_path, config, log_path, listeners)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     exited_at: float | None = None
     starts = 1
@@ -112,7 +120,12 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             elif other != child.pid and starts < MAX_STARTS:  # (it did not take the lock)
                 holder, exited_at, starts = None, None, starts + 1
                 start = _size(log_path)
-                child = _spawn(socket_path, config, log_path)
+                child = _spawn(socket_path, config, log_path, listeners)
+            elif listeners and starts < MAX_STARTS:  # (one of them cannot be served now)
+                _say(f"that failed:\n{_tail(log_path, start)}starting one without them")
+                listeners, holder, exited_at, starts = [], None, None, starts + 1
+                start = _size(log_path)
+                child = _spawn(socket_path, config, log_path, listeners)
             else:
                 holder = None
         if (
@@ -135,7 +148,9 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
     )
 
 
-def _spawn(socket_path: str, config: str, log_path: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    socket_path: str, config: str, log_path: str, listeners: list[str]
+) -> subprocess.Popen[bytes]:
     import subprocess  # only on this path: most shims find the daemon running
 
     try:
@@ -158,6 +173,7 @@ def _spawn(socket_path: str, config: str, log_path: str) -> subprocess.Popen[byt
                 socket_path,
                 "--log-file",
                 log_path,
+                *listeners,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -201,6 +217,10 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def _say(text: str) -> None:
+    print(f"mcpbroker connect: {text}", file=sys.stderr, flush=True)
 
 
 def _tail(path: str, start: int = 0, lines: int = 10) -> str:

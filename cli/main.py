@@ -247,7 +247,7 @@ def _serve(args: Any) -> int:
     _tune_gc()
     raise_fd_limit()  # (a connection each client, pipes each server: 1024 is few)
     try:
-        trio.run(_run_daemon, config, socket_path, load)
+        trio.run(_run_daemon, config, socket_path, load, _listener_flags(args))
     except BaseExceptionGroup as group:  # (from the nursery the daemon runs in)
         refused, rest = group.split((StartError, UnsafePath))
         if refused is None or rest is not None:
@@ -286,26 +286,52 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-async def _run_daemon(config: Any, socket_path: str, load: Any = None) -> None:
+def _listener_flags(args: Any) -> list[str]:
+    """``serve``'s listener options as given (pairs), recorded beside the
+    socket for a daemon a shim starts in its place (actors/paths.py)."""
+    import os
+
+    given = [
+        ("--ws", args.ws),
+        ("--http", args.http),
+        ("--token-file", args.token_file and os.path.abspath(args.token_file)),
+        ("--metrics", args.metrics),
+    ]
+    if any("\n" in value for _flag, value in given if value):
+        return []  # (not recordable as lines: such a value serves no listener anyway)
+    return [item for flag, value in given if value for item in (flag, value)]
+
+
+async def _run_daemon(
+    config: Any, socket_path: str, load: Any = None, listeners: list[str] | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT: the first drains (Daemon.shut_down), a
-    second stops at once. SIGHUP reloads the configuration."""
+    second stops at once. SIGHUP reloads the configuration. ``listeners``
+    (its command line's) are recorded beside the socket while it serves,
+    and forgotten when it stops cleanly."""
     import signal
 
     import trio
 
     from actors.daemon import Daemon
     from actors.logs import get_logger
+    from actors.paths import forget_listeners, record_listeners
 
     daemon = Daemon(config, socket_path, load)
     log = get_logger()
 
     async def drain_and_stop(nursery: trio.Nursery) -> None:
         await daemon.shut_down()
+        forget_listeners(daemon.socket_path)  # (a clean stop; a crash leaves the record)
         nursery.cancel_scope.cancel()
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
+            try:
+                record_listeners(daemon.socket_path, listeners or [])
+            except OSError as exc:  # (and UnsafePath)
+                log.warning("daemon.listeners_not_recorded", detail=str(exc))
             stopping = False
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -320,6 +346,7 @@ async def _run_daemon(config: Any, socket_path: str, load: Any = None) -> None:
                     nursery.start_soon(drain_and_stop, nursery)
                 else:
                     log.info("daemon.stopping_now", signal=name)
+                    forget_listeners(daemon.socket_path)
                     nursery.cancel_scope.cancel()
                     break
 

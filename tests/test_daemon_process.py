@@ -216,6 +216,46 @@ async def test_a_shim_that_finds_a_daemon_still_stopping_waits_for_it_then_start
             os.kill(int(Path(socket_path + ".lock").read_text()), signal.SIGTERM)
 
 
+async def test_a_daemon_that_died_is_replaced_with_its_listeners(socket_path: str) -> None:
+    """A daemon run by hand with --http (as docs/hosts.md shows) that dies:
+    the daemon a shim starts in its place served no HTTP, and every host
+    using the broker by URL stayed cut off. A clean stop leaves no record."""
+    config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    http = ["--http", f"127.0.0.1:{port}"]
+    with trio.fail_after(30):
+        by_hand = await trio.lowlevel.open_process(
+            [MCPBROKER, "serve", "--config", config, "--socket", socket_path, *http],
+            env=ENV,
+            stderr=subprocess.DEVNULL,
+        )
+        while not await accepts_connections(socket_path):
+            await trio.sleep(0.02)
+        by_hand.kill()  # (a crash, the OOM killer)
+        await by_hand.wait()
+        result = await trio.run_process(
+            [MCPBROKER, "connect", "--no-resume", "--socket", socket_path, "--config", config],
+            env=ENV,
+            stdin=INITIALIZE,
+            capture_stdout=True,
+            capture_stderr=True,
+        )
+        assert json.loads(result.stdout)["result"]["serverInfo"]
+        assert f"--http 127.0.0.1:{port}".encode() in result.stderr
+        replacement = int(Path(socket_path + ".lock").read_text())
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.aclose()
+            assert Path(socket_path + ".listeners").read_text().split() == http
+        finally:
+            os.kill(replacement, signal.SIGTERM)
+        while psutil.pid_exists(replacement) and psutil.Process(replacement).status() != "zombie":
+            await trio.sleep(0.05)
+    assert not os.path.exists(socket_path + ".listeners")
+
+
 async def test_connect_without_daemon_or_config_says_what_to_do(socket_path: str) -> None:
     missing = os.path.join(os.path.dirname(socket_path), "nope.json")
     result = await trio.run_process(
