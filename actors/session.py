@@ -61,7 +61,7 @@ from broker.config import BrokerSettings
 from broker.eras.modern import client_era
 from broker.eras.session import ModernSessionProtocol, become_modern
 from broker.eras.versions import Era
-from broker.hello import STOPPING_NOTICE, open_session
+from broker.hello import STOPPING_NOTICE, Opening, open_session
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message, error_response
 from broker.session import (
     Action,
@@ -278,13 +278,16 @@ class Session:
                     await self._reply(exc.to_response())
                     continue
                 if self._hello:
-                    self._hello = False
                     opening = open_session(message, self._upstreams)
+                    # A shim's hello that names no servers (only the notices it
+                    # takes) may be followed by its host's own, which decides:
+                    # a command, or servers (`... | mcpbroker connect`).
+                    self._hello = _bare(opening) and not self._notices
                     if opening is not None and opening.command is not None:
                         await self._run_command(opening.command, opening.view)
                         return
                     if opening is not None:
-                        self._notices = opening.notices
+                        self._notices |= opening.notices
                     if self._daemon_stopping is not None:
                         self.daemon_stopping(self._daemon_stopping)  # (decided now)
                     if opening is not None:
@@ -742,3 +745,14 @@ def _size_of(message: Outgoing) -> int:
         return len(jsonrpc.encode(message))
     except TypeError:  # (the writer answers for what it cannot encode)
         return SMALL_MESSAGE
+
+
+def _bare(opening: Opening | None) -> bool:
+    """A hello that only asks for notices (the shim's, run without servers)."""
+    return (
+        opening is not None
+        and bool(opening.notices)
+        and opening.every
+        and opening.command is None
+        and opening.refusal is None
+    )

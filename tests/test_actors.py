@@ -982,6 +982,34 @@ async def test_a_stopping_daemon_tells_a_shim_that_asked_and_goes_on_serving_it(
         assert refused.others == []
 
 
+async def test_after_a_shims_bare_hello_its_host_may_send_its_own(nursery: trio.Nursery) -> None:
+    """`mcpbroker connect` without servers says a hello asking only for
+    notices; what its host writes first may be a hello of its own (a command,
+    as `echo '{"mcpbroker":{"command":"status"}}' | mcpbroker connect` does,
+    or servers), which decides: it was taken for a message, -32600."""
+    broker = await start_upstream(nursery, ScriptedServer(nursery))
+
+    async def control(command: str, servers: tuple[str, ...]) -> Any:
+        return {"ran": command}
+
+    async def client() -> Client:
+        ours, theirs = trio.testing.memory_stream_pair()
+        connection = StreamConnection(theirs, 1 << 20)
+        session = Session(connection, broker.upstreams, broker.registry, SETTINGS, control=control)
+        nursery.start_soon(session.run)
+        opened = Client(ours, session)
+        await opened.send({"mcpbroker": {"notices": ["stopping"]}})
+        return opened
+
+    commanded = await client()
+    await commanded.send({"mcpbroker": {"command": "status"}})
+    assert await commanded.receive() == {"ran": "status"}
+    served = await client()
+    await served.send({"mcpbroker": {"servers": ["s"]}})
+    assert "result" in await served.initialize()
+    assert served.session._notices == {"stopping"}  # (the shim's ask is kept)
+
+
 async def test_a_401_cured_leaves_status_and_the_next_one_is_logged(
     nursery: trio.Nursery,
 ) -> None:
