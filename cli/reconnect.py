@@ -272,7 +272,10 @@ class ResumingRelay(CopyRelay):
                 try:
                     self._resume(sock)
                 except (OSError, TimeoutError) as exc:
-                    _say(f"the new daemon did not take the session back ({exc}); retrying")
+                    said = f"the new daemon did not take the session back ({exc}); retrying"
+                    if said != reported:  # (once while it says the same: a stopping one)
+                        _say(said)
+                        reported = said
                     with contextlib.suppress(OSError):
                         sock.close()
                     self.to_host += self.state.gap_errors()

@@ -341,3 +341,37 @@ def test_a_stopping_daemon_holds_the_hosts_requests_for_a_while(
         clock[0] += 1
         assert relay._poll_timeout() is None  # (given up waiting: read stdin again)
         assert not relay.stdin_held and not relay.state.stopping
+
+
+def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The old daemon, while it drains, says it is stopping at each retry:
+    the shim wrote a line to the host's log per retry (more than 10 in 10 s)."""
+    import socket
+
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay
+
+    refusals = [0]
+
+    def resume(self: ResumingRelay, sock: socket.socket) -> None:
+        refusals[0] += 1
+        if refusals[0] <= 5:
+            raise OSError("it is stopping")
+
+    monkeypatch.setattr(ResumingRelay, "_resume", resume)
+    monkeypatch.setattr(ResumingRelay, "_flush_to_host", lambda self: None)
+    monkeypatch.setattr(cli.reconnect, "connect", lambda path: socket.socket())
+    monkeypatch.setattr(cli.reconnect.time, "sleep", lambda seconds: None)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ResumingRelay(ours, HostState(), "/nowhere", None, b"")._gap()
+    said = capsys.readouterr().err.splitlines()
+    assert refusals[0] == 6
+    assert said == [
+        "mcpbroker connect: the daemon went away; reconnecting",
+        "mcpbroker connect: the new daemon did not take the session back (it is stopping); "
+        "retrying",
+        "mcpbroker connect: reconnected",
+    ]
