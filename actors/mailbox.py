@@ -57,6 +57,9 @@ class SessionHandle:
     max_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     queued_bytes: int = 0  # delivered and not yet written (see :meth:`written`)
     related: bool = False  # give it messages with their cause, as Related (broker/related.py)
+    # A per-session server runs an instance for it (actors/sharing.py): a
+    # 2026-07-28 HTTP context holding one is never kept for another POST.
+    owns_instance: bool = False
 
     def outgoing(self, message: Message, related: Any) -> Outgoing:
         """What to deliver of a message that belongs to the client's request

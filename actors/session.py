@@ -142,6 +142,9 @@ class Session:
         # A transport with a stream per request wants to know which request a
         # server's message belongs to (broker/related.py).
         self._handle.related = getattr(connection, "related", False)
+        bind = getattr(connection, "bind", None)  # (a 2026-07-28 HTTP context: its session)
+        if bind is not None:
+            bind(self._handle)
         self._hello = view is None  # the first message may be a hello
         # The view is every configured server: a reload's new servers join it.
         self._every = every or view is None

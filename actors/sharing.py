@@ -370,6 +370,7 @@ class PerSessionServer(ServerGroup):
         if len(self._mine) >= self.config.max_instances:
             return None
         instance = self._mine[session] = self._instance(len(self._mine) + 1)
+        session.owns_instance = True
         instance.adopt(self._inherited.only({session}))
         try:
             await self._start(instance)

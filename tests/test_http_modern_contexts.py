@@ -16,6 +16,7 @@ import trio.testing
 
 from actors.downstream.http_modern import ModernContext, ModernHttp
 from actors.errors import TransportClosed
+from actors.mailbox import SessionHandle
 from broker.eras.tokens import OWN_PREFIX
 from broker.wire import http
 from broker.wire.http_modern import LISTEN, ModernPost
@@ -249,6 +250,75 @@ async def test_idle_contexts_are_bounded_and_end_when_not_taken(autojump_clock: 
         assert contexts.idle_count == 1
         await trio.sleep(30 + 10)  # (idle ones are looked for at each tick)
         assert len(script.ended) == 2 and not contexts.contexts and contexts.idle_count == 0
+        nursery.cancel_scope.cancel()
+
+
+class PerSessionScript(Script):
+    """A session whose view has a per-session server: its first request
+    starts the session's own instance, a 2026-07-28 server whose tools/call
+    asks input_required with a requestState of its own, whose retry only
+    that instance knows."""
+
+    async def open_session(self, context: Any, view: Any, transparent: bool) -> None:
+        self.opened += 1
+        number = self.opened
+        handle = SessionHandle(trio.open_memory_channel[Any](1)[0], trio.CancelScope())
+        context.bind(handle)
+        try:
+            while True:
+                frames, _ = await context.receive()
+                if not frames:
+                    return
+                handle.owns_instance = True
+                message = orjson.loads(frames[0])
+                state = message["params"].get("requestState")
+                if state is None and message["method"] == "tools/call":
+                    result = {"resultType": "input_required", "requestState": f"server-{number}"}
+                else:
+                    self.retries.append((number, message["id"]))
+                    ok = state in (None, f"server-{number}")
+                    result = {"resultType": "complete", "isError": not ok, "content": []}
+                await context.send([{"jsonrpc": "2.0", "id": message["id"], "result": result}])
+        finally:
+            self.ended.append(number)
+
+
+async def test_a_context_owning_a_per_session_instance_is_never_kept(
+    autojump_clock: Any,
+) -> None:
+    # The instance is its request's: given back at the answer, never another
+    # POST's (whose client would see the first one's state).
+    script = PerSessionScript()
+    contexts = ModernHttp(script.open_session, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        for id in (1, 2):
+            await ask(contexts, id, method="tools/list")
+            await trio.testing.wait_all_tasks_blocked()
+        assert script.opened == 2 and script.ended == [1, 2]
+        assert contexts.idle_count == 0 and not contexts.contexts
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_per_session_servers_input_required_waits_for_its_retry(
+    autojump_clock: Any,
+) -> None:
+    script = PerSessionScript()
+    contexts = ModernHttp(script.open_session, 1 << 20, park_seconds=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        first = await ask(contexts, 1)
+        second = await ask(contexts, 2)
+        assert first.answer()["result"]["requestState"] == "server-1"
+        assert second.answer()["result"]["requestState"] == "server-2"
+        assert set(contexts.parked) == {"server-1", "server-2"}
+        retry = await ask(contexts, 3, requestState="server-2")
+        assert retry.answer()["result"]["isError"] is False  # its own instance took it
+        assert script.retries == [(2, 3)]
+        await trio.testing.wait_all_tasks_blocked()
+        assert script.ended == [2] and list(contexts.parked) == ["server-1"]
+        await trio.sleep(31)  # no retry: the instance is given back
+        assert script.ended == [2, 1] and not contexts.contexts
         nursery.cancel_scope.cancel()
 
 

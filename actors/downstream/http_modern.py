@@ -52,7 +52,7 @@ import trio
 from actors.downstream.replies import Receive, Send, respond, write
 from actors.errors import TransportClosed
 from actors.logs import get_logger
-from actors.mailbox import Outgoing
+from actors.mailbox import Outgoing, SessionHandle
 from broker import jsonrpc
 from broker.eras.tokens import is_ours
 from broker.jsonrpc import CONNECTION_CLOSED, LIMIT_REACHED, RequestId, id_key
@@ -101,9 +101,20 @@ class ModernContext:
         self.token: str | None = None  # parked under this requestState
         self.route: Route = (None, False)  # its URL's view
         self.park_scope: trio.CancelScope | None = None  # (its timer's, while parked)
+        self.handle: SessionHandle | None = None  # its session's (bind)
         self._inbox_send, self._inbox = trio.open_memory_channel[tuple[list[Frame], int]](1)
         self._waker = trio.Event()
         self._log = get_logger() if log is None else log  # (its listener's: one per call cost)
+
+    def bind(self, handle: SessionHandle) -> None:
+        """Its session's handle (told by the Session as it starts)."""
+        self.handle = handle
+
+    @property
+    def owns_instance(self) -> bool:
+        """Whether a per-session server runs an instance for its session: the
+        instance is this request's (and its retries'), never another POST's."""
+        return self.handle is not None and self.handle.owns_instance
 
     # -- the Connection protocol ------------------------------------------
 
@@ -269,14 +280,20 @@ class ModernHttp:
             await watch.stop()
             context.waiting = None
             token = http_modern.parked_token(answer)
-            if token is None and parked and answer is not None and "error" in answer:
+            failed = answer is not None and "error" in answer
+            if token is None and parked and failed and is_ours(post.request_state):
                 # A retry refused (another method, a bad _meta, ...) may have
                 # left its requestState unspent, as it does on a socket: the
                 # call is parked again under it. (Spent, by an error that
                 # ended the call, it names nothing there: the next retry is
                 # told so, and the context goes at its time.)
                 token = post.request_state
-            if token is not None and not context.closed:
+            if token is None and context.owns_instance:
+                # A 2026-07-28 server's input_required, from this request's own
+                # per-session instance: its retry must reach that instance (no
+                # other knows its requestState), so the context waits for it.
+                token = http_modern.retry_state(answer)
+            if token is not None and not context.closed and token not in self.parked:
                 self._park(context, token)
             elif answer is None or parked or post.method == LISTEN or not self._keep(context):
                 context.end(reason)
@@ -333,8 +350,9 @@ class ModernHttp:
     # -- contexts -----------------------------------------------------------
 
     def _keep(self, context: ModernContext) -> bool:
-        """Keep an answered context idle for the next POST to its URL, if there is room."""
-        if context.closed or self.idle_count >= self.max_idle:
+        """Keep an answered context idle for the next POST to its URL, if there
+        is room and no per-session instance is its own (docs/eras.md)."""
+        if context.closed or self.idle_count >= self.max_idle or context.owns_instance:
             return False
         context.idle, context.idle_since = True, trio.current_time()
         self.idle.setdefault(context.route, []).append(context)
@@ -411,7 +429,7 @@ class ModernHttp:
     def _unpark(self, token: str | None, route: Route) -> ModernContext | None:
         """The parked call a retry's ``requestState`` names (spent: taken out),
         if the retry came to the same URL (elsewhere the token is unknown)."""
-        if token is None or not is_ours(token):
+        if token is None:
             return None
         context = self.parked.get(token)
         if context is None or context.route != route:

@@ -266,11 +266,18 @@ def decode_header_value(value: str) -> str | None:
 def parked_token(answer: dict[str, Any] | None) -> str | None:
     """The broker's ``requestState`` of an ``input_required`` answer, if it is
     one: the call is parked for the client's retry (a new POST)."""
+    state = retry_state(answer)
+    return state if is_ours(state) else None
+
+
+def retry_state(answer: dict[str, Any] | None) -> str | None:
+    """The ``requestState`` of an ``input_required`` answer (the broker's or
+    a 2026-07-28 server's), if it is one: the client's retry will carry it."""
     result = answer.get("result") if answer is not None else None
     if not isinstance(result, dict) or result.get("resultType") != "input_required":
         return None
     state = result.get("requestState")
-    return state if is_ours(state) else None
+    return state if isinstance(state, str) else None
 
 
 def answers(message: Any, wanted: tuple[type, Any]) -> bool:
