@@ -6,6 +6,7 @@ the way the broker's modern session does."""
 
 from __future__ import annotations
 
+import tracemalloc
 from functools import partial
 from typing import Any
 
@@ -175,7 +176,8 @@ async def test_a_context_drops_what_comes_while_parked_and_bounds_the_rest() -> 
     assert context.dropped == 1 and context.take() == []
     context.begin(1)
     await context.send([note])
-    assert [message for message, _ in context.take()] == [note]
+    assert [orjson.loads(data) for _, data in context.take()] == [note]
+    context.begin(1)
     big = {**note, "params": {"data": "x" * 200}}
     with pytest.raises(TransportClosed, match="client not reading"):
         await context.send([big])
@@ -183,6 +185,47 @@ async def test_a_context_drops_what_comes_while_parked_and_bounds_the_rest() -> 
     assert await context.receive() == ([], 0)
     with pytest.raises(TransportClosed):
         await context.send([note])
+
+
+async def test_what_a_post_took_counts_until_written() -> None:
+    # A listen whose client does not read: what its POST took and is still
+    # writing is held too, so it counts against the bound until written.
+    context = ModernContext(1000)
+    context.begin("L")
+    note = {"jsonrpc": "2.0", "method": "notifications/resources/updated"}
+    update = {**note, "params": {"uri": "file:///a" + "x" * 300}}
+    await context.send([update, update])
+    taken = context.take()
+    assert [message for message, _ in taken] == [None, None]  # (bytes only, not both)
+    with pytest.raises(TransportClosed, match="client not reading"):
+        await context.send([update, update])
+    context.begin("L")
+    await context.send([update, update])
+    context.take()
+    context.written()
+    await context.send([update, update])  # (written: room again)
+
+
+async def test_what_waits_in_a_context_is_held_as_counted() -> None:
+    # orjson's bytes keep a buffer up to 8 times their size: what waits is
+    # held compact, and counted in the session's queue too (one bound).
+    context = ModernContext(1 << 30)
+    handle = SessionHandle(trio.open_memory_channel[Any](1)[0], trio.CancelScope())
+    context.bind(handle)
+    context.begin("L")
+    update = {"jsonrpc": "2.0", "method": "n", "params": {"pad": "P" * 4000}}
+    tracemalloc.start()
+    try:
+        for _ in range(200):
+            await context.send([update])
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * context.pending_bytes
+    assert handle.queued_bytes == context.pending_bytes
+    context.take()
+    context.written()
+    assert handle.queued_bytes == 0
 
 
 async def test_a_client_that_takes_no_json_gets_its_answer_as_sse(autojump_clock: Any) -> None:

@@ -96,7 +96,8 @@ class ModernContext:
         self.closed = False
         self.waiting: RequestId | None = None  # the id of the request being answered
         self.pending: list[tuple[Any, bytes]] = []
-        self.pending_bytes = 0
+        self.pending_bytes = 0  # (with what a POST took and is writing: taken_bytes)
+        self.taken_bytes = 0
         self.dropped = 0  # messages that came while no POST was being answered
         self.token: str | None = None  # parked under this requestState
         self.route: Route = (None, False)  # its URL's view
@@ -127,14 +128,20 @@ class ModernContext:
     async def send(self, messages: list[Outgoing]) -> None:
         if self.closed:
             raise TransportClosed("the request's stream closed")
+        before = self.pending_bytes
         for message in messages:
             if self.waiting is None:  # parked: the call's progress and log go nowhere
                 self.dropped += 1
                 continue
             data = wire.encode(message)
+            kept: Any = message
             if type(message) is Answer:  # (unparsed, from the session's fast path)
-                message = message.read()  # this listener reads each answer: its status
-            self.pending.append((message, data))
+                kept = message.read()  # this listener reads each answer: its status
+            elif type(message) is dict and "method" in message:
+                kept = None  # (no answer: only its bytes are kept, not both)
+            if self.pending:  # (it waits behind others: the client reads slowly, or not)
+                data = bytes(memoryview(data))  # (orjson's bytes hold up to 8 times their size)
+            self.pending.append((kept, data))
             self.pending_bytes += len(data)
             if self.pending_bytes > self.max_queued_bytes:
                 self._log.warning("http.modern_not_reading", bytes=self.pending_bytes)
@@ -142,6 +149,7 @@ class ModernContext:
                     f"{self.pending_bytes} bytes wait to be written (broker.maxQueuedBytes = "
                     f"{self.max_queued_bytes}): client not reading"
                 )
+        self._held(self.pending_bytes - before)
         self._wake()
 
     async def aclose(self) -> None:
@@ -155,7 +163,8 @@ class ModernContext:
         """A POST (the first, or a retry) waits for the answer to request ``id``."""
         self.waiting = id
         self.pending.clear()
-        self.pending_bytes = 0
+        self._held(-self.pending_bytes)
+        self.pending_bytes = self.taken_bytes = 0
 
     async def deliver(self, body: bytes) -> bool:
         """Hand a POST body to the session; False if the context has ended."""
@@ -179,9 +188,23 @@ class ModernContext:
         return self._waker
 
     def take(self) -> list[tuple[Any, bytes]]:
+        """What is pending, for the POST to write: it still counts against
+        the bound (it is held) until :meth:`written` says it all went."""
         taken, self.pending = self.pending, []
-        self.pending_bytes = 0
+        self.taken_bytes = self.pending_bytes
         return taken
+
+    def written(self) -> None:
+        """What was taken last is written (or skipped), and let go."""
+        self.pending_bytes -= self.taken_bytes
+        self._held(-self.taken_bytes)
+        self.taken_bytes = 0
+
+    def _held(self, size: int) -> None:
+        # What waits here counts in its session's queue too, against the same
+        # broker.maxQueuedBytes: the two hold no more than that together.
+        if self.handle is not None:
+            self.handle.queued_bytes += size
 
     def end(self, reason: str) -> None:
         self._log.debug("http.modern_context_ending", reason=reason)
@@ -331,6 +354,7 @@ class ModernHttp:
                     streaming = await _start_sse(send)
                 await write(send, sse.event(data))
                 written = self.ticks
+            context.written()
             if context.closed:
                 if streaming:
                     await write(send, b"", more=False)
