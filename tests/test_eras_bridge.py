@@ -182,6 +182,22 @@ def test_the_rounds_are_bounded() -> None:
         "MCP server 'weather' needed input: more than 3 rounds"))  # fmt: skip
 
 
+def test_the_questions_waiting_for_clients_are_bounded_as_a_legacy_servers_are() -> None:
+    bridge = AskingClients("weather")
+    many = {f"q{n}": ELICIT for n in range(1000)}
+    answer = {"resultType": "input_required", "inputRequests": many}
+    assert len(asked(bridge, BOTH, answer)) == 1000  # (under the bound: asked)
+    more = {f"q{n}": ELICIT for n in range(25)}
+    other = {**CALL, "id": 8}
+    (reply,) = bridge.input_required("s2", BOTH, InputRound(other, 0), {**answer,
+        "inputRequests": more})  # fmt: skip
+    assert isinstance(reply, AnswerClient) and reply.message["id"] == 8
+    assert reply.message["error"]["code"] == -32005
+    assert reply.message["error"]["data"] == {"server": "weather", "limit": 1024}
+    assert "1000 of its questions already wait" in reply.message["error"]["message"]
+    assert len(bridge) == 1  # (the first call still waits; the refused one holds nothing)
+
+
 def test_a_client_that_refuses_fails_its_call_and_its_other_questions_are_withdrawn() -> None:
     bridge = AskingClients("weather")
     answer = {"resultType": "input_required", "inputRequests": {"a": ELICIT, "b": SAMPLE}}

@@ -60,13 +60,14 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    LIMIT_REACHED,
     REQUEST_TIMEOUT,
     JsonRpcError,
     Message,
     RequestId,
 )
 from broker.requestmap import InputRound
-from broker.server_requests import CAPABILITY_OF, ClientIds, supports
+from broker.server_requests import CAPABILITY_OF, MAX_PENDING, ClientIds, supports
 from broker.wire.envelope import COPIED, Answer
 
 MAX_ROUNDS = 10  # as the SDKs' clients (mcp/client/_input_required.py)
@@ -292,6 +293,8 @@ class AskingClients:
             exc.id = client_id
             exc.message = f"MCP server {self.server!r} asked: {exc.message}"
             return [AnswerClient(session, exc.to_response())]
+        if len(self._by_ask) + len(requests) > MAX_PENDING:
+            return [self._too_many(session, client_id, len(requests))]
         round = InputRound(note.request, rounds)
         exchange = _Exchange(session, round, result.get("requestState"), {}, {})
         exchange.timeout, exchange.deadline = timeout, now + timeout
@@ -404,6 +407,19 @@ class AskingClients:
             withdrawn.append(AskClient(exchange.session, note))
         exchange.asks.clear()
         return withdrawn
+
+    def _too_many(self, session: Hashable, client_id: RequestId, asked: int) -> AnswerClient:
+        """A round that would put more questions to clients at once than a
+        legacy server may (MAX_PENDING): the call fails instead, -32005."""
+        waiting = len(self._by_ask)
+        message = (
+            f"MCP server {self.server!r} asked {asked} questions, with {waiting} of its "
+            f"questions already waiting for clients' answers (the limit is {MAX_PENDING})"
+        )
+        data = {"server": self.server, "limit": MAX_PENDING}
+        return AnswerClient(
+            session, jsonrpc.error_response(client_id, LIMIT_REACHED, message, data=data)
+        )
 
     def _fail(self, session: Hashable, client_id: RequestId, why: str) -> AnswerClient:
         message = f"MCP server {self.server!r} needed input: {why}"
