@@ -375,6 +375,26 @@ def test_cancelling_a_retry_cancels_the_call_upstream_by_its_first_id() -> None:
     assert proto.inflight == set()
 
 
+def test_a_late_cancel_of_the_first_request_leaves_the_retry_its_call() -> None:
+    # The cancel of request 1 crossed its input_required answer; the retry,
+    # 2, carries the call now: the cancel names a complete request.
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(proto, question())
+    answer = {"action": "accept", "content": {}}
+    proto.receive(request(2, "tools/call", name="files__read", _meta=meta({"elicitation": {}}),
+                          inputResponses={"elicitation-1": answer},
+                          requestState=asked["result"]["requestState"]))  # fmt: skip
+    proto.take_upstream_answers()
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+    assert proto.receive(cancel) == []
+    assert 2 in proto.inflight
+    assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == [
+        {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "resultType": "complete"}}
+    ]
+    assert proto.inflight == set() and proto.aliases == {} and proto.open_calls == {}
+
+
 def test_a_parked_call_whose_client_does_not_come_back_is_given_up() -> None:
     """Past inputTimeout: cancelled upstream by its first id (before the
     server's question is answered with an error, so a late answer of the

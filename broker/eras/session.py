@@ -568,6 +568,11 @@ class ModernSessionProtocol(SessionProtocol):
         if ended is not None:  # a stream: the broker's own (its URIs may be let go)
             self.streams.discard(request_id)
             return self._subscriptions(ended)
+        if self.aliases.get(request_id, request_id) != request_id:
+            # A call's first request, answered input_required, whose call a
+            # retry carries now: that request is complete, and a cancel of it
+            # (sent as its answer crossed) is ignored, as of any answered one.
+            return []
         first = self._first(request_id)
         cancel = {**params, "requestId": first}
         actions = super()._notification({**message, "params": cancel})
