@@ -956,8 +956,8 @@ class UpstreamProtocol:
     def _notification(self, message: Message, now: float) -> list[Action]:
         if self.modern_server is not None:  # its listen's, in legacy terms (or its own business)
             received = self.modern_server.listen.receive(message)
-            if received is None:
-                return []
+            if received is None:  # (an acknowledgement may retire a replaced stream)
+                return [SendUpstream(m) for m in self.modern_server.listen.take_retired()]
             message = received
         method = message["method"]
         if method == "notifications/progress":

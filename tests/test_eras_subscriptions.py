@@ -193,6 +193,52 @@ def test_the_upstream_streams_notifications_come_out_legacy() -> None:
     assert upstream.id is None
 
 
+def test_a_changed_filter_replaces_an_acknowledged_stream_make_before_break() -> None:
+    # Until the new stream is acknowledged the old one is still relayed, so
+    # an update of a URI both hold is never lost in between; then the old
+    # one is cancelled, and its stragglers dropped.
+    upstream = UpstreamListen({})
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
+    updated = {"jsonrpc": "2.0", "method": "notifications/resources/updated"}
+    x = Filter(frozenset(), frozenset({"f:///x"}))
+    upstream.want(x, 10)
+    upstream.receive(stamped(ack, 10, notifications={"resourceSubscriptions": ["f:///x"]}))
+    xy = Filter(frozenset(), frozenset({"f:///x", "f:///y"}))
+    (listen,) = upstream.want(xy, 11)  # (no cancel yet)
+    assert listen["method"] == "subscriptions/listen" and upstream.id == 11
+    assert upstream.receive(stamped(updated, 10, uri="f:///x")) == {
+        **updated, "params": {"uri": "f:///x"}}  # fmt: skip
+    assert upstream.receive(stamped(updated, 11, uri="f:///x")) is None  # (before its ack)
+    assert upstream.take_retired() == []
+    both = {"resourceSubscriptions": ["f:///x", "f:///y"]}
+    assert upstream.receive(stamped(ack, 11, notifications=both)) is None
+    assert upstream.take_retired() == [{"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 10, "reason": "subscriptions changed"}}]  # fmt: skip
+    assert upstream.take_retired() == []
+    assert upstream.receive(stamped(updated, 10, uri="f:///x")) is None
+    assert upstream.receive(stamped(updated, 11, uri="f:///x")) is not None
+
+
+def test_a_replacement_refused_leaves_the_stream_it_was_to_replace() -> None:
+    upstream = UpstreamListen({})
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
+    x = Filter(frozenset(), frozenset({"f:///x"}))
+    upstream.want(x, 10)
+    upstream.receive(stamped(ack, 10, notifications={"resourceSubscriptions": ["f:///x"]}))
+    xy = Filter(frozenset(), frozenset({"f:///x", "f:///y"}))
+    upstream.want(xy, 11)
+    # Replaced again before that one's ack: that one is cancelled at once.
+    xyz = Filter(frozenset(), frozenset({"f:///x", "f:///y", "f:///z"}))
+    cancel, listen = upstream.want(xyz, 12)
+    assert cancel["params"]["requestId"] == 11 and listen["id"] == 12
+    refused = {"jsonrpc": "2.0", "id": 12, "error": {"code": -32603, "message": "limit"}}
+    assert upstream.ended(refused) is None
+    assert upstream.id == 10 and upstream.filter == x  # (still open: the listen again)
+    assert upstream.want(xyz, 13) == []  # (refused: not asked again)
+    (cancel,) = upstream.want(Filter(), 14)
+    assert cancel["params"]["requestId"] == 10
+
+
 def test_a_refused_stream_is_not_asked_again_until_the_filter_changes() -> None:
     upstream = UpstreamListen({})
     tools = Filter(frozenset({"toolsListChanged"}))

@@ -275,11 +275,21 @@ def test_the_listen_carries_every_list_and_the_subscribed_uris() -> None:
     (told,) = proto.server_message(changed)
     assert isinstance(told, ListChanged)
     # The last subscriber gone: the listen goes back to the lists only.
+    # (Make before break: the acknowledged stream goes on until the new one's
+    # acknowledgement, then it is cancelled.)
     proto.session_closed("a")
-    cancel_and_listen = proto.session_closed("b")
-    assert [m.get("method") for m in cancel_and_listen] == [
-        "notifications/cancelled", "subscriptions/listen"]  # fmt: skip
-    assert "resourceSubscriptions" not in cancel_and_listen[1]["params"]["notifications"]
+    (listen_again,) = proto.session_closed("b")
+    assert listen_again["method"] == "subscriptions/listen"
+    assert "resourceSubscriptions" not in listen_again["params"]["notifications"]
+    assert len(proto.server_message(changed)) == 1  # (the old stream still carries)
+    lists = listen_again["params"]["notifications"]
+    new_ack = {**ack, "params": {"_meta": {SUBSCRIPTION_ID_KEY: listen_again["id"]},
+                                 "notifications": lists}}  # fmt: skip
+    (retire,) = proto.server_message(new_ack)
+    assert isinstance(retire, SendUpstream)
+    assert retire.message["method"] == "notifications/cancelled"
+    assert retire.message["params"]["requestId"] == stream
+    assert proto.server_message(changed) == []  # (the old stream's straggler)
 
 
 def test_a_stream_ended_is_opened_again_and_its_lists_fetched_again() -> None:

@@ -209,7 +209,10 @@ class UpstreamListen:
     Its filter is every list the server offers to announce, and the URIs the
     server's sessions subscribed to (``resources/subscribe`` of legacy
     clients, the streams of modern ones: broker/fanout.py counts them). A
-    changed filter replaces the stream; an empty one closes it. A stream the
+    changed filter replaces the stream, make before break: the old stream
+    (if it was acknowledged) is relayed until the new one is acknowledged,
+    and only then cancelled (:meth:`take_retired`), so that no update of a
+    URI both hold falls in a gap; an empty filter closes it. A stream the
     server ends gracefully (its result) is opened again, and its lists are
     fetched again (events in the gap are lost: no replay in 2026-07-28); one
     it refuses (an error) is not asked again until the filter changes."""
@@ -220,20 +223,28 @@ class UpstreamListen:
         self.filter: Filter | None = None
         self.granted: Filter | None = None  # None until acknowledged
         self.refused: Filter | None = None  # the filter the server last refused
+        # The acknowledged stream the current one replaces, until that one is
+        # acknowledged: its id, filter and grant (None: none).
+        self.old: tuple[RequestId, Filter | None, Filter] | None = None
+        self._retired: list[Message] = []  # its cancel, once it is replaced
 
     def want(self, filter: Filter, new_id: RequestId) -> list[Message]:
         """Listen for ``filter`` (the lists, and the URIs legacy sessions
         subscribed to): the messages to send, none if it already does. A
-        changed filter replaces the stream (the old one is cancelled)."""
+        changed filter replaces the stream (the old one is cancelled once
+        the new one is acknowledged; at once if it never was)."""
         if (filter == self.filter and self.id is not None) or filter == self.refused:
             return []
         out = []
-        if self.id is not None:
-            cancel = {"requestId": self.id, "reason": "subscriptions changed"}
-            out.append(jsonrpc.notification("notifications/cancelled", cancel))
+        if self.id is not None and self.granted is not None and self.old is None:
+            self.old = (self.id, self.filter, self.granted)  # (relayed until replaced)
+        elif self.id is not None:
+            out.append(_cancel(self.id))
         self.refused = None
         if not filter.lists and not filter.uris:  # nothing to hear of: no stream
-            self.id = self.filter = self.granted = None
+            if self.old is not None:
+                out.append(_cancel(self.old[0]))
+            self.id = self.filter = self.granted = self.old = None
             return out
         self.id, self.filter, self.granted = new_id, filter, None
         meta = {
@@ -255,15 +266,22 @@ class UpstreamListen:
             return notification  # request-scoped (progress, log): not a stream's
         if SUBSCRIPTION_ID_KEY not in meta:
             return notification
-        if meta[SUBSCRIPTION_ID_KEY] != self.id or self.id is None:
+        subscription = meta[SUBSCRIPTION_ID_KEY]
+        if self.old is not None and subscription == self.old[0]:
+            if notification.get("method") == ACKNOWLEDGED:
+                return None
+        elif subscription != self.id or self.id is None:
             return None
-        if notification.get("method") == ACKNOWLEDGED:
+        elif notification.get("method") == ACKNOWLEDGED:
             try:
                 self.granted = read_filter(params)
             except JsonRpcError:
                 self.granted = Filter()  # an acknowledgement, if a garbled one
+            if self.old is not None:  # (the stream it replaces carries nothing more)
+                self._retired.append(_cancel(self.old[0]))
+                self.old = None
             return None
-        if self.granted is None:
+        elif self.granted is None:
             return None  # before the acknowledgement: the server broke the order
         kept = {k: v for k, v in meta.items() if k != SUBSCRIPTION_ID_KEY}
         new_params = {k: v for k, v in params.items() if k != "_meta"}
@@ -271,16 +289,31 @@ class UpstreamListen:
             new_params["_meta"] = kept
         return {**notification, "params": new_params}
 
+    def take_retired(self) -> list[Message]:
+        """The cancel of a stream the current one replaced, once that one is
+        acknowledged (to send): nearly always none."""
+        retired, self._retired = self._retired, []
+        return retired
+
     def dropped(self) -> Filter | None:
         """The stream broke (the link lost it): the filter to listen for again
         if it had been acknowledged (it worked: a drop, as the spec's abrupt
-        close), else None (taken as refused: never a loop of failing listens)."""
+        close), else None (taken as refused: never a loop of failing listens;
+        the stream it was to replace, if any, goes on as the listen)."""
         filter, worked = self.filter, self.granted is not None
         self.id = self.filter = self.granted = None
         if worked:
             return filter
         self.refused = filter
+        self._restore()
         return None
+
+    def _restore(self) -> None:
+        # The replacement failed before its acknowledgement: the stream it was
+        # to replace (still open at the server) is the listen again.
+        if self.old is not None:
+            self.id, self.filter, self.granted = self.old
+            self.old = None
 
     def ended(self, response: Message) -> Filter | None:
         """The server answered the stream's request: it is over. The filter
@@ -294,7 +327,13 @@ class UpstreamListen:
         if "result" in response:
             return filter
         self.refused = filter
+        self._restore()
         return None
+
+
+def _cancel(id: RequestId) -> Message:
+    cancel = {"requestId": id, "reason": "subscriptions changed"}
+    return jsonrpc.notification("notifications/cancelled", cancel)
 
 
 class RequestLogLevels:
