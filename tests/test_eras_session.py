@@ -375,6 +375,43 @@ def test_cancelling_a_retry_cancels_the_call_upstream_by_its_first_id() -> None:
     assert proto.inflight == set()
 
 
+def test_a_malformed_retry_is_refused_and_leaves_its_state_unspent() -> None:
+    proto = opened(session())
+    proto.receive(request(1, "tools/call", _meta=meta({"elicitation": {}}), name="files__read"))
+    (asked,) = written(proto, question())
+    state = asked["result"]["requestState"]
+    for id, responses in ((2, {"elicitation-1": "just a string"}), (3, {"elicitation-1": None}),
+                          (4, ["a list"])):  # fmt: skip
+        (reply,) = proto.receive(request(id, "tools/call", name="files__read",
+                                         _meta=meta({"elicitation": {}}),
+                                         inputResponses=responses, requestState=state))  # fmt: skip
+        assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+        assert reply.message["id"] == id and reply.message["error"]["code"] == -32602
+        assert "inputResponses" in reply.message["error"]["message"]
+    assert proto.take_upstream_answers() == []  # (nothing reached the server)
+    answer = {"action": "accept", "content": {}}
+    assert proto.receive(request(5, "tools/call", name="files__read",
+                                 _meta=meta({"elicitation": {}}),
+                                 inputResponses={"elicitation-1": answer},
+                                 requestState=state)) == [
+        RespondUpstream("files", {"jsonrpc": "2.0", "id": "mcpbroker:files:1", "result": answer})
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("state", [5, ["x"], "not-a-token", "opaque-server-state"])
+def test_a_request_state_a_legacy_server_cannot_have_made_is_refused(state: Any) -> None:
+    # A legacy server keeps no state: no requestState names anything there,
+    # and run as a new call it would repeat the call's effects.
+    proto = opened(session())
+    call = request(1, "tools/call", _meta=meta({}), name="files__read", requestState=state,
+                   inputResponses={})  # fmt: skip
+    assert proto.forward_fast(call) is None
+    (reply,) = proto.receive(call)
+    assert isinstance(reply, Reply) and isinstance(reply.message, dict)
+    assert reply.message["id"] == 1 and reply.message["error"]["code"] == -32602
+    assert proto.inflight == set()
+
+
 def test_a_late_cancel_of_the_first_request_leaves_the_retry_its_call() -> None:
     # The cancel of request 1 crossed its input_required answer; the retry,
     # 2, carries the call now: the cancel names a complete request.

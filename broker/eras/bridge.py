@@ -523,6 +523,10 @@ class AnsweringServers:
                 message = self._unknown(session, token)
             error = jsonrpc.error_response(request["id"], INVALID_PARAMS, message)
             return [AnswerClient(session, error)]
+        malformed = _malformed_responses(params.get("inputResponses", {}), parked.asking)
+        if malformed is not None:  # (refused before it is spent: a good retry may follow)
+            error = jsonrpc.error_response(request["id"], INVALID_PARAMS, malformed)
+            return [AnswerClient(session, error)]
         self.states.redeem(session, token)
         if parked.token is not None:
             self._deadlines.pop(parked.token, None)
@@ -692,3 +696,15 @@ class AnsweringServers:
         if cancel:
             actions.append(CancelCall(parked.call))
         return actions
+
+
+def _malformed_responses(responses: Any, asking: dict[str, Any]) -> str | None:
+    """Why a retry's ``inputResponses`` is not a valid ``InputResponses`` for
+    the questions asked (an object, each answer a result object: MRTR's
+    SHOULD validate), or None. An answer to no open question is ignored."""
+    if not isinstance(responses, dict):
+        return "inputResponses must be an object (the answers by their inputRequests key)"
+    for key in asking:
+        if key in responses and not isinstance(responses[key], dict):
+            return f"inputResponses[{key!r}] must be an object (the {key!r} request's result)"
+    return None

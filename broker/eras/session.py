@@ -56,7 +56,7 @@ from broker.eras.subscriptions import (
     RequestLogLevels,
     offer_of,
 )
-from broker.eras.tokens import is_brokers, is_ours
+from broker.eras.tokens import is_ours
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
@@ -204,7 +204,6 @@ class ModernSessionProtocol(SessionProtocol):
             "requestState" in params
             and type(method) is str  # (any JSON value: a list is unhashable)
             and method in INPUT_METHODS
-            and is_brokers(params["requestState"])
         ):
             return None  # a retry: the bridge's, or receive() says whose
         # (with its _meta, as receive() forwards it: a modern server reads it,
@@ -255,11 +254,7 @@ class ModernSessionProtocol(SessionProtocol):
                     ):
                         return i
                     params = cache.params  # (message["params"], as decode read it)
-                    if (
-                        "requestState" in params
-                        and method in INPUT_METHODS
-                        and is_brokers(params["requestState"])
-                    ):
+                    if "requestState" in params and method in INPUT_METHODS:
                         return i  # a retry: the bridge's, or receive() says whose
                     forward = self.route_fast(message, id)
                     if forward is None:
@@ -324,11 +319,17 @@ class ModernSessionProtocol(SessionProtocol):
         if method in MODERN_ROUTED:
             params = request.get("params") or {}
             state = params.get("requestState") if method in INPUT_METHODS else None
+            retrying = state is not None  # (a null one taken as none)
+            if retrying and type(state) is not str:
+                self._admit(id)
+                raise JsonRpcError(INVALID_PARAMS, "requestState must be a string")
             if is_ours(state):
                 return self._retry(request, meta.capabilities)
-            if is_brokers(state) and self._at_legacy_server(request):
-                # Some other mcpbroker's (one before a restart): a legacy
-                # server keeps no state, so it names nothing there.
+            if retrying and self._at_legacy_server(request):
+                # Not this daemon's (another mcpbroker's, one before a
+                # restart, or made up): a legacy server keeps no state, so it
+                # names nothing there, and run as a new call it would repeat
+                # the call's effects.
                 self._admit(id)
                 raise JsonRpcError(INVALID_PARAMS, bridge.UNKNOWN_STATE)
             # (a server's own, a broker's behind this one too: the server's to read)
