@@ -412,6 +412,43 @@ def test_a_request_state_a_legacy_server_cannot_have_made_is_refused(state: Any)
     assert proto.inflight == set()
 
 
+def test_a_retry_that_takes_the_call_over_brings_its_own_progress_token_and_log_level() -> None:
+    proto = opened(session())
+    first = meta({"elicitation": {}}, progressToken="P1", **{LOG_LEVEL_KEY: "debug"})
+    proto.receive(request(1, "tools/call", _meta=first, name="files__read"))
+    (asked,) = written(proto, question())
+    answer = {"action": "accept", "content": {}}
+    again = meta({"elicitation": {}}, progressToken="P2", **{LOG_LEVEL_KEY: "error"})
+    proto.receive(request(2, "tools/call", name="files__read", _meta=again,
+                          inputResponses={"elicitation-1": answer},
+                          requestState=asked["result"]["requestState"]))  # fmt: skip
+    assert proto.take_level_change() == (True, "error")  # (the retry's, the first's closed)
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": "P1", "progress": 1}}  # fmt: skip
+    info = {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "x"}}  # fmt: skip
+    assert written(proto, progress, info) == [
+        {**progress, "params": {"progressToken": "P2", "progress": 1}}
+    ]
+    assert written(proto, {"jsonrpc": "2.0", "id": 1, "result": {"content": []}}) == [
+        {"jsonrpc": "2.0", "id": 2, "result": {"content": [], "resultType": "complete"}}
+    ]
+    assert proto.retry_tokens == {} and proto.log_levels.level() is None
+
+
+def test_a_retry_without_a_progress_token_gets_no_progress() -> None:
+    proto = opened(session())
+    first = meta({"elicitation": {}}, progressToken="P1")
+    proto.receive(request(1, "tools/call", _meta=first, name="files__read"))
+    (asked,) = written(proto, question())
+    proto.receive(request(2, "tools/call", name="files__read", _meta=meta({"elicitation": {}}),
+                          inputResponses={"elicitation-1": {"action": "decline"}},
+                          requestState=asked["result"]["requestState"]))  # fmt: skip
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": "P1", "progress": 1}}  # fmt: skip
+    assert written(proto, progress) == []
+
+
 def test_a_late_cancel_of_the_first_request_leaves_the_retry_its_call() -> None:
     # The cancel of request 1 crossed its input_required answer; the retry,
     # 2, carries the call now: the cancel names a complete request.

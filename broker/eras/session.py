@@ -162,6 +162,9 @@ class ModernSessionProtocol(SessionProtocol):
         self.level_changed = False  # (lowered by an answer: take_level_change)
         self.open_calls: dict[RequestId, Call] = {}  # forwarded and unanswered, by first id
         self.aliases: dict[RequestId, RequestId] = {}  # a call's first id -> its retry's
+        # A call a retry took over, by its first id: the first request's
+        # progressToken (the server's progress carries it) -> the retry's own.
+        self.retry_tokens: dict[RequestId, tuple[Any, Any]] = {}
         self.questions = bridge.AnsweringServers("", key, timeout=input_timeout)
         self.meta_cache = MetaCache()  # the _meta bytes its client sends on every call
         self.subscribed: dict[str, str] = {}  # URIs the streams want -> their server
@@ -324,7 +327,7 @@ class ModernSessionProtocol(SessionProtocol):
                 self._admit(id)
                 raise JsonRpcError(INVALID_PARAMS, "requestState must be a string")
             if is_ours(state):
-                return self._retry(request, meta.capabilities)
+                return self._retry(request, meta)
             if retrying and self._at_legacy_server(request):
                 # Not this daemon's (another mcpbroker's, one before a
                 # restart, or made up): a legacy server keeps no state, so it
@@ -443,9 +446,12 @@ class ModernSessionProtocol(SessionProtocol):
                     out.append(SetLogLevel(changed))
         return out
 
-    def _retry(self, request: Message, capabilities: dict[str, Any]) -> list[Action]:
+    def _retry(self, request: Message, meta: RequestMeta) -> list[Action]:
         """A retry carrying the broker's ``requestState``: the answers go to the
-        server, and the call waiting there now answers this request."""
+        server, and the call waiting there now answers this request (its
+        progress with the retry's ``progressToken``, its log messages at the
+        retry's ``logLevel``: a request of its own)."""
+        capabilities = meta.capabilities
         self._admit(request["id"])
         params = request.get("params") or {}
         call = self.questions.call_of(SELF, params.get("requestState"))
@@ -476,18 +482,44 @@ class ModernSessionProtocol(SessionProtocol):
             elif isinstance(action, bridge.Rebind):
                 first = action.call
                 assert type(first) is int or type(first) is str  # a call is named by its first id
+                earlier = self.aliases.get(first, first)
                 self.aliases[first] = action.client_id
                 method, server, _, asked = self.open_calls.get(
                     first, (request["method"], "", {}, params)
                 )
                 self.open_calls[first] = (method, server, capabilities, asked)
                 self.inflight.add(action.client_id)
+                self._take_over(first, earlier, asked, request, meta, out)
             elif isinstance(action, bridge.Finish):
                 self._finish(action.call)
                 out.append(Reply(self._answer_of(action.message, request["method"])))
             elif isinstance(action, bridge.AnswerClient):
                 out.append(Reply(self._answer_of(action.message, request["method"])))
         return out
+
+    def _take_over(
+        self,
+        first: RequestId,
+        earlier: RequestId,
+        asked: Message,
+        retry: Message,
+        meta: RequestMeta,
+        out: list[Action],
+    ) -> None:
+        """The retry took the call over from ``earlier`` (its first request,
+        or an earlier retry): the call's progress goes out with the retry's
+        token (none: none goes out), and its log level is the retry's."""
+        first_token = _progress_token(asked)
+        if first_token is not None:
+            token = _progress_token(retry.get("params") or {})
+            if token is not None and jsonrpc.bad_progress_token(token) is not None:
+                token = None
+            self.retry_tokens[first] = (first_token, token)
+        self._close_level(earlier)
+        self._close_level(first)
+        changed = self.log_levels.open(retry["id"], meta.log_level)
+        if changed is not None:
+            out.append(SetLogLevel(changed))
 
     def _finish(self, first: Any) -> None:
         """A call answered while its client was away ends with the retry that
@@ -732,12 +764,28 @@ class ModernSessionProtocol(SessionProtocol):
 
     def _notify(self, message: Message) -> list[Message]:
         method = message["method"]
+        if method == "notifications/progress" and self.retry_tokens:
+            return self._retry_progress(message)
         if method == "notifications/message":
             return [message] if self.log_levels.admits(message) else []
         if method == "notifications/elicitation/complete":
             return []  # not in 2026-07-28: the client learns the outcome by retrying
         if method in FLAG_OF or method == UPDATED:
             return self.listeners.route(message) if self.listeners is not None else []
+        return [message]
+
+    def _retry_progress(self, message: Message) -> list[Message]:
+        """Progress of a call a retry took over carries the retry's token
+        (the first request, answered, is no active request); dropped if the
+        retry sent none."""
+        params = message.get("params")
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        for first_token, retry_token in self.retry_tokens.values():
+            if token == first_token and type(token) is type(first_token):
+                if retry_token is None:
+                    return []
+                assert isinstance(params, dict)
+                return [{**message, "params": {**params, "progressToken": retry_token}}]
         return [message]
 
     def _first(self, id: Any) -> Any:
@@ -749,6 +797,13 @@ class ModernSessionProtocol(SessionProtocol):
             return
         self.open_calls.pop(first, None)
         self._close_level(first)
+        if self.retry_tokens:
+            self.retry_tokens.pop(first, None)
+
+
+def _progress_token(params: Message) -> Any:
+    meta = params.get("_meta")
+    return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
 def _asked(params: Message) -> Message:
