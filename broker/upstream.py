@@ -43,7 +43,14 @@ from broker import jsonrpc
 from broker.eras.bridge import SendServer, ends_round, legacy_params, refuses_back_channel
 from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import Legacy, Modern
-from broker.eras.upstream import HANDSHAKE_ID, PROBE_ID, EraProbe, ModernServer
+from broker.eras.upstream import (
+    HANDSHAKE_ID,
+    PROBE_ID,
+    EraProbe,
+    ModernServer,
+    era_refusal,
+    may_refuse_era,
+)
 from broker.fanout import Fanout
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
@@ -717,6 +724,8 @@ class UpstreamProtocol:
             or ("result" in message) is ("error" in message)
         ):
             return None
+        if self.modern and "error" in message:
+            return None  # (it may refuse the era: _response reads it)
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
             return None
@@ -735,6 +744,8 @@ class UpstreamProtocol:
         upstream_id = answer.id
         if type(upstream_id) is not int:
             return None
+        if self.modern and answer.is_error() and may_refuse_era(answer):
+            return None  # (read by _response: era_refusal)
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
             # A legacy client's call at a modern server: its final answer is
@@ -860,8 +871,14 @@ class UpstreamProtocol:
         if self.turns.on:
             self._settle()
         note = entry.note
+        warned: list[Action] = []
+        if self.modern and "error" in message:
+            refused = era_refusal(self.name, message)
+            if refused is not None:
+                message = refused
+                warned.append(Warn("server.era_refused", refused["error"]["message"]))
         if note is None:  # nearly every response
-            return [Deliver(entry.session, message)]
+            return [*warned, Deliver(entry.session, message)]
         if isinstance(note, Subscribing):
             if "error" not in message:
                 self.fanout.accepted(note.uri)
@@ -877,8 +894,8 @@ class UpstreamProtocol:
         elif isinstance(note, InputRound) and self.modern_server is not None:
             timeout = self.deadlines.policy.timeout  # (the call's own, between rounds too)
             bridged = self.modern_server.round_answered(entry.session, note, message, now, timeout)
-            return [*self._back_channel_refused(message), *self._bridged(bridged, now)]
-        return [Deliver(entry.session, message)]
+            return [*warned, *self._back_channel_refused(message), *self._bridged(bridged, now)]
+        return [*warned, Deliver(entry.session, message)]
 
     def _back_channel_refused(self, message: Message) -> list[Action]:
         """A legacy client's call that the modern server failed because its

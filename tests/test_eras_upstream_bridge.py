@@ -100,6 +100,30 @@ def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> 
     assert len(proto.requests) == 0 and len(proto.modern_server.asking) == 0
 
 
+@pytest.mark.parametrize("code", [-32022, -32020])
+def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None:
+    # Relayed as it came, -32022 told every client the broker refused its
+    # version (a legacy client never asked for 2026-07-28).
+    proto, _ = modern_server()
+    proto.attach("a", {})
+    request = call(7)
+    assert proto.forward_fast("a", request)
+    refusal = b'{"jsonrpc":"2.0","id":%d,"error":{"code":%d,"message":"Unsupported",' % (
+        request["id"], code)  # fmt: skip
+    refusal += b'"data":{"supported":["2025-11-25"]}}}'
+    answer = split_answer(refusal)
+    assert answer is not None and proto.answer_fast(answer) is None  # (read: an error)
+    assert proto.response_fast(orjson.loads(refusal)) is None  # (nor taken parsed)
+    warn, delivered = proto.server_message(orjson.loads(refusal))
+    assert isinstance(warn, Warn) and warn.event == "server.era_refused"
+    assert isinstance(delivered, Deliver) and delivered.session == "a"
+    error = delivered.message["error"]
+    assert delivered.message["id"] == 7 and error["code"] == -32603
+    assert error["message"].startswith("MCP server 'm' refused")
+    assert error["data"] == {"server": "m", "code": code, "data": {"supported": ["2025-11-25"]}}
+    assert len(proto.requests) == 0
+
+
 @pytest.mark.parametrize("shape", ["after id", "typescript"])
 def test_a_legacy_clients_call_takes_the_fast_paths_unless_it_is_asked(shape: str) -> None:
     """Forwarded without the general path (the request kept for a retry all the

@@ -55,9 +55,13 @@ from broker.eras.probe import (
     read_probe_answer,
 )
 from broker.eras.subscriptions import LIST_FLAGS, Filter, UpstreamListen, offer_of
-from broker.eras.versions import LATEST_MODERN_VERSION
+from broker.eras.versions import (
+    HEADER_MISMATCH,
+    LATEST_MODERN_VERSION,
+    UNSUPPORTED_PROTOCOL_VERSION,
+)
 from broker.fanout import Fanout
-from broker.jsonrpc import METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
+from broker.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, Message, RequestId
 from broker.lifecycle import (
     BROKER_CLIENT_CAPABILITIES,
     BROKER_CLIENT_INFO,
@@ -76,6 +80,7 @@ from broker.upstream_actions import (
     Speak,
     Warn,
 )
+from broker.wire.envelope import Answer
 
 HANDSHAKE_ID = "mcpbroker-initialize"
 PROBE_ID = "mcpbroker-discover"
@@ -384,3 +389,35 @@ class ModernServer:
             elif isinstance(action, SendServer):
                 out.append(action)
         return out
+
+
+def may_refuse_era(answer: Answer) -> bool:
+    """Whether an error answer, unparsed, may be one :func:`era_refusal`
+    rewrites (its bytes name either code: the parser tells)."""
+    line = answer.written()
+    return line.find(b"-32022") >= 0 or line.find(b"-32020") >= 0
+
+
+def era_refusal(server: str, message: Message) -> Message | None:
+    """A 2026-07-28 server's answer to a request that refuses the broker's
+    side of the era (-32022: not the version the broker sent; -32020: the
+    broker's HTTP headers), as an error naming the server (-32603), or None.
+    Relayed as it came, it told the client that the broker refused its own
+    version or headers: a legacy client never asked for 2026-07-28, and a
+    modern one's were right (basic/versioning)."""
+    error = message.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    if code != UNSUPPORTED_PROTOCOL_VERSION and code != HEADER_MISMATCH:
+        return None
+    assert isinstance(error, dict)
+    said = error.get("message")
+    what = "2026-07-28" if code == UNSUPPORTED_PROTOCOL_VERSION else "the broker's HTTP headers"
+    text = (
+        f"MCP server {server!r} refused {what} ({code}: {said}), though it was opened in "
+        'that era (its server/discover named it): set its "era" to "legacy" if it '
+        "no longer speaks 2026-07-28"
+    )
+    data: dict[str, Any] = {"server": server, "code": code}
+    if "data" in error:
+        data["data"] = error["data"]
+    return jsonrpc.error_response(message.get("id"), INTERNAL_ERROR, text, data=data)
