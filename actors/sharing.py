@@ -69,6 +69,7 @@ from actors.server_actor import (
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
+from broker.eras.modern import INPUT_METHODS
 from broker.fanout import Fanout
 from broker.jsonrpc import LIMIT_REACHED, Message
 from broker.pooling import InstanceFacts, PoolRouting, pinned
@@ -546,6 +547,7 @@ class PooledServer(ServerGroup):
         # list_changed of another instance is not theirs (it re-lists, to
         # warm up, all the same). The catalog instance's goes to the Registry.
         instance.lists_to_sessions = False
+        instance.keep_request_states()  # (a retry goes where its state was made)
         return instance
 
     def request_start(self) -> None:
@@ -588,7 +590,7 @@ class PooledServer(ServerGroup):
                     message["method"],
                     self._facts(),
                     pinned=pinned(message),
-                    owner=self._task_owner(item.session, message),
+                    owner=self._owner(item.session, message),
                 )
                 if was is not None and self._routing.assigned(item.session) != was:
                     # (moved off a failed instance: what it subscribed to there
@@ -603,8 +605,19 @@ class PooledServer(ServerGroup):
         for instance in self._pool:
             await instance.send(item)
 
-    def _task_owner(self, session: SessionHandle, message: Message) -> int | None:
-        """The instance that made the task a tasks/get|result|cancel names, if any."""
+    def _owner(self, session: SessionHandle, message: Message) -> int | None:
+        """The instance that made what a request names, if any: the task a
+        tasks/get|result|cancel names, or the requestState a 2026-07-28
+        client's retry carries (only that instance's process can read it)."""
+        if message["method"] in INPUT_METHODS:
+            params = message.get("params")
+            state = params.get("requestState") if isinstance(params, dict) else None
+            if state is None:
+                return None
+            for index, instance in enumerate(self._pool):
+                if instance.mints(state):
+                    return index
+            return None
         if message["method"] not in TASK_METHODS:
             return None
         params = message.get("params")

@@ -279,6 +279,16 @@ class Upstream:
             **process_usage(pid),
         )
 
+    def keep_request_states(self) -> None:
+        """Remember the requestStates this instance gives modern clients
+        (a pool's instance: see :meth:`mints`)."""
+        self._protocol.minted = {}
+
+    def mints(self, state: Any) -> bool:
+        """Whether this instance gave a modern client the ``requestState``
+        ``state`` (for pools: its retry must come here)."""
+        return self._protocol.mints(state)
+
     def owns_task(self, session: Any, task_id: Any) -> bool:
         """Whether this instance made the task ``task_id`` of ``session`` (for pools)."""
         return self._protocol.tasks.owns(session, task_id)

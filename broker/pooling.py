@@ -21,7 +21,9 @@ instance, as :class:`InstanceFacts` in pool order, and is told an index.
   ``tasks/list`` go to that instance, and
   ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` go to the instance that
   made the task (the actor tells which: each instance knows its own tasks),
-  since a task lives in exactly one instance's process.
+  since a task lives in exactly one instance's process. So does a 2026-07-28
+  client's retry: to the instance that gave the ``requestState`` it carries
+  (the actor tells which, as ``owner``).
 """
 
 from __future__ import annotations

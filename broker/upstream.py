@@ -103,6 +103,11 @@ LIST_CHANGED = frozenset(
 )
 
 
+# requestStates a pool's instance remembers (past it, the oldest is forgotten:
+# its retry then goes by load, as before)
+MAX_MINTED = 4096
+
+
 class UpstreamProtocol:
     def __init__(
         self,
@@ -133,6 +138,11 @@ class UpstreamProtocol:
         self.unprobed = unprobed
         self.probe = EraProbe(era if unprobed is None else "legacy")
         self.back_channel_warned = False  # (_back_channel_refused)
+        # A pool's instance (PooledServer): the requestStates (their hashes)
+        # of the input_required answers it gave modern clients, the latest
+        # MAX_MINTED, so that a retry goes to the one instance that knows
+        # its state. None: not kept (not a pool's: no lookup per answer).
+        self.minted: dict[int, None] | None = None
         # Whether it speaks the modern era (decided by the probe), and its
         # modern side then (None: a legacy server).
         self.modern = False
@@ -206,7 +216,24 @@ class UpstreamProtocol:
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
+        if self.minted is not None:  # (a new process knows none of the old one's)
+            fresh.minted = {}
         return fresh
+
+    def mints(self, state: Any) -> bool:
+        """Whether this instance gave a modern client ``requestState`` (a pool's)."""
+        return self.minted is not None and type(state) is str and hash(state) in self.minted
+
+    def _minted(self, message: Message) -> None:
+        """Keep the ``requestState`` of an ``input_required`` answer (a pool's instance)."""
+        result = message.get("result")
+        if type(result) is not dict or result.get("resultType") != "input_required":
+            return
+        state = result.get("requestState")
+        if type(state) is str and self.minted is not None:
+            if len(self.minted) >= MAX_MINTED:
+                del self.minted[next(iter(self.minted))]
+            self.minted[hash(state)] = None
 
     @property
     def expected_tools(self) -> frozenset[str] | None:
@@ -724,8 +751,8 @@ class UpstreamProtocol:
             or ("result" in message) is ("error" in message)
         ):
             return None
-        if self.modern and "error" in message:
-            return None  # (it may refuse the era: _response reads it)
+        if self.modern and ("error" in message or self.minted is not None):
+            return None  # (it may refuse the era, or be a pool's input_required: _response)
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
             return None
@@ -746,6 +773,8 @@ class UpstreamProtocol:
             return None
         if self.modern and answer.is_error() and may_refuse_era(answer):
             return None  # (read by _response: era_refusal)
+        if self.minted is not None and self.modern and not ends_round(answer):
+            return None  # (maybe a pool's input_required: _response keeps its state)
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
             # A legacy client's call at a modern server: its final answer is
@@ -878,6 +907,8 @@ class UpstreamProtocol:
                 message = refused
                 warned.append(Warn("server.era_refused", refused["error"]["message"]))
         if note is None:  # nearly every response
+            if self.minted is not None and entry.session in self.modern_sessions:
+                self._minted(message)
             return [*warned, Deliver(entry.session, message)]
         if isinstance(note, Subscribing):
             if "error" not in message:

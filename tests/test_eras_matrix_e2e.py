@@ -322,6 +322,32 @@ async def test_two_legacy_clients_are_each_asked_their_own_question(socket_path:
             assert bob.asked == ["Bob's colour?", "Bob's city?"]
 
 
+async def test_a_pools_modern_clients_retries_reach_the_instance_that_asked(
+    socket_path: str,
+) -> None:
+    """The SDK's server reads only the requestStates its own process made:
+    with ``pool``, each retry goes to the instance whose input_required it
+    answers (before, one in two went to the other and was refused -32602)."""
+    alice, bob = User("red"), User("green")
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"s": {**era_server("modern"), "pool": 2}}, socket_path) as daemon,
+            client(socket_path, "auto", alice) as first,
+            client(socket_path, "auto", bob) as second,
+        ):
+            await daemon.upstreams["s"].wait_ready()  # type: ignore[attr-defined]
+            results: dict[str, str] = {}
+
+            async def ask(name: str, session: Client) -> None:
+                results[name] = text_of(await session.call_tool("ask_user", {"question": "?"}))
+
+            for _ in range(4):  # (without the rule, a round could go to the wrong one)
+                async with trio.open_nursery() as nursery:  # (at once: one on each instance)
+                    nursery.start_soon(ask, "alice", first)
+                    nursery.start_soon(ask, "bob", second)
+                assert results == {"alice": "accept: red", "bob": "accept: green"}
+
+
 async def test_a_legacy_client_is_never_asked_what_it_did_not_declare(socket_path: str) -> None:
     """The call is answered -32021 naming the capability; the client is not asked."""
     user = User()

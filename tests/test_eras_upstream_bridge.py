@@ -100,6 +100,29 @@ def test_a_legacy_client_is_asked_and_its_call_sent_again_with_the_answers() -> 
     assert len(proto.requests) == 0 and len(proto.modern_server.asking) == 0
 
 
+def test_a_pools_instance_remembers_the_request_states_it_gives_modern_clients() -> None:
+    # (A pool sends a retry to the instance that knows its state.)
+    proto, _ = modern_server()
+    proto.minted = {}
+    proto.attach("m", {}, modern=True)
+    request = call(7)
+    assert proto.forward_fast("m", request)
+    result = b'{"resultType":"input_required","inputRequests":{},"requestState":"blob-1"}'
+    line = b'{"jsonrpc":"2.0","id":%d,"result":%s}' % (request["id"], result)
+    answer = split_answer(line)
+    assert answer is not None and proto.answer_fast(answer) is None  # (read: kept)
+    (delivered,) = proto.server_message(orjson.loads(line))
+    assert isinstance(delivered, Deliver) and delivered.message["id"] == 7
+    assert proto.mints("blob-1") and not proto.mints("blob-2")
+    request = call(8)
+    assert proto.forward_fast("m", request)
+    done = split_answer(line.replace(b"input_required", b"complete").replace(
+        b'"id":%d' % (request["id"] - 1), b'"id":%d' % request["id"]))  # fmt: skip
+    assert done is not None and proto.answer_fast(done) == "m"  # (others pass unread)
+    fresh = proto.restarted()
+    assert fresh.minted == {} and not fresh.mints("blob-1")
+
+
 @pytest.mark.parametrize("code", [-32022, -32020])
 def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None:
     # Relayed as it came, -32022 told every client the broker refused its

@@ -211,9 +211,13 @@ class FakeInstance:
     status: ServerState = ServerState.READY
     load: int = 0
     tools: frozenset[str] | None = None
+    states: set[str] = attrs.Factory(set)  # the requestStates it gave
 
     def owns_task(self, session: object, task_id: object) -> bool:
         return (session, task_id) in self.tasks
+
+    def mints(self, state: object) -> bool:
+        return state in self.states
 
     async def send(self, item: object) -> None:
         self.got.append(item)
@@ -235,6 +239,25 @@ async def test_a_pool_sends_a_task_request_to_the_instance_that_made_the_task() 
         "tasks/result",
         "tasks/cancel",
     ]
+
+
+async def test_a_pool_sends_a_modern_retry_to_the_instance_that_made_its_state() -> None:
+    # (Only that instance's process can read its requestState: the SDK's
+    # server refuses another's, -32602.)
+    pool = PooledServer("pl", ServerConfig(command="x", pool=2), BrokerSettings())
+    fakes = [FakeInstance(), FakeInstance(load=3)]
+    pool._pool = fakes  # type: ignore[assignment]
+    outbox, _ = trio.open_memory_channel[Any](1)
+    session = SessionHandle(outbox, trio.CancelScope())
+    fakes[1].states.add("blob-1")
+    params = {"name": "ask", "requestState": "blob-1", "inputResponses": {}}
+    retry = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+    await pool.send(ClientRequest(session, [retry], 10))
+    assert fakes[0].got == []  # (the least loaded, which never saw blob-1)
+    assert [item.messages[0]["id"] for item in fakes[1].got] == [2]  # type: ignore[attr-defined]
+    other = {**retry, "id": 3, "params": {**params, "requestState": "unknown"}}
+    await pool.send(ClientRequest(session, [other], 10))  # (no instance made it: by load)
+    assert [item.messages[0]["id"] for item in fakes[0].got] == [3]  # type: ignore[attr-defined]
 
 
 def test_instances_that_swap_places_take_their_sessions_along() -> None:
