@@ -771,10 +771,11 @@ class UpstreamProtocol:
         upstream_id = answer.id
         if type(upstream_id) is not int:
             return None
-        if self.modern and answer.is_error() and may_refuse_era(answer):
-            return None  # (read by _response: era_refusal)
-        if self.minted is not None and self.modern and not ends_round(answer):
-            return None  # (maybe a pool's input_required: _response keeps its state)
+        if self.modern and (
+            (answer.is_error() and may_refuse_era(answer))  # (_response: era_refusal)
+            or (self.minted is not None and not ends_round(answer))  # (a pool's: _minted)
+        ):
+            return None
         entry = self.requests.close_plain(upstream_id)
         if entry is None:
             # A legacy client's call at a modern server: its final answer is
