@@ -56,7 +56,7 @@ from broker.eras.subscriptions import (
     RequestLogLevels,
     offer_of,
 )
-from broker.eras.tokens import is_ours
+from broker.eras.tokens import is_brokers, is_ours
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     CLIENT_INFO_KEY,
@@ -328,11 +328,12 @@ class ModernSessionProtocol(SessionProtocol):
                 raise JsonRpcError(INVALID_PARAMS, "requestState must be a string")
             if is_ours(state):
                 return self._retry(request, meta)
-            if retrying and self._at_legacy_server(request):
-                # Not this daemon's (another mcpbroker's, one before a
-                # restart, or made up): a legacy server keeps no state, so it
-                # names nothing there, and run as a new call it would repeat
-                # the call's effects.
+            if is_brokers(state) and self._at_legacy_server(request):
+                # Some other mcpbroker's (one before a restart): a legacy
+                # server keeps no state, so it names nothing there. (Any
+                # other string is let through: a server of "era":
+                # "per-client" looks legacy in the catalog, and its modern
+                # instance serves this client's retry.)
                 self._admit(id)
                 raise JsonRpcError(INVALID_PARAMS, bridge.UNKNOWN_STATE)
             # (a server's own, a broker's behind this one too: the server's to read)
