@@ -99,10 +99,13 @@ class Answer:
         or ``,"error":`` (the tail), or ``{"result":`` or ``{"error":`` first
         (the head); the third byte of the key's side tells (a stamped result,
         broker/eras/modern.py, keeps its key where it was)."""
-        head = self.head[2]
-        if head == _J:  # {"jsonrpc":...: the key follows the id
-            return self.tail[2] == _E
-        return head == _E
+        # (read as bytes where they are: a compiled build then indexes
+        # them directly, where a memoryview costs a generic lookup)
+        head, tail = self.head, self.tail
+        first = head[2] if isinstance(head, bytes) else int(head[2])
+        if first == _J:  # {"jsonrpc":...: the key follows the id
+            return (tail[2] if isinstance(tail, bytes) else int(tail[2])) == _E
+        return first == _E
 
     def encode(self) -> bytes:
         """The answer's bytes (no framing: that is the wire format's)."""
