@@ -37,10 +37,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from broker import jsonrpc
-from broker.eras.bridge import SendServer, ends_round, legacy_params, refuses_back_channel
+from broker.eras.bridge import (
+    UNKNOWN_STATE,
+    SendServer,
+    ends_round,
+    legacy_params,
+    refuses_back_channel,
+)
 from broker.eras.modern import INPUT_METHODS
 from broker.eras.probe import Legacy, Modern
 from broker.eras.upstream import (
@@ -503,10 +509,22 @@ class UpstreamProtocol:
         else:  # a legacy server gets no modern keys, whichever client sent them
             params = request.get("params")
             if type(params) is dict and "_meta" in params:
+                if "requestState" in params and session in self.modern_sessions:
+                    self._unknown_state(upstream_id)
                 stripped = legacy_params(params)
                 if stripped is not None:
                     request["params"] = stripped
         return upstream_id
+
+    def _unknown_state(self, upstream_id: int) -> NoReturn:
+        """A modern client's retry with a ``requestState`` the broker did not
+        give it (its own are the session's to read), at a legacy server,
+        which keeps none, so it names nothing there (run as a new call, it
+        would do the work again): refused, the request just opened forgotten."""
+        entry = self.requests.forget(upstream_id)
+        self.deadlines.discard(upstream_id)
+        client_id = entry.client_id if entry is not None else None
+        raise JsonRpcError(INVALID_PARAMS, UNKNOWN_STATE, id=client_id)
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""

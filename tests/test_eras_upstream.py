@@ -351,3 +351,28 @@ def test_a_legacy_clients_name_is_kept_across_restarts_and_forgotten_when_it_lea
     assert fresh.client_infos == proto.client_infos
     fresh.session_closed("a")
     assert fresh.client_infos == {}
+
+
+def test_a_made_up_request_state_at_a_legacy_server_is_refused_not_run_again() -> None:
+    """A modern client's retry whose requestState the broker never gave it
+    (its own are the session's to read) names nothing at a legacy server,
+    which keeps no state: it was run as a new call, doing the work again.
+    Refused -32602; a legacy client's params and a modern server's are the
+    server's business. (Found by probing: /tmp/probes3/modern fault 4.)"""
+    proto = legacy_protocol()
+    proto.attach("m", {}, modern=True)
+    proto.attach("l", {})
+    meta = {PROTOCOL_VERSION_KEY: MODERN}
+    params = {"name": "t", "inputResponses": {}, "requestState": "made-up", "_meta": meta}
+    retry = {"jsonrpc": "2.0", "id": "r", "method": "tools/call", "params": dict(params)}
+    with pytest.raises(jsonrpc.JsonRpcError) as refused:
+        proto.forward_fast("m", retry)
+    assert (refused.value.code, refused.value.id) == (jsonrpc.INVALID_PARAMS, "r")
+    with pytest.raises(jsonrpc.JsonRpcError, match="requestState is unknown"):
+        proto.client_request("m", {**retry, "params": dict(params)})
+    assert not proto.requests  # (nothing was opened)
+    legacy = {"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": dict(params)}
+    assert proto.forward_fast("l", legacy)  # (a legacy client's own params: passed on)
+    modern = modern_protocol()
+    modern.attach("m", {}, modern=True)
+    assert modern.forward_fast("m", {**retry, "params": dict(params)})
