@@ -31,8 +31,32 @@ def pytest_report_header() -> str:
 def socket_path() -> Iterator[str]:
     """A socket path short enough for AF_UNIX (pytest's tmp_path can be too long)."""
     directory = tempfile.mkdtemp(prefix="mcpb-")
-    yield os.path.join(directory, "broker.sock")
+    path = os.path.join(directory, "broker.sock")
+    yield path
+    stop_leftover_daemon(path)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def stop_leftover_daemon(path: str) -> None:
+    """Stop a daemon process still serving ``path`` at a test's end (a shim
+    the test ran started it, and nothing stopped it): it would serve a deleted
+    directory for ever, and load the machine the benchmarks measure on. (The
+    lock file names it; a daemon in the test's own process is left alone.)"""
+    import psutil
+
+    try:
+        with open(path + ".lock") as lock:
+            pid = int(lock.read().strip())
+        process = psutil.Process(pid)
+        if pid == os.getpid() or path not in process.cmdline():
+            return
+        process.terminate()
+        try:
+            process.wait(5)
+        except psutil.TimeoutExpired:
+            process.kill()
+    except (OSError, ValueError, psutil.Error):
+        return
 
 
 def sdk_server(name: str = "sdk-test-server") -> dict[str, Any]:
