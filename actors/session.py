@@ -64,6 +64,8 @@ from broker.eras.versions import Era
 from broker.hello import STOPPING_NOTICE, Opening, open_session
 from broker.jsonrpc import CONNECTION_CLOSED, JsonRpcError, Message, error_response
 from broker.session import (
+    DROP,
+    HOLD,
     Action,
     CancelUpstream,
     Defer,
@@ -73,6 +75,7 @@ from broker.session import (
     RespondUpstream,
     SessionProtocol,
     SetLogLevel,
+    while_waiting,
 )
 from broker.session import (
     Attach as AttachServers,
@@ -101,6 +104,7 @@ SETTLE_TIMEOUT = 10.0  # how long a request waits for the view's servers to star
 # What a session waiting for its servers reads ahead, at most, for after the
 # wait (then it stops reading until the wait ends): see _wait_for_servers.
 HELD_FRAMES = 64
+HELD_BYTES = 1024 * 1024  # (a read that passes it is kept whole: then reading stops)
 FLUSH_SECONDS = 5.0
 DETACH_TIMEOUT = 5.0
 
@@ -527,8 +531,8 @@ class Session:
         return not waiting.dropped
 
     async def _read_while_waiting(self, waiting: _Waiting, scope: trio.CancelScope) -> None:
-        held = 0
-        while held < HELD_FRAMES:
+        held = held_bytes = 0
+        while held < HELD_FRAMES and held_bytes < HELD_BYTES:
             try:
                 frames, size = await self._connection.receive()
             except TransportClosed:
@@ -541,7 +545,7 @@ class Session:
             kept = [frame for frame in frames if not await self._at_once(frame, waiting)]
             if kept:
                 self._held.append((kept, size))
-                held += len(kept)
+                held, held_bytes = held + len(kept), held_bytes + size
             if waiting.dropped:
                 scope.cancel()
                 return
@@ -556,15 +560,11 @@ class Session:
             message = jsonrpc.decode(frame)
         except JsonRpcError:
             return False
-        method = message.get("method") if isinstance(message, dict) else None
-        if method == "notifications/cancelled":
-            target = (message.get("params") or {}).get("requestId")
-            if type(target) is type(waiting.id) and target == waiting.id:
-                waiting.dropped = True
-                return True
-            if not jsonrpc.is_valid_id(target) or target not in self._protocol.inflight:
-                return False  # (one for a request read but not taken yet: after it)
-        elif method != "ping" or "id" not in message:
+        what = while_waiting(message, waiting.id, self._protocol.inflight)
+        if what == DROP:
+            waiting.dropped = True
+            return True
+        if what == HOLD:
             return False
         for action in self._protocol.receive(message):
             await self._execute(action)

@@ -154,6 +154,32 @@ class Defer:
     message: Message
 
 
+# What to do with a message read while a request waits (Defer): see while_waiting.
+HOLD: Final = "hold"
+NOW: Final = "now"
+DROP: Final = "drop"
+
+
+def while_waiting(message: Any, waiting: Any, inflight: set[Any]) -> str:
+    """What a session does with ``message``, read while its request
+    ``waiting`` (an id) waits for the view's servers: :data:`NOW`, receive
+    it at once (a ping, or a cancel of a request in ``inflight``: answered,
+    or passed on); :data:`DROP`, a cancel of the waiting request (the wait
+    ends; it is never tried, and no answer is due); :data:`HOLD`, anything
+    else, received after the wait in the order it came (a cancel of a
+    request read but not taken yet too: it must follow its request)."""
+    method = message.get("method") if isinstance(message, dict) else None
+    if method == "ping":
+        return NOW if "id" in message else HOLD
+    if method != "notifications/cancelled":
+        return HOLD
+    params = message.get("params")
+    target = params.get("requestId") if isinstance(params, dict) else None
+    if type(target) is type(waiting) and target == waiting:
+        return DROP
+    return NOW if jsonrpc.is_valid_id(target) and target in inflight else HOLD
+
+
 Action = (
     Reply
     | Forward

@@ -1106,11 +1106,11 @@ async def test_requests_held_for_their_turn_are_waiting_not_in_flight(
     assert (figures.in_flight, figures.waiting) == (0, 0)
 
 
-async def slow_pair(nursery: trio.Nursery) -> Client:
+async def slow_pair(nursery: trio.Nursery, lockstep: bool = False) -> Client:
     """A session of a ready server and one that takes 5 s to start: its
     initialize waits for both (it is deferred)."""
     scripts = {"a": ScriptedServer(nursery), "b": ScriptedServer(nursery, initialize_delay=5)}
-    return await open_client(nursery, await start_broker(nursery, scripts))
+    return await open_client(nursery, await start_broker(nursery, scripts), lockstep=lockstep)
 
 
 INIT = {
@@ -1175,3 +1175,27 @@ async def test_a_client_that_stops_sending_while_a_request_waits_still_gets_its_
     with trio.fail_after(10):
         answers = [await client.receive(), await client.receive()]
     assert [answer["id"] for answer in answers] == ["p", "i"] and "result" in answers[1]
+
+
+async def test_what_a_session_reads_while_a_request_waits_is_bounded_in_bytes(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """Read on while a request waits, a session holds at most about 1 MiB
+    (HELD_BYTES) for after the wait, whatever the number of messages: then
+    it stops reading, and its client's writes wait (64 messages of up to
+    broker.maxMessageBytes each held a gigabyte)."""
+    from actors.session import HELD_BYTES, HELD_FRAMES
+
+    client = await slow_pair(nursery, lockstep=True)
+    await client.send(INIT)
+    await trio.sleep(0.1)
+    notice = {"jsonrpc": "2.0", "method": "notifications/x", "params": {"pad": "x" * 60_000}}
+    count = HELD_BYTES // 60_000 + 1
+    assert count < HELD_FRAMES  # (the bytes bound it, not the number)
+    for _ in range(count):
+        await client.send(notice)
+    with trio.move_on_after(1) as blocked:
+        await client.send(notice)
+    assert blocked.cancelled_caught  # (nothing reads it: the wait is on)
+    answer = await client.receive()
+    assert answer["id"] == "i" and "result" in answer  # (and then it reads on)

@@ -869,3 +869,29 @@ def test_a_roots_change_goes_to_the_servers_and_answers_to_server_requests_go_ba
     assert proto.receive(answer) == [RespondUpstream(server, answer)]
     stray = {"jsonrpc": "2.0", "id": "mcpbroker:nobody:3", "result": {}}
     assert proto.receive(stray) == []
+
+
+def test_what_a_session_does_with_a_message_read_while_a_request_waits() -> None:
+    """broker.session.while_waiting: a ping and a cancel of a request in
+    flight now, a cancel of the waiting request drops it, all else after."""
+    from broker.session import DROP, HOLD, NOW, while_waiting
+
+    def cancel(target: Any) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": target},
+        }
+
+    inflight = {7, "x"}
+    assert while_waiting({"jsonrpc": "2.0", "id": 1, "method": "ping"}, 3, inflight) == NOW
+    assert while_waiting({"jsonrpc": "2.0", "method": "ping"}, 3, inflight) == HOLD
+    assert while_waiting(cancel(3), 3, inflight) == DROP
+    assert while_waiting(cancel("3"), 3, inflight) == HOLD  # (another id: "3" is not 3)
+    assert while_waiting(cancel(True), 1, {1}) == HOLD  # (nor is true 1)
+    assert while_waiting(cancel(7), 3, inflight) == NOW
+    assert while_waiting(cancel(8), 3, inflight) == HOLD  # (read, not taken yet: after it)
+    assert while_waiting({"jsonrpc": "2.0", "method": "notifications/cancelled"}, 3, set()) == HOLD
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {}}
+    assert while_waiting(call, 3, inflight) == HOLD
+    assert while_waiting([call], 3, inflight) == HOLD
