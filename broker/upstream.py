@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from broker import jsonrpc
 from broker.eras.bridge import (
@@ -499,6 +499,8 @@ class UpstreamProtocol:
         """Record a request to forward (rewriting it in place); its upstream id.
         ``legacy_client``: whether ``session`` is a legacy client's, if the
         caller knows (a modern server's request is stamped for one)."""
+        if self.modern_server is None and self.modern_sessions and session in self.modern_sessions:
+            self._check_state(request)  # (before the open rewrites its id)
         upstream_id = self.requests.open(session, request)
         self.deadlines.add(upstream_id, now)
         if self.modern_server is not None:
@@ -509,22 +511,21 @@ class UpstreamProtocol:
         else:  # a legacy server gets no modern keys, whichever client sent them
             params = request.get("params")
             if type(params) is dict and "_meta" in params:
-                if "requestState" in params and session in self.modern_sessions:
-                    self._unknown_state(upstream_id)
                 stripped = legacy_params(params)
                 if stripped is not None:
                     request["params"] = stripped
         return upstream_id
 
-    def _unknown_state(self, upstream_id: int) -> NoReturn:
-        """A modern client's retry with a ``requestState`` the broker did not
-        give it (its own are the session's to read), at a legacy server,
-        which keeps none, so it names nothing there (run as a new call, it
-        would do the work again): refused, the request just opened forgotten."""
-        entry = self.requests.forget(upstream_id)
-        self.deadlines.discard(upstream_id)
-        client_id = entry.client_id if entry is not None else None
-        raise JsonRpcError(INVALID_PARAMS, UNKNOWN_STATE, id=client_id)
+    @staticmethod
+    def _check_state(request: Message) -> None:
+        """A modern client's request to a legacy server: one carrying a
+        ``requestState`` is a retry with a state the broker did not give it
+        (its own are the session's to read); a legacy server keeps none, so
+        it names nothing there, and run as a new call it would do the work
+        again: refused."""
+        params = request.get("params")
+        if type(params) is dict and "requestState" in params:
+            raise JsonRpcError(INVALID_PARAMS, UNKNOWN_STATE, id=request["id"])
 
     def _subscription(self, session: Hashable, request: Message, uri: str) -> list[Action] | None:
         """Reference-counted (un)subscribe: None to forward the client's own request."""

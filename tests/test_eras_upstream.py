@@ -368,8 +368,13 @@ def test_a_made_up_request_state_at_a_legacy_server_is_refused_not_run_again() -
     with pytest.raises(jsonrpc.JsonRpcError) as refused:
         proto.forward_fast("m", retry)
     assert (refused.value.code, refused.value.id) == (jsonrpc.INVALID_PARAMS, "r")
-    with pytest.raises(jsonrpc.JsonRpcError, match="requestState is unknown"):
-        proto.client_request("m", {**retry, "params": dict(params)})
+    # (as the actor does: what take_requests does not take goes to
+    # client_request, the same dict: its id must still be the client's)
+    out: list[Any] = []
+    assert proto.take_requests("m", [retry], 0, out, 0.0) == 0 and out == []
+    with pytest.raises(jsonrpc.JsonRpcError, match="requestState is unknown") as again:
+        proto.client_request("m", retry)
+    assert again.value.id == "r"
     assert not proto.requests  # (nothing was opened)
     legacy = {"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": dict(params)}
     assert proto.forward_fast("l", legacy)  # (a legacy client's own params: passed on)
