@@ -271,6 +271,8 @@ async def test_an_answered_context_serves_the_next_post_to_its_url(autojump_cloc
             assert exchange.answer()["id"] == id
         assert script.opened == 1 and script.retries == [(1, 1), (1, 2), (1, 3)]
         assert contexts.idle_count == 1 and script.ended == []
+        # (the answers it wrote count no more: they held its session's queue)
+        assert [c.pending_bytes for c in contexts.contexts] == [0]
         # Another URL's view: a context of its own.
         elsewhere = http.Target("POST", ("s",), True, {}, modern=True)
         exchange = Exchange()

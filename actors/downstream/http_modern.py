@@ -339,22 +339,24 @@ class ModernHttp:
         written = self.ticks
         while True:
             waker = context.waker()
-            for message, data in context.take():
-                if http_modern.answers(message, wanted):
-                    if streaming:
-                        await write(send, sse.event(data), more=False)
-                    else:
-                        error = message.get("error")
-                        code = error.get("code") if isinstance(error, dict) else None
-                        await respond(send, status_of(code) if type(code) is int else 200, data)
-                    return message  # type: ignore[no-any-return]
-                if not sse_ok:
-                    continue  # (a client that takes JSON only gets the answer alone)
-                if not streaming:
-                    streaming = await _start_sse(send)
-                await write(send, sse.event(data))
-                written = self.ticks
-            context.written()
+            try:
+                for message, data in context.take():
+                    if http_modern.answers(message, wanted):
+                        if streaming:
+                            await write(send, sse.event(data), more=False)
+                        else:
+                            error = message.get("error")
+                            code = error.get("code") if isinstance(error, dict) else None
+                            await respond(send, status_of(code) if type(code) is int else 200, data)
+                        return message  # type: ignore[no-any-return]
+                    if not sse_ok:
+                        continue  # (a client that takes JSON only gets the answer alone)
+                    if not streaming:
+                        streaming = await _start_sse(send)
+                    await write(send, sse.event(data))
+                    written = self.ticks
+            finally:
+                context.written()  # (what was taken is let go: the answer too, or a failed write)
             if context.closed:
                 if streaming:
                     await write(send, b"", more=False)
