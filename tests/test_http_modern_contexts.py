@@ -304,6 +304,8 @@ class PerSessionScript(Script):
     asks input_required with a requestState of its own, whose retry only
     that instance knows."""
 
+    state: str | None = None  # (every instance's requestState, if set: they clash)
+
     async def open_session(self, context: Any, view: Any, transparent: bool) -> None:
         self.opened += 1
         number = self.opened
@@ -317,11 +319,12 @@ class PerSessionScript(Script):
                 handle.owns_instance = True
                 message = orjson.loads(frames[0])
                 state = message["params"].get("requestState")
+                mine = self.state or f"server-{number}"
                 if state is None and message["method"] == "tools/call":
-                    result = {"resultType": "input_required", "requestState": f"server-{number}"}
+                    result = {"resultType": "input_required", "requestState": mine}
                 else:
                     self.retries.append((number, message["id"]))
-                    ok = state in (None, f"server-{number}")
+                    ok = state in (None, mine)
                     result = {"resultType": "complete", "isError": not ok, "content": []}
                 await context.send([{"jsonrpc": "2.0", "id": message["id"], "result": result}])
         finally:
@@ -364,6 +367,29 @@ async def test_a_per_session_servers_input_required_waits_for_its_retry(
         assert script.ended == [2] and list(contexts.parked) == ["server-1"]
         await trio.sleep(31)  # no retry: the instance is given back
         assert script.ended == [2, 1] and not contexts.contexts
+        nursery.cancel_scope.cancel()
+
+
+async def test_two_instances_giving_the_same_request_state_wait_for_no_retry(
+    autojump_clock: Any,
+) -> None:
+    """Server states are the server's: two per-session instances may give the
+    same one. Whose retry it is cannot be told, so neither call waits for it
+    (the second client's retry reached the first client's instance); both
+    retries are then unknown, never another client's. (Found by review.)"""
+    script = PerSessionScript()
+    script.state = "step-1"
+    contexts = ModernHttp(script.open_session, 1 << 20, park_seconds=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(contexts.run)
+        await ask(contexts, 1)
+        assert set(contexts.parked) == {"step-1"}
+        await ask(contexts, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not contexts.parked and sorted(script.ended) == [1, 2]
+        retry = await ask(contexts, 3, requestState="step-1")
+        assert retry.answer()["id"] == 3
+        assert script.retries == [(3, 3)]  # (a new session of its own, not the first's)
         nursery.cancel_scope.cancel()
 
 

@@ -316,6 +316,13 @@ class ModernHttp:
                 # per-session instance: its retry must reach that instance (no
                 # other knows its requestState), so the context waits for it.
                 token = http_modern.retry_state(answer)
+            if token is not None and token in self.parked and not is_ours(token):
+                # Two of a server's instances gave the same requestState (a
+                # server's own, not a broker's token): whose retry it is cannot
+                # be told, so neither call waits for one (a retry reaching the
+                # other's instance would be another client's).
+                self.parked.pop(token).end("another call was given the same requestState")
+                token = None
             if token is not None and not context.closed and token not in self.parked:
                 self._park(context, token)
             elif answer is None or parked or post.method == LISTEN or not self._keep(context):
