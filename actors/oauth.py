@@ -567,7 +567,7 @@ class NoRevocation(OAuthError):
     revocation endpoint, or the grant does not name that server."""
 
 
-async def revoke(grant: Grant) -> str:
+async def revoke(grant: Grant, transport: httpx2.AsyncBaseTransport | None = None) -> str:
     """Revoke ``grant``'s tokens at its authorization server (RFC 7009): the
     refresh token first (at most servers that revokes what was issued with
     it), then the access token. Returns the endpoint used; an
@@ -575,7 +575,9 @@ async def revoke(grant: Grant) -> str:
     they cannot be)."""
     if grant.issuer is None:
         raise NoRevocation("the grant does not name its authorization server")
-    async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=True) as client:
+    async with httpx2.AsyncClient(
+        timeout=HTTP_TIMEOUT, follow_redirects=True, transport=transport
+    ) as client:
         server = await _server_metadata(client, grant.issuer)
         endpoint = server.revocation_endpoint
         if endpoint is None:
@@ -589,7 +591,11 @@ async def revoke(grant: Grant) -> str:
                 continue
             body = oauth.revocation_request(grant.client, token, hint)
             headers = oauth.client_headers(grant.client)
-            answer = await _ask(client, "POST", endpoint, data=body, headers=headers)
+            # (not redirected: a 307 would send the token and the client's
+            # secret on, in the form, to wherever it points)
+            answer = await _ask(
+                client, "POST", endpoint, data=body, headers=headers, follow_redirects=False
+            )
             if answer.status_code != 200:  # (an unknown token is 200 too: RFC 7009, 2.2)
                 said = answer.content[:200].decode(errors="replace")
                 raise OAuthError(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+import attrs
 import httpx2
 import pytest
 import trio
@@ -664,3 +665,31 @@ async def test_logout_with_a_token_file_that_cannot_be_read_is_one_line(tmp_path
     assert process.returncode == 1
     lines = process.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mcpbroker auth: "), lines
+
+
+async def test_a_revocation_is_not_redirected_with_the_token() -> None:
+    """A revocation endpoint answering 307 elsewhere: the POST (the token
+    and the client's secret, in its form) is not sent on; the revocation
+    fails. (Found by reading the change again.)"""
+    from actors.oauth import revoke
+
+    metadata = {
+        "issuer": "https://as.example",
+        "authorization_endpoint": "https://as.example/authorize",
+        "token_endpoint": "https://as.example/token",
+        "revocation_endpoint": "https://as.example/revoke",
+        "code_challenge_methods_supported": ["S256"],
+    }
+    seen: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(str(request.url))
+        if request.url.path.startswith("/.well-known/"):
+            return httpx2.Response(200, json=metadata)
+        return httpx2.Response(307, headers={"Location": "https://elsewhere.example/take"})
+
+    grant = attrs.evolve(grant_for(), issuer="https://as.example")
+    with pytest.raises(OAuthError, match="refused to revoke the refresh token"):
+        await revoke(grant, transport=httpx2.MockTransport(answer))
+    assert seen[-1] == "https://as.example/revoke"
+    assert not any("elsewhere" in url for url in seen)
