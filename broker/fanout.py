@@ -178,8 +178,7 @@ class Fanout:
         server (its process is gone: a pool's session moved off a failed
         instance). A URI nobody else wants is then not renewed at its restart."""
         for uri in list(self._subscribers):
-            if self._leave(session, uri):
-                self._accepted.discard(uri)
+            self.unsubscribe(session, uri)  # (what it says to tell the server is not told)
 
     # -- sessions -------------------------------------------------------------
 
