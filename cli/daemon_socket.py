@@ -41,7 +41,7 @@ DAEMON_START_TIMEOUT = 15.0
 POLL_INTERVAL = 0.01
 LOST_RACE_GRACE = 2.0
 MAX_STARTS = 4  # daemons started in one wait (each after the lock's holder went)
-CONFIG_ERROR_EXIT = 2  # `mcpbroker serve`'s exit code for a bad config (cli/service.py's)
+CONFIG_ERROR_EXIT = 2  # `mcpbroker serve`'s exit code for a bad config: never restarted
 
 
 class DaemonUnavailable(Exception):
@@ -96,7 +96,7 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
     # with: this one serves them too, for the hosts that use it by URL.
     listeners = recorded_listeners(socket_path)
     if listeners:
-        _say(
+        say(
             f"starting a daemon with the listeners of the one that went away: {' '.join(listeners)}"
         )
     child = _spawn(socket_path, config, log_path, listeners)
@@ -122,7 +122,7 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
                 start = _size(log_path)
                 child = _spawn(socket_path, config, log_path, listeners)
             elif listeners and starts < MAX_STARTS:  # (one of them cannot be served now)
-                _say(f"that failed:\n{_tail(log_path, start)}starting one without them")
+                say(f"that failed:\n{_tail(log_path, start)}starting one without them")
                 listeners, holder, exited_at, starts = [], None, None, starts + 1
                 start = _size(log_path)
                 child = _spawn(socket_path, config, log_path, listeners)
@@ -219,7 +219,8 @@ def _size(path: str) -> int:
         return 0
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
+    """A line for the host's log (the shim's stderr)."""
     print(f"mcpbroker connect: {text}", file=sys.stderr, flush=True)
 
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 import _socket
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable
 
 from cli.copy_relay import CopyRelay, HostGone
-from cli.daemon_socket import DaemonUnavailable, connect, start_daemon
+from cli.daemon_socket import DaemonUnavailable, connect, say, start_daemon
 from cli.host_pipes import (
     CHUNK,
     STDIN,
@@ -53,10 +52,6 @@ STABLE = 10.0  # a session restored this long ago counts as restored for good
 # one, which still serves this session: broker/hello.py's notices).
 HOLD_TIMEOUT = 60.0
 MAX_QUICK_GAPS = 5
-
-
-def _say(text: str) -> None:
-    print(f"mcpbroker connect: {text}", file=sys.stderr, flush=True)
 
 
 class _Lines:
@@ -151,7 +146,7 @@ class ResumingRelay(CopyRelay):
                 try:
                     self._gap()
                 except DaemonUnavailable as exc:
-                    _say(str(exc))
+                    say(str(exc))
                     self._flush_to_host()
                     return 1
         finally:
@@ -224,7 +219,7 @@ class ResumingRelay(CopyRelay):
         lost = self.state.gap_errors() if self.state.pending else b""
         if lost:
             self.to_host += lost
-            _say("the daemon went away with requests in flight")
+            say("the daemon went away with requests in flight")
         self._flush_to_host()
         return 1 if lost else 0
 
@@ -243,7 +238,7 @@ class ResumingRelay(CopyRelay):
         self.to_daemon.clear()  # (its requests are in flight: they get errors)
         self.to_host += self.state.gap_errors()
         self._flush_to_host()
-        _say("the daemon went away; reconnecting")
+        say("the daemon went away; reconnecting")
         # A daemon that closes the session again soon after each reconnect (a
         # session it cannot serve) is not reconnected to in a tight loop.
         if time.monotonic() - self._reconnected < STABLE:
@@ -266,7 +261,7 @@ class ResumingRelay(CopyRelay):
                     sock = start_daemon(self.socket_path, self.config)
                 except DaemonUnavailable as exc:
                     if str(exc) != reported:
-                        _say(f"{exc}; waiting for a daemon")
+                        say(f"{exc}; waiting for a daemon")
                         reported = str(exc)
             if sock is not None:
                 try:
@@ -274,13 +269,13 @@ class ResumingRelay(CopyRelay):
                 except (OSError, TimeoutError) as exc:
                     said = f"the new daemon did not take the session back ({exc}); retrying"
                     if said != reported:  # (once while it says the same: a stopping one)
-                        _say(said)
+                        say(said)
                         reported = said
                     with contextlib.suppress(OSError):
                         sock.close()
                     self.to_host += self.state.gap_errors()
                 else:
-                    _say("reconnected")
+                    say("reconnected")
                     self._reconnected = time.monotonic()
                     return
             if time.monotonic() >= deadline:
@@ -326,7 +321,7 @@ def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
             method, got = scan(line + b"\n")
             if method is None and got == id:
                 if b'"error"' in line and b'"result"' not in line:
-                    _say(f"the new daemon refused the session: {line.decode(errors='replace')}")
+                    say(f"the new daemon refused the session: {line.decode(errors='replace')}")
                 return line, buffer
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.paths import STARTED_BY_ENV, default_config_path, default_socket_path
+from cli.daemon_socket import CONFIG_ERROR_EXIT
 
 UNIT = "mcpbroker"
 LAUNCHD_LABEL = "org.mcpbroker.daemon"
@@ -31,7 +32,6 @@ HEADER = "# Written by `mcpbroker service install`; `mcpbroker service uninstall
 RESTART_DELAY = 2  # seconds between a failure and the next start
 STOP_TIMEOUT = 30  # seconds the daemon has to stop its servers before it is killed
 LAUNCHD_THROTTLE = 10  # seconds between two starts of the launchd agent
-CONFIG_ERROR_EXIT = 2  # `mcpbroker serve`'s exit code for a bad config: never restarted
 
 
 class ServiceError(Exception):
