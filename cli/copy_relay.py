@@ -52,7 +52,8 @@ class CopyRelay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
-        self.stdin_held = False  # stdin is not read for now (cli/reconnect.py: a daemon stopping)
+        # stdin is not read until then (time.monotonic(); cli/reconnect.py: a daemon stopping)
+        self.held_until: float | None = None
         self._attach(sock)
 
     def _attach(self, sock: _socket.socket) -> None:
@@ -96,7 +97,7 @@ class CopyRelay:
         if self._steady and not to_daemon and not to_host:
             return
         self._steady = not to_daemon and not to_host
-        reading = self.stdin_open and not self.stdin_held
+        reading = self.stdin_open and self.held_until is None
         stdin = select.POLLIN if reading and to_daemon < BUFFER_LIMIT else 0
         stdout = select.POLLOUT if to_host else 0
         sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (

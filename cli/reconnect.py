@@ -131,7 +131,6 @@ class ResumingRelay(CopyRelay):
         self.up = _Lines(state.up)
         self.down = _Lines(state.down)
         self._reconnected = -STABLE  # when the last gap ended
-        self._held_until: float | None = None  # stdin held (a daemon stopping) until then
         self._quick_gaps = 0  # gaps in a row, each soon after the one before
         super().__init__(sock)
 
@@ -180,7 +179,7 @@ class ResumingRelay(CopyRelay):
 
     def _from_daemon(self, data: bytes) -> bool:
         going_on = super()._from_daemon(self.down.feed(data))
-        if self.state.stopping and self._held_until is None:
+        if self.state.stopping and self.held_until is None:
             self._hold_stdin()
         return going_on
 
@@ -188,13 +187,12 @@ class ResumingRelay(CopyRelay):
         """The daemon has begun to stop: what the host writes from now on
         waits in its pipe for the next daemon (what it wrote before is still
         served), as it does during a gap."""
-        self._held_until = time.monotonic() + HOLD_TIMEOUT
-        self.stdin_held, self._steady = True, False
+        self.held_until, self._steady = time.monotonic() + HOLD_TIMEOUT, False
 
     def _poll_timeout(self) -> float | None:
-        if self._held_until is None:
+        if self.held_until is None:
             return None
-        left = self._held_until - time.monotonic()
+        left = self.held_until - time.monotonic()
         if left > 0:
             return left * 1000
         self._release_stdin()  # (a daemon that takes this long: it still serves the session)
@@ -202,8 +200,7 @@ class ResumingRelay(CopyRelay):
 
     def _release_stdin(self) -> None:
         self.state.stopping = False
-        self._held_until = None
-        self.stdin_held, self._steady = False, False
+        self.held_until, self._steady = None, False
 
     def _lost(self, exc: OSError) -> None:
         """(Said by the gap that follows.)"""

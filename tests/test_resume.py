@@ -332,15 +332,15 @@ def test_a_stopping_daemon_holds_the_hosts_requests_for_a_while(
     monkeypatch.setattr(cli.reconnect.time, "monotonic", lambda: clock[0])
     with ours, theirs:
         relay = ResumingRelay(ours, HostState(), "/nowhere", None, b"")
-        assert relay._poll_timeout() is None and not relay.stdin_held
+        assert relay._poll_timeout() is None and relay.held_until is None
         relay._from_daemon(b'{"mcpbroker":{"notice":"stopping"}}\n')
-        assert relay.stdin_held and relay.to_host == b""
+        assert relay.held_until is not None and relay.to_host == b""
         assert relay._poll_timeout() == HOLD_TIMEOUT * 1000
         clock[0] += HOLD_TIMEOUT - 1
         assert relay._poll_timeout() == pytest.approx(1000)
         clock[0] += 1
         assert relay._poll_timeout() is None  # (given up waiting: read stdin again)
-        assert not relay.stdin_held and not relay.state.stopping
+        assert relay.held_until is None and not relay.state.stopping
 
 
 def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(
