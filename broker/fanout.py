@@ -128,22 +128,18 @@ class Fanout:
         starts in its place: the same subscribers and levels, which it is
         asked for at its handshake (``UpstreamProtocol.renewed``), as a
         restarted process is."""
-        fresh = Fanout()
-        fresh._levels = dict(self._levels)
-        fresh._subscribers = {uri: set(sessions) for uri, sessions in self._subscribers.items()}
-        fresh._sent_level = min(self._levels.values()) if self._levels else None
-        return fresh
+        return self._of(lambda session: True)
 
     def merged(self, other: Fanout) -> Fanout:
         """This and ``other`` together (the instances of a group): each
         session's level and subscriptions, whichever instance had them."""
-        fresh = self.for_new_server()
+        levels = dict(self._levels)
         for session, rank in other._levels.items():
-            fresh._levels[session] = min(rank, fresh._levels.get(session, rank))
+            levels[session] = min(rank, levels.get(session, rank))
+        subscribers = {uri: set(sessions) for uri, sessions in self._subscribers.items()}
         for uri, sessions in other._subscribers.items():
-            fresh._subscribers.setdefault(uri, set()).update(sessions)
-        fresh._sent_level = min(fresh._levels.values()) if fresh._levels else None
-        return fresh
+            subscribers.setdefault(uri, set()).update(sessions)
+        return _made(levels, subscribers)
 
     def only(self, sessions: set[Hashable]) -> Fanout:
         """What ``sessions`` asked, for a new process that serves them alone."""
@@ -154,20 +150,15 @@ class Fanout:
         return self._of(lambda session: session not in sessions)
 
     def _of(self, kept: Callable[[Hashable], bool]) -> Fanout:
-        fresh = Fanout()
-        fresh._levels = {s: rank for s, rank in self._levels.items() if kept(s)}
-        for uri, subscribers in self._subscribers.items():
-            if wanting := {s for s in subscribers if kept(s)}:
-                fresh._subscribers[uri] = wanting
-        fresh._sent_level = min(fresh._levels.values()) if fresh._levels else None
-        return fresh
+        subscribers = {}
+        for uri, sessions in self._subscribers.items():
+            if wanting := {s for s in sessions if kept(s)}:
+                subscribers[uri] = wanting
+        return _made({s: rank for s, rank in self._levels.items() if kept(s)}, subscribers)
 
     def levels_only(self) -> Fanout:
         """The sessions' log levels alone (no subscriptions)."""
-        fresh = Fanout()
-        fresh._levels = dict(self._levels)
-        fresh._sent_level = min(self._levels.values()) if self._levels else None
-        return fresh
+        return _made(dict(self._levels), {})
 
     def subscribing(self) -> set[Hashable]:
         """The sessions subscribed to something."""
@@ -187,3 +178,12 @@ class Fanout:
         emptied = [uri for uri in list(self._subscribers) if self.unsubscribe(session, uri)]
         self._levels.pop(session, None)
         return emptied, self._upstream_level_change()
+
+
+def _made(levels: dict[Hashable, int], subscribers: dict[str, set[Hashable]]) -> Fanout:
+    """A new process's Fanout of these levels and subscriptions: the level it
+    is sent at its handshake is the most verbose of them."""
+    fresh = Fanout()
+    fresh._levels, fresh._subscribers = levels, subscribers
+    fresh._sent_level = min(levels.values()) if levels else None
+    return fresh
