@@ -128,7 +128,7 @@ def _id_at(line: bytes, i: int) -> tuple[bytes | None, int]:
     comma, brace = line.find(b",", i), line.find(b"}", i)
     end = comma if comma != -1 and (brace == -1 or comma < brace) else brace
     value = line[i:end]
-    if end == -1 or not value.lstrip(b"-").isdigit():
+    if end == -1 or not _is_id(value):
         return None, i
     return value, end
 
@@ -266,7 +266,9 @@ def with_id(line: bytes, id: bytes) -> bytes:
 
 
 def _answerable(id: bytes) -> bool:
-    """Whether ``id`` is JSON for a string or an integer, to be written to the host as it is."""
+    """Whether ``id`` is JSON for a string or an integer, to be written to the
+    host as it is (:func:`scan` tracks no other shape, but its byte searches
+    cannot tell a string's bytes are UTF-8)."""
     import json
 
     try:

@@ -375,3 +375,12 @@ def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(
         "retrying",
         "mcpbroker connect: reconnected",
     ]
+
+
+@pytest.mark.parametrize("id", [b"--1", b"007", b"-", b"1-"])
+def test_the_compact_scan_tracks_no_id_json_does_not_allow(id: bytes) -> None:
+    """One rule for an integer id (_is_id), on the compact path too: it took
+    '--1' and '007', which no parser reads, for ids. (Found by review.)"""
+    method, tracked = scan(b'{"jsonrpc":"2.0","id":%s,"method":"ping"}\n' % id)
+    assert method == b"ping" and tracked is None
+    assert scan(b'{"jsonrpc":"2.0","id":-7,"method":"ping"}\n') == (b"ping", b"-7")
