@@ -16,8 +16,10 @@ and changes, not the figures with the daemon's.
 ``python -m benchmarks.hotpath [--path P ...] [--calls N] [--tree DIR]``
 prints, for each path, the instructions per call (valgrind's cachegrind,
 which must be installed: two runs, of none and of N calls, subtracted) and
-its ratio to legacy. Paths: ``legacy`` (a legacy client at a legacy
-server), ``modern`` (both 2026-07-28), ``legacy-at-modern``,
+its ratios to ``legacy`` and ``legacy-padded`` (those counted before it).
+Paths: ``legacy`` (a legacy client at a legacy server), ``legacy-padded``
+(the same, each request as long as a modern one: what of a modern call's
+cost is its bytes), ``modern`` (both 2026-07-28), ``legacy-at-modern``,
 ``modern-at-legacy``. ``PYTHONHASHSEED`` is fixed: the same tree gives the
 same figure to within a few instructions.
 """
@@ -33,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-PATHS = ("legacy", "modern", "legacy-at-modern", "modern-at-legacy")
+PATHS = ("legacy", "legacy-padded", "modern", "legacy-at-modern", "modern-at-legacy")
 BATCH = 16  # calls a client's read and a server's read carry (the load's in-flight)
 
 
@@ -98,6 +100,10 @@ def run(path: str, calls: int) -> tuple[bytes, bytes]:
     call: dict[str, Any] = {"name": "echo", "arguments": {"text": "x"}}
     if client_modern:
         call["_meta"] = meta
+    elif path == "legacy-padded":
+        # As long as a modern call's line: the bytes' share of its cost.
+        pad = len(orjson.dumps({**call, "_meta": meta})) - len(orjson.dumps(call))
+        call["arguments"] = {"text": "x", "pad": "x" * (pad - len(b',"pad":""'))}
     request_tail = b',"method":"tools/call","params":' + orjson.dumps(call) + b"}\n"
     result = b'"resultType":"complete",' if server_modern else b""
     answer_tail = b',"result":{' + result + b'"content":[{"type":"text","text":"x"}]}}\n'
@@ -155,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         run(args.run, args.calls)
         return 0
     tree = Path(args.tree).resolve() if args.tree else Path(__file__).resolve().parent.parent
-    legacy = None
+    bases: dict[str, float] = {}  # legacy, legacy-padded: what the others are read against
     for path in args.path or PATHS:
         figure = count(path, args.calls, tree)
-        legacy = figure if path == "legacy" else legacy
-        ratio = f" ({figure / legacy:.3f}x legacy)" if legacy and path != "legacy" else ""
+        ratios = [f"{figure / n:.3f}x {base}" for base, n in bases.items()]
+        if path.startswith("legacy") and "at" not in path:
+            bases[path] = figure
+        ratio = f" ({', '.join(ratios)})" if ratios else ""
         print(f"{path}: {figure:,.0f} instructions per call{ratio}", flush=True)
     return 0
 
