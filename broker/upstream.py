@@ -799,7 +799,8 @@ class UpstreamProtocol:
         if entry is None:
             # A legacy client's call at a modern server: its final answer is
             # passed on as any other; a round of questions is the bridge's.
-            if not self.modern or not ends_round(answer):
+            # (A pool's instance searched the answer above.)
+            if not self.modern or (self.minted is None and not ends_round(answer)):
                 return None
             entry = self.requests.close_round(upstream_id)
             if entry is None:

@@ -123,6 +123,26 @@ def test_a_pools_instance_remembers_the_request_states_it_gives_modern_clients()
     assert fresh.minted == {} and not fresh.mints("blob-1")
 
 
+def test_a_pools_instance_searches_a_legacy_clients_answer_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (Its search for "input_required" reads the whole line: one is enough.)
+    from broker import upstream
+
+    searched: list[object] = []
+    ends_round = upstream.ends_round
+    monkeypatch.setattr(upstream, "ends_round", lambda a: searched.append(a) or ends_round(a))
+    proto, _ = modern_server()
+    proto.minted = {}
+    proto.attach("a", {})
+    request = call(7)
+    assert proto.forward_fast("a", request)
+    line = b'{"jsonrpc":"2.0","id":%d,"result":{"resultType":"complete"}}' % request["id"]
+    answer = split_answer(line)
+    assert answer is not None and proto.answer_fast(answer) == "a"
+    assert searched == [answer] and answer.id == 7
+
+
 @pytest.mark.parametrize("code", [-32022, -32020])
 def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None:
     # Relayed as it came, -32022 told every client the broker refused its
