@@ -11,8 +11,9 @@ whatever is ready at once, which its wire format encodes.
 
 When the client closes its side, the session stops reading, lets the requests
 it still has in flight finish for up to :data:`LINGER_SECONDS` (so
-``printf '...' | socat - UNIX-CONNECT:...`` gets its answers), then detaches
-from its servers, which cancel whatever it still had in flight upstream.
+``printf '...' | socat - UNIX-CONNECT:...`` gets its answers), answers those
+that did not with an error, then detaches from its servers, which cancel
+whatever it still had in flight upstream.
 
 The daemon may end a session from its side (:meth:`Session.refuse`, then
 :meth:`Session.stop`: the daemon is stopping, or a reload removed the one
@@ -604,10 +605,21 @@ class Session:
                 await upstream.send(Detach(self._handle))
 
     async def _linger(self) -> None:
+        """The client closed its input: what it has in flight may finish for
+        up to :data:`LINGER_SECONDS`; what does not is answered with an error
+        (its output may still be open: ``socat``, a shim that does not resume),
+        as a stop's is, then cancelled upstream."""
         self._protocol.move(SessionTrigger.CLIENT_CLOSED)
         if self._protocol.inflight and self._stopping is None:
             with trio.move_on_after(LINGER_SECONDS):
                 await self._drained.wait()
+            if self._protocol.inflight and self._stopping is None:
+                self._stopping = self._unfinished = (
+                    f"the client closed its input, and its request did not finish "
+                    f"within {LINGER_SECONDS:g} s of that (cancelled)"
+                )
+                if self._handle.close_reason is None:
+                    self._handle.close_reason = "client left with requests unfinished"
 
     # -- parked calls (a 2026-07-28 client's, at a legacy server) ---------------
 

@@ -378,6 +378,31 @@ async def test_disconnect_cancels_what_the_session_had_in_flight(
     assert upstream.statistics().in_flight == 0 and upstream.statistics().sessions == 0
 
 
+async def test_a_request_left_unfinished_after_the_client_closed_its_input_gets_an_error(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """(``socat``, a shim with ``--no-resume``: the input ends, the output is
+    still read.) What finishes within the linger is answered; what does not
+    gets an error, not silence, and is cancelled upstream."""
+    script = ScriptedServer(nursery)
+    broker = await start_upstream(nursery, script)
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    for id, seconds in ((1, 2), (2, 600)):
+        params = call("sleep", seconds=seconds)
+        await client.send({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    await trio.sleep(1)
+    await client.stream.send_eof()  # type: ignore[attr-defined]
+    with trio.fail_after(30):
+        first, second = await client.receive(), await client.receive()
+    assert first["id"] == 1 and "result" in first
+    assert second["id"] == 2 and second["error"]["code"] == jsonrpc.CONNECTION_CLOSED
+    assert "closed its input" in second["error"]["message"]
+    await trio.sleep(1)
+    cancelled = script.requests("notifications/cancelled")
+    assert [m["params"]["requestId"] for m in cancelled] == [script.requests("tools/call")[1]["id"]]
+
+
 async def test_progress_tokens_are_rewritten_per_session(nursery: trio.Nursery) -> None:
     script = ScriptedServer(nursery)
     broker = await start_upstream(nursery, script)
