@@ -89,7 +89,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
-from broker.upstream_actions import ListenLater
+from broker.upstream_actions import ListenLater, Reconnect
 from broker.wire.frames import Failed, LinkFrame, OnStream, Oversize, Renewed
 
 INBOX_SIZE = 256
@@ -1166,6 +1166,8 @@ class Upstream:
             elif isinstance(action, ListenLater):
                 if self._link_nursery is not None:
                     self._link_nursery.start_soon(self._listen_later, action.delay)
+            elif isinstance(action, Reconnect):  # (its era found out anew: docs/eras.md)
+                self._abandon(action.reason)
             elif isinstance(action, Speak):  # (before the requests it concerns)
                 if self._link is not None:
                     self._link.speak(action.version)

@@ -53,8 +53,8 @@ from broker.eras.upstream import (
     HANDSHAKE_ID,
     PROBE_ID,
     EraProbe,
+    EraRefusals,
     ModernServer,
-    era_refusal,
     may_refuse_era,
 )
 from broker.fanout import Fanout
@@ -143,6 +143,8 @@ class UpstreamProtocol:
         # initialize (:meth:`restarted`): None while it is probed.
         self.unprobed = unprobed
         self.probe = EraProbe(era if unprobed is None else "legacy")
+        # A modern server's refusals of the era on a call (kept across restarts).
+        self.refusals = EraRefusals(name, era)
         self.back_channel_warned = False  # (_back_channel_refused)
         # A pool's instance (PooledServer): the requestStates (their hashes)
         # of the input_required answers it gave modern clients, the latest
@@ -222,6 +224,7 @@ class UpstreamProtocol:
         fresh.fanout = self.fanout  # subscriptions and log level are renewed on ready
         fresh.tasks = self.tasks
         fresh.last_error = self.last_error
+        fresh.refusals = self.refusals
         if self.minted is not None:  # (a new process knows none of the old one's)
             fresh.minted = {}
         return fresh
@@ -791,7 +794,7 @@ class UpstreamProtocol:
         if type(upstream_id) is not int:
             return None
         if self.modern and (
-            (answer.is_error() and may_refuse_era(answer))  # (_response: era_refusal)
+            (answer.is_error() and may_refuse_era(answer))  # (_response: EraRefusals)
             or (self.minted is not None and not ends_round(answer))  # (a pool's: _minted)
         ):
             return None
@@ -923,10 +926,9 @@ class UpstreamProtocol:
         note = entry.note
         warned: list[Action] = []
         if self.modern and "error" in message:
-            refused = era_refusal(self.name, message)
-            if refused is not None:
-                message = refused
-                warned.append(Warn("server.era_refused", refused["error"]["message"]))
+            refused = self.refusals.refused(message, now)
+            if refused is not None:  # (it may be opened again: docs/eras.md)
+                message, warned = refused
         if note is None:  # nearly every response
             if self.minted is not None and entry.session in self.modern_sessions:
                 self._minted(message)

@@ -14,7 +14,9 @@ Upstream actor (actors/upstream.py) carries them out:
   has listed its tools;
 - :class:`Warn`: something the operator should hear about;
 - :class:`Speak`: the era the connection's requests go in from now on, which
-  the link follows (HTTP: a modern request is its own POST, docs/eras.md).
+  the link follows (HTTP: a modern request is its own POST, docs/eras.md);
+- :class:`Reconnect`: end this connection; the supervisor opens it again,
+  which finds out the server's era anew (docs/eras.md).
 """
 
 from __future__ import annotations
@@ -101,4 +103,23 @@ class ListenLater:
     delay: float
 
 
-Action = SendUpstream | Deliver | Broadcast | ListChanged | Ready | Warn | Speak | ListenLater
+@attrs.frozen
+class Reconnect:
+    """End this connection (``reason``: why, as the log and the requests
+    still in flight are told); the supervisor opens it again, probing the
+    server's era as at the start (a modern server that refused the era)."""
+
+    reason: str
+
+
+Action = (
+    SendUpstream
+    | Deliver
+    | Broadcast
+    | ListChanged
+    | Ready
+    | Warn
+    | Speak
+    | ListenLater
+    | Reconnect
+)

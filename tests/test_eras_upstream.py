@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
+import trio
 
 from broker import jsonrpc
 from broker.eras.versions import (
@@ -26,6 +27,8 @@ from broker.upstream import (
     UpstreamProtocol,
 )
 from broker.wire.envelope import split_answer
+from tests.scripted import ScriptedServer
+from tests.test_actors import open_client, start_broker
 
 MODERN = "2026-07-28"
 DISCOVERED = {
@@ -381,3 +384,35 @@ def test_a_made_up_request_state_at_a_legacy_server_is_refused_not_run_again() -
     modern = modern_protocol()
     modern.attach("m", {}, modern=True)
     assert modern.forward_fast("m", {**retry, "params": dict(params)})
+
+
+async def test_a_modern_server_that_refuses_the_era_is_opened_again_in_the_era_it_speaks(
+    nursery: Any, autojump_clock: Any
+) -> None:
+    """The Upstream actor: a server found modern that refuses 2026-07-28 on a
+    call (here: replaced by a legacy one) is opened again, probed, and found
+    legacy; the refused call is told to call again, and the next call is
+    served. (It was never probed again: every later call failed -32603.)"""
+    with trio.fail_after(120):  # (virtual time: a hang fails)
+        script = ScriptedServer(nursery, modern=True)
+        broker = await start_broker(nursery, {"s": script})
+        client = await open_client(nursery, broker)
+        await client.initialize()
+        refusal = {"code": -32022, "message": "Unsupported protocol version",
+                   "data": {"supported": ["2025-11-25"], "requested": MODERN}}  # fmt: skip
+        line = orjson.dumps({"jsonrpc": "2.0", "id": 0, "error": refusal}).decode()
+        line = line.replace('"id":0', '"id":ID')
+        script.modern = False  # (what its next process is)
+        answer = await client.request("tools/call", {"name": "raw", "arguments": {"line": line}})
+        error = answer["error"]
+        assert error["code"] == -32603 and error["data"]["retryable"] is True
+        assert "opens it again to find out its era; call again" in error["message"]
+        echo = {"name": "echo", "arguments": {"n": 1}}
+        answer = await client.request("tools/call", echo)  # (at once: as in any restart)
+        assert answer["error"]["code"] == -32000 and answer["error"]["data"]["retryable"]
+        await trio.sleep(2)  # (its restart's backoff, 0.25 to 0.5 s)
+        answer = await client.request("tools/call", echo)
+        assert answer["result"]["echo"] == {"n": 1}
+        assert script.launches == 2 and len(script.requests("server/discover")) == 2
+        assert len(script.requests("initialize")) == 1  # (the second process: legacy)
+        assert broker.upstreams["s"].identity.protocol_version == "2025-11-25"

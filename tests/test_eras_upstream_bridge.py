@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from broker import jsonrpc
+from broker.eras.upstream import REPROBE_INTERVAL
 from broker.eras.versions import (
     CLIENT_CAPABILITIES_KEY,
     LOG_LEVEL_KEY,
@@ -21,6 +22,7 @@ from broker.eras.versions import (
     SUBSCRIPTION_ID_KEY,
 )
 from broker.lifecycle import HandshakeError
+from broker.states import ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
     HANDSHAKE_ID,
@@ -33,7 +35,7 @@ from broker.upstream import (
     UpstreamProtocol,
     Warn,
 )
-from broker.upstream_actions import ListenLater
+from broker.upstream_actions import ListenLater, Reconnect
 from broker.wire.envelope import split_answer
 
 MODERN = "2026-07-28"
@@ -143,12 +145,8 @@ def test_a_pools_instance_searches_a_legacy_clients_answer_once(
     assert searched == [answer] and answer.id == 7
 
 
-@pytest.mark.parametrize("code", [-32022, -32020])
-def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None:
-    # Relayed as it came, -32022 told every client the broker refused its
-    # version (a legacy client never asked for 2026-07-28).
-    proto, _ = modern_server()
-    proto.attach("a", {})
+def refuse(proto: UpstreamProtocol, code: int, now: float = 0.0) -> list[Any]:
+    """A call of session ``a`` that the modern server refuses with ``code``."""
     request = call(7)
     assert proto.forward_fast("a", request)
     refusal = b'{"jsonrpc":"2.0","id":%d,"error":{"code":%d,"message":"Unsupported",' % (
@@ -157,14 +155,69 @@ def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None
     answer = split_answer(refusal)
     assert answer is not None and proto.answer_fast(answer) is None  # (read: an error)
     assert proto.response_fast(orjson.loads(refusal)) is None  # (nor taken parsed)
-    warn, delivered = proto.server_message(orjson.loads(refusal))
+    return proto.server_message(orjson.loads(refusal), now)
+
+
+@pytest.mark.parametrize("code", [-32022, -32020])
+def test_a_modern_servers_refusal_of_the_era_names_the_server(code: int) -> None:
+    # Relayed as it came, -32022 told every client the broker refused its
+    # version (a legacy client never asked for 2026-07-28).
+    proto, _ = modern_server()
+    proto.attach("a", {})
+    warn, *reopened, delivered = refuse(proto, code)
     assert isinstance(warn, Warn) and warn.event == "server.era_refused"
     assert isinstance(delivered, Deliver) and delivered.session == "a"
     error = delivered.message["error"]
     assert delivered.message["id"] == 7 and error["code"] == -32603
-    assert error["message"].startswith("MCP server 'm' refused")
-    assert error["data"] == {"server": "m", "code": code, "data": {"supported": ["2025-11-25"]}}
+    assert error["message"].startswith("MCP server 'm' refused") and warn.detail == error["message"]
+    data = {"server": "m", "code": code, "data": {"supported": ["2025-11-25"]}}
+    if code == -32022:  # its era is found out again (below)
+        data["retryable"] = True
+    else:  # (-32020 is the 2026-07-28 revision's own check: the server is modern)
+        assert not reopened and 'set its "era" to "legacy"' in error["message"]
+    assert error["data"] == data
     assert len(proto.requests) == 0
+
+
+def test_a_modern_server_refusing_the_version_is_opened_again_at_most_every_five_minutes() -> None:
+    """A server found modern that refuses 2026-07-28 on a call (replaced by a
+    legacy one behind its URL, a dual-era one restarted legacy-only) has its
+    connection opened again, which probes its era anew; the call is told to
+    call again. Not again within REPROBE_INTERVAL, across connections (a
+    server that flips between eras), and the error says until when. (It was
+    never probed again: every later call failed until the operator set
+    its "era".)"""
+    proto, _ = modern_server()
+    proto.attach("a", {})
+    warn, reopen, delivered = refuse(proto, -32022, now=1000.0)
+    assert isinstance(reopen, Reconnect) and "find out its era" in reopen.reason
+    assert isinstance(delivered, Deliver)
+    assert "opens it again to find out its era; call again" in delivered.message["error"]["message"]
+    # The actor ends the connection: the next one is probed (and here found
+    # modern again, as a server that flips back would be).
+    proto.server_gone(reopen.reason)
+    fresh = proto.restarted()
+    fresh.move(ServerTrigger.BACKOFF_ELAPSED)
+    fresh.move(ServerTrigger.LAUNCHED)
+    assert fresh.start()["method"] == "server/discover"
+    fresh.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    assert fresh.modern
+    warn, delivered = refuse(fresh, -32022, now=1000.0 + REPROBE_INTERVAL - 60)
+    assert isinstance(warn, Warn) and warn.event == "server.era_refused"
+    error = delivered.message["error"]
+    assert "opened again to find out its era 240 s ago, and is not before 60 s" in error["message"]
+    assert 'set its "era" to "legacy"' in error["message"] and "retryable" not in error["data"]
+    _, reopen, _ = refuse(fresh, -32022, now=1000.0 + REPROBE_INTERVAL)
+    assert isinstance(reopen, Reconnect)
+
+
+def test_a_server_configured_modern_is_not_opened_again_on_a_refusal() -> None:
+    proto = UpstreamProtocol("m", era="modern")
+    proto.start()
+    proto.server_message(jsonrpc.result_response(PROBE_ID, DISCOVERED))
+    proto.attach("a", {})
+    _, delivered = refuse(proto, -32022)
+    assert 'set its "era" to "legacy"' in delivered.message["error"]["message"]
 
 
 @pytest.mark.parametrize("shape", ["after id", "typescript"])

@@ -215,3 +215,28 @@ async def test_a_legacy_only_server_forced_modern_fails_its_handshake(socket_pat
             ):
                 async with shim_client(socket_path, "d"):
                     pass  # (initialize is refused: the view's one server is down)
+
+
+async def test_a_server_that_refuses_the_era_it_was_found_in_is_found_out_again(
+    socket_path: str, tmp_path: Any
+) -> None:
+    """A server found modern whose later process is legacy only (replaced
+    behind the broker's back) refuses a call -32022: the client is told to
+    call again, the server is opened again, probed, and found legacy, and
+    the next call is served. (Every call failed until its "era" was set.)"""
+    server = misbehaving("era-downgrade", env={"MISBEHAVING_EXTRA": str(tmp_path / "marker")})
+    with trio.fail_after(60):
+        async with (
+            running_daemon({"d": server}, socket_path) as daemon,
+            shim_client(socket_path, "d") as client,
+        ):
+            upstream = daemon.upstreams["d"]
+            assert upstream.identity.protocol_version == MODERN
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("echo", {"text": "hello"})
+            assert refused.value.error.code == -32603
+            assert "find out its era; call again" in refused.value.error.message
+            while upstream.identity is None or upstream.identity.protocol_version == MODERN:
+                await trio.sleep(0.05)
+            result = await client.call_tool("echo", {"text": "hello"})
+            assert (text_of(result), result.is_error) == ("hello", False)

@@ -76,6 +76,7 @@ from broker.upstream_actions import (
     Deliver,
     ListChanged,
     ListenLater,
+    Reconnect,
     SendUpstream,
     Speak,
     Warn,
@@ -89,6 +90,9 @@ PROBE_ID = "mcpbroker-discover"
 LISTEN_SETTLE: Final = 5.0
 LISTEN_DELAY: Final = 0.5
 MAX_LISTEN_DELAY: Final = 30.0
+# A modern server that refuses 2026-07-28 on a call is opened again (its era
+# found out anew) at most once in this many seconds (EraRefusals).
+REPROBE_INTERVAL: Final = 300.0
 
 
 class EraProbe:
@@ -392,32 +396,65 @@ class ModernServer:
 
 
 def may_refuse_era(answer: Answer) -> bool:
-    """Whether an error answer, unparsed, may be one :func:`era_refusal`
+    """Whether an error answer, unparsed, may be one :class:`EraRefusals`
     rewrites (its bytes name either code: the parser tells)."""
     line = answer.written()
     return line.find(b"-32022") >= 0 or line.find(b"-32020") >= 0
 
 
-def era_refusal(server: str, message: Message) -> Message | None:
-    """A 2026-07-28 server's answer to a request that refuses the broker's
-    side of the era (-32022: not the version the broker sent; -32020: the
-    broker's HTTP headers), as an error naming the server (-32603), or None.
-    Relayed as it came, it told the client that the broker refused its own
-    version or headers: a legacy client never asked for 2026-07-28, and a
-    modern one's were right (basic/versioning)."""
-    error = message.get("error")
-    code = error.get("code") if isinstance(error, dict) else None
-    if code != UNSUPPORTED_PROTOCOL_VERSION and code != HEADER_MISMATCH:
-        return None
-    assert isinstance(error, dict)
-    said = error.get("message")
-    what = "2026-07-28" if code == UNSUPPORTED_PROTOCOL_VERSION else "the broker's HTTP headers"
-    text = (
-        f"MCP server {server!r} refused {what} ({code}: {said}), though it was opened in "
-        'that era (its server/discover named it): set its "era" to "legacy" if it '
-        "no longer speaks 2026-07-28"
-    )
-    data: dict[str, Any] = {"server": server, "code": code}
-    if "data" in error:
-        data["data"] = error["data"]
-    return jsonrpc.error_response(message.get("id"), INTERNAL_ERROR, text, data=data)
+class EraRefusals:
+    """A 2026-07-28 server's refusals of the broker's side of the era on a
+    call, as errors naming the server, and whether one leads to finding out
+    its era again (docs/eras.md, "A server opened modern that refuses the
+    era"). One per server connection's actor: carried across its connections
+    (``UpstreamProtocol.restarted``), so the bound holds across them."""
+
+    def __init__(self, server: str, era: str) -> None:
+        self.server = server
+        self.era = era  # as configured: "modern" is never probed again
+        self.reprobed_at: float | None = None  # when a refusal last reopened it
+
+    def refused(self, message: Message, now: float) -> tuple[Message, list[Action]] | None:
+        """The error answer rewritten (-32603, naming the server) and what it
+        leads to (a warning; :class:`Reconnect` for a -32022 at most once per
+        :data:`REPROBE_INTERVAL`), or None: not a refusal of the era.
+
+        Relayed as it came, the refusal told the client that the broker
+        refused its own version or headers: a legacy client never asked for
+        2026-07-28, and a modern one's were right (basic/versioning)."""
+        error = message.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        if code != UNSUPPORTED_PROTOCOL_VERSION and code != HEADER_MISMATCH:
+            return None
+        assert isinstance(error, dict)
+        what = "2026-07-28" if code == UNSUPPORTED_PROTOCOL_VERSION else "the broker's HTTP headers"
+        text = (
+            f"MCP server {self.server!r} refused {what} ({code}: {error.get('message')}), "
+            "though it was opened in that era (its server/discover named it)"
+        )
+        data: dict[str, Any] = {"server": self.server, "code": code}
+        if "data" in error:
+            data["data"] = error["data"]
+        set_era = 'set its "era" to "legacy" if it no longer speaks 2026-07-28'
+        actions: list[Action] = []
+        since = None if self.reprobed_at is None else now - self.reprobed_at
+        if code == HEADER_MISMATCH or self.era == "modern":
+            # (-32020 is the 2026-07-28 revision's own check: the server is modern)
+            text += f": {set_era}"
+        elif since is not None and since < REPROBE_INTERVAL:  # (a server that flips)
+            text += (
+                f"; it was opened again to find out its era {since:.0f} s ago, and is not "
+                f"before {REPROBE_INTERVAL - since:.0f} s from now: {set_era}"
+            )
+        else:
+            self.reprobed_at = now
+            text += ": mcpbroker opens it again to find out its era; call again"
+            data["retryable"] = True
+            actions.append(
+                Reconnect(
+                    "refused 2026-07-28 on a call though its server/discover named it: "
+                    "opened again to find out its era"
+                )
+            )
+        refusal = jsonrpc.error_response(message.get("id"), INTERNAL_ERROR, text, data=data)
+        return refusal, [Warn("server.era_refused", text), *actions]

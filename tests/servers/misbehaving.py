@@ -29,6 +29,11 @@ that use each):
   for the URI if it is subscribed to it), ``state`` (what it was told: its
   subscriptions and log level); if the file named by ``$MISBEHAVING_EXTRA``
   exists when it starts, it also offers a tool ``extra``.
+- ``era-downgrade``: its first process (no file at ``$MISBEHAVING_EXTRA``,
+  which it creates) answers ``server/discover`` as a 2026-07-28 server, then
+  refuses every call -32022 naming the legacy versions, as a server replaced
+  by a legacy-only one behind the broker's back does; later processes (the
+  file exists) are legacy only (``server/discover``: -32601).
 
 Tools in every mode: ``echo {text}``; ``pid``; ``depth`` (the nesting depth of
 its arguments, counted without recursion); ``payload {size}`` (a text of
@@ -96,6 +101,10 @@ class Server:
         self.extra = mode == "recoverable" and os.path.exists(
             os.environ.get("MISBEHAVING_EXTRA", "\0")
         )
+        if mode == "era-downgrade":  # (its first process is modern, then it is legacy)
+            marker = os.environ["MISBEHAVING_EXTRA"]
+            self.mode = "normal" if os.path.exists(marker) else mode
+            open(marker, "a").close()
         self.subscribed: set[str] = set()  # recoverable: the URIs it was subscribed to
         self.level: str | None = None  # ... and the log level it was asked for
         self.out = sys.stdout.buffer
@@ -134,6 +143,18 @@ class Server:
             self.level = params.get("level")
         if method in ("ping", "logging/setLevel"):
             return result(id, {})
+        if self.mode == "era-downgrade":
+            if method == "server/discover":
+                info = {
+                    "io.modelcontextprotocol/serverInfo": {"name": "downgraded", "version": "1"}
+                }
+                found = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+                return result(id, {"resultType": "complete", **found, "_meta": info})
+            if method == "tools/list":
+                return result(id, {"resultType": "complete", "tools": TOOLS})
+            refused = {"code": -32022, "message": "Unsupported protocol version",
+                       "data": {"supported": VERSIONS, "requested": "2026-07-28"}}  # fmt: skip
+            return orjson.dumps({"jsonrpc": "2.0", "id": id, "error": refused})
         if self.mode == "recoverable":
             if method in ("resources/subscribe", "resources/unsubscribe"):
                 uri = str(params.get("uri"))
