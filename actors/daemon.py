@@ -56,7 +56,7 @@ from actors.downstream.unix import (
 )
 from actors.downstream.websocket import policy_for, serve_websocket
 from actors.logs import get_logger
-from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir
+from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir, take_listeners_origin
 from actors.registry import Registry
 from actors.sdnotify import Notifier
 from actors.server_actor import ServerActor, UpstreamStatistics
@@ -106,6 +106,10 @@ class DaemonStatistics:
     socket_activated: bool = False  # the socket was handed over by a service manager
     http: str | None = None  # the Streamable HTTP listener's URL, if there is one
     metrics: str | None = None  # the metrics listener's URL, if there is one
+    # Its command line's listeners were a daemon's that went away, carried
+    # over by the shim that started it: {"pid": that daemon's, "gone_by": when
+    # the shim found it gone (seconds since the epoch)} (docs/hosts.md).
+    listeners_from: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -146,6 +150,7 @@ class Daemon:
         self._http_policy: Policy | None = None
         self.started_by = "hand"
         self.socket_activated = False
+        self.listeners_from: dict[str, Any] | None = None  # (DaemonStatistics)
         self.notifier = Notifier(None)  # (a service manager's, once run() reads it)
         # Metrics and the audit log (docs/observability.md): what each request
         # came to is counted only if one of them is on.
@@ -176,6 +181,7 @@ class Daemon:
             socket_activated=self.socket_activated,
             http=self.http_url,
             metrics=self.metrics_url,
+            listeners_from=self.listeners_from,
         )
 
     async def _control(self, command: str, servers: tuple[str, ...] = ()) -> Any:
@@ -243,6 +249,7 @@ class Daemon:
                     audit_log=self.audit.path if self.audit else None,
                     started_by=self.started_by,
                     socket_activated=self.socket_activated,
+                    listeners_from=self.listeners_from,
                 )
                 task_status.started()
                 self.notifier.ready(self._ready_status())
@@ -555,6 +562,7 @@ class Daemon:
         inherited = take_inherited_listener(os.environ)
         self.socket_activated = inherited is not None
         self.started_by = take_start_mode(os.environ, self.socket_activated)
+        self.listeners_from = take_listeners_origin(os.environ)
         self.notifier = Notifier.take_from(os.environ)
         if inherited is not None:
             path = inherited.getsockname()

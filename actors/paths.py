@@ -26,12 +26,17 @@ import os
 import pwd
 import stat
 import struct
+from collections.abc import MutableMapping
 
 SOCKET_ENV = "MCPBROKER_SOCKET"
 CONFIG_ENV = "MCPBROKER_CONFIG"
 # Who started the daemon: "shim" (set by ``mcpbroker connect``) or "service" (set
 # by the unit ``mcpbroker service install`` writes); unset, by hand.
 STARTED_BY_ENV = "MCPBROKER_STARTED_BY"
+# Set by the shim on a daemon it starts with the listeners a daemon that went
+# away recorded: "PID TIME", that daemon's pid (0: unknown) and when the shim
+# found it gone (seconds since the epoch), for ``mcpbroker status``.
+LISTENERS_FROM_ENV = "MCPBROKER_LISTENERS_FROM"
 SOCKET_NAME = "mcpbroker.sock"
 # AF_UNIX paths are at most 107 bytes on Linux (104 on macOS).
 MAX_SOCKET_PATH = 104
@@ -116,6 +121,21 @@ def recorded_listeners(socket_path: str) -> list[str]:
     if len(lines) % 2 or not all(flag in LISTENER_FLAGS and value for flag, value in pairs):
         return []
     return lines
+
+
+def take_listeners_origin(
+    environ: MutableMapping[str, str],
+) -> dict[str, float | int | None] | None:
+    """Whose listeners this daemon serves, from ``$MCPBROKER_LISTENERS_FROM``
+    (removed, so that the servers it starts do not inherit it): ``{"pid":
+    PID or None, "gone_by": TIME}`` of the daemon that went away, or None (its
+    listeners are its own, or the value is not one)."""
+    value = environ.pop(LISTENERS_FROM_ENV, "")
+    try:
+        pid, gone_by = value.split(" ")
+        return {"pid": int(pid) or None, "gone_by": float(gone_by)}
+    except ValueError:
+        return None
 
 
 def ensure_private_dir(path: str) -> None:

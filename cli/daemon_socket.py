@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 
 from actors.paths import (
+    LISTENERS_FROM_ENV,
     MAX_SOCKET_PATH,
     STARTED_BY_ENV,
     UnsafePath,
@@ -99,7 +100,9 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
         say(
             f"starting a daemon with the listeners of the one that went away: {' '.join(listeners)}"
         )
-    child = _spawn(socket_path, config, log_path, listeners)
+    # Whose they were, for its status (the lock names its last holder).
+    origin = f"{_lock_holder(socket_path) or 0} {time.time():.0f}" if listeners else ""
+    child = _spawn(socket_path, config, log_path, listeners, origin)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     exited_at: float | None = None
     starts = 1
@@ -120,7 +123,7 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             elif other != child.pid and starts < MAX_STARTS:  # (it did not take the lock)
                 holder, exited_at, starts = None, None, starts + 1
                 start = _size(log_path)
-                child = _spawn(socket_path, config, log_path, listeners)
+                child = _spawn(socket_path, config, log_path, listeners, origin)
             elif listeners and starts < MAX_STARTS:  # (one of them cannot be served now)
                 say(f"that failed:\n{_tail(log_path, start)}starting one without them")
                 listeners, holder, exited_at, starts = [], None, None, starts + 1
@@ -149,10 +152,16 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
 
 
 def _spawn(
-    socket_path: str, config: str, log_path: str, listeners: list[str]
+    socket_path: str, config: str, log_path: str, listeners: list[str], origin: str = ""
 ) -> subprocess.Popen[bytes]:
+    """Start a daemon; ``listeners``: flags a daemon that went away recorded,
+    ``origin`` ("PID TIME") saying whose (``$MCPBROKER_LISTENERS_FROM``)."""
     import subprocess  # only on this path: most shims find the daemon running
 
+    env = daemon_environ(os.environ)
+    env.pop(LISTENERS_FROM_ENV, None)
+    if listeners and origin:
+        env[LISTENERS_FROM_ENV] = origin
     try:
         log = os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab")
     except (UnsafePath, OSError) as exc:
@@ -179,7 +188,7 @@ def _spawn(
             stdout=subprocess.DEVNULL,
             stderr=log,
             start_new_session=True,
-            env=daemon_environ(os.environ),
+            env=env,
         )
 
 

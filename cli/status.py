@@ -66,6 +66,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
         f"started {started_by(status)}",
+        *([carried_over(status["listeners_from"])] if status.get("listeners_from") else []),
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         *([f"HTTP: {status['http']}"] if status.get("http") else []),
         *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),
@@ -170,6 +171,19 @@ def started_by(status: dict[str, Any]) -> str:
     (socket-activated)"); "by ?" for a daemon too old to say."""
     words = STARTERS.get(status.get("started_by", ""), "by ?")
     return words + (" (socket-activated)" if status.get("socket_activated") else "")
+
+
+def carried_over(origin: dict[str, Any]) -> str:
+    """The line saying that the daemon's command-line listeners are those of
+    a daemon that went away, which the shim that started it carried over
+    (docs/hosts.md, "Listeners after a restart")."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(origin["gone_by"]))
+    pid = origin.get("pid")
+    return (
+        f"listeners carried over from the daemon that stopped by {when}"
+        + (f" (pid {pid})" if pid else "")
+        + ": it did not stop cleanly"
+    )
 
 
 def _in_flight(sent: int, waiting: int) -> str:

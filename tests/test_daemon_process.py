@@ -219,7 +219,8 @@ async def test_a_shim_that_finds_a_daemon_still_stopping_waits_for_it_then_start
 async def test_a_daemon_that_died_is_replaced_with_its_listeners(socket_path: str) -> None:
     """A daemon run by hand with --http (as docs/hosts.md shows) that dies:
     the daemon a shim starts in its place served no HTTP, and every host
-    using the broker by URL stayed cut off. A clean stop leaves no record."""
+    using the broker by URL stayed cut off. Its status says so. A clean stop
+    leaves no record."""
     config = write_config(os.path.dirname(socket_path), {"demo": demo_server()})
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -249,6 +250,13 @@ async def test_a_daemon_that_died_is_replaced_with_its_listeners(socket_path: st
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.aclose()
             assert Path(socket_path + ".listeners").read_text().split() == http
+            # ... and its status says whose they were (it said nothing of it).
+            status = await trio.run_process(
+                [MCPBROKER, "status", "--socket", socket_path], env=ENV, capture_stdout=True
+            )
+            said = status.stdout.decode()
+            assert "listeners carried over from the daemon that stopped by " in said
+            assert f"(pid {by_hand.pid}): it did not stop cleanly" in said
         finally:
             os.kill(replacement, signal.SIGTERM)
         while psutil.pid_exists(replacement) and psutil.Process(replacement).status() != "zombie":

@@ -4,6 +4,7 @@ what the test did, and the server's CPU and memory against psutil's view."""
 from __future__ import annotations
 
 import subprocess
+import time
 from typing import Any
 
 import attrs
@@ -121,3 +122,15 @@ def test_requests_waiting_for_their_turn_are_shown_apart() -> None:
     assert "2" in plain and "waiting" not in plain
     status["servers"] = [server("plain", 2, 0)]
     assert "waiting" not in render(status)
+
+
+def test_listeners_carried_over_from_a_daemon_that_went_away_are_said() -> None:
+    status = {"pid": 1, "socket": "s", "uptime": 5.0, "sessions": [], "servers": []}
+    assert "carried over" not in render(status)
+    status["listeners_from"] = {"pid": 4242, "gone_by": 1764279602.0}
+    (line,) = [line for line in render(status).splitlines() if "carried over" in line]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1764279602.0))
+    assert line == (
+        f"listeners carried over from the daemon that stopped by {when} (pid 4242): "
+        "it did not stop cleanly"
+    )
