@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from functools import partial
 from typing import Any
@@ -172,7 +173,7 @@ class Daemon:
             pid=os.getpid(),
             socket=self.socket_path,
             uptime=trio.current_time() - self._started,
-            servers=tuple(upstream.statistics() for upstream in self.upstreams.values()),
+            servers=tuple(self._server_row(upstream) for upstream in self.upstreams.values()),
             sessions=tuple(
                 s.statistics() for s in self._sessions if not s.is_control and not s.idle
             ),
@@ -183,6 +184,19 @@ class Daemon:
             metrics=self.metrics_url,
             listeners_from=self.listeners_from,
         )
+
+    def _server_row(self, upstream: ServerActor) -> UpstreamStatistics:
+        """A server's statistics; while it has asked at run time for a scope
+        its grant lacks (a 403 ``insufficient_scope``), what to run, as its
+        error (docs/oauth.md)."""
+        row = upstream.statistics()
+        tokens = sys.modules.get("actors.oauth")  # (loaded once a server is reached by url)
+        if tokens is None:
+            return row
+        wanted = tokens.BearerTokens.wanted_scope(row.name)
+        if wanted is None:
+            return row
+        return attrs.evolve(row, last_error=tokens.step_up_hint(row.name, wanted))
 
     async def _control(self, command: str, servers: tuple[str, ...] = ()) -> Any:
         if command == "reload":

@@ -60,6 +60,9 @@ MAX_ANSWER = 1 << 20
 REFRESH_BACKOFF = 30.0
 # How often a task waiting for the token store's lock tries again.
 LOCK_POLL = 0.05
+# The scopes whose 403 a server's tokens remember having logged (then it
+# starts again: a server that names a new scope at every call fills no memory).
+MAX_SCOPES_TOLD = 16
 
 
 def default_token_path() -> str:
@@ -82,6 +85,10 @@ class Grant:
     client: Client
     tokens: Tokens
     issuer: str | None = None
+    # The scope the server asked for at run time that these tokens lack (its
+    # 403 insufficient_scope): the next ``mcpbroker auth`` asks for it too,
+    # and ``mcpbroker status`` says so meanwhile (docs/oauth.md, step-up).
+    wanted_scope: str | None = None
 
 
 _converter = cattrs.Converter()
@@ -239,6 +246,7 @@ class BearerTokens(httpx2.Auth):
         self._unreadable = False  # (the token file could not be read: said once)
         self._failing: str | None = None  # why the last refresh failed (logged once)
         self._retry_at = 0.0  # no refresh is asked for before this (clock) time
+        self._short_of: set[str | None] = set()  # scopes a 403 asked for (logged)
 
     @classmethod
     def of_server(cls, name: str, url: str, store: TokenStore) -> BearerTokens:
@@ -258,6 +266,18 @@ class BearerTokens(httpx2.Auth):
             if tokens.name == name:
                 tokens._loaded = False
                 tokens._retry_at = 0.0
+                tokens._short_of.clear()
+
+    @classmethod
+    def wanted_scope(cls, name: str) -> str | None:
+        """The scope server ``name`` asked for at run time (a 403
+        ``insufficient_scope``) that the grant in use lacks; None if none
+        (or its grant is not read yet, or was changed since)."""
+        for tokens in list(cls._shared.values()):
+            grant = tokens._grant
+            if tokens.name == name and tokens._loaded and grant is not None and grant.wanted_scope:
+                return grant.wanted_scope
+        return None
 
     async def async_auth_flow(
         self, request: httpx2.Request
@@ -270,12 +290,15 @@ class BearerTokens(httpx2.Auth):
         if grant is not None:
             request.headers["Authorization"] = f"Bearer {grant.tokens.access_token}"
         response = yield request
-        if response.status_code != 401:
-            return
-        if grant is None or grant.tokens.refresh_token is None:
-            again = await self._read()  # (a grant stored since?)
+        if response.status_code == 401:
+            if grant is None or grant.tokens.refresh_token is None:
+                again = await self._read()  # (a grant stored since?)
+            else:
+                again = await self._refresh(grant, force=True)
+        elif response.status_code == 403:
+            again = await self._short_of_scope(grant, response)
         else:
-            again = await self._refresh(grant, force=True)
+            return
         if again is not None and again != grant:
             request.headers["Authorization"] = f"Bearer {again.tokens.access_token}"
             yield request
@@ -302,6 +325,48 @@ class BearerTokens(httpx2.Auth):
         self._grant = grant
         self._loaded = True
         return grant
+
+    async def _short_of_scope(self, seen: Grant | None, response: httpx2.Response) -> Grant | None:
+        """A 403. If it is ``insufficient_scope`` (RFC 6750 section 3.1; the
+        MCP spec's step-up): a grant stored since the request went
+        (``mcpbroker auth`` ran) is returned, to send the request again;
+        else the scope the server asks for is noted beside the grant, where
+        the next ``mcpbroker auth`` finds it, and logged once. None: the 403
+        stands (the link tells the caller what to run)."""
+        challenge = oauth.parse_challenge(response.headers.get("www-authenticate"))
+        if challenge.error != oauth.INSUFFICIENT_SCOPE:
+            return None
+        scope, error = oauth.challenged_scope(challenge), None
+        try:
+            async with self._lock, self._store.locked_async(self.name):
+                grant = await self._read()
+                if grant is not None and (seen is None or grant.tokens != seen.tokens):
+                    return grant  # (stored since the request went: it goes again)
+                if (
+                    grant is not None
+                    and scope
+                    and not oauth.scope_covers(grant.wanted_scope, scope)
+                ):
+                    wanted = oauth.scope_union(grant.wanted_scope, scope)
+                    grant = self._grant = attrs.evolve(grant, wanted_scope=wanted)
+                    await trio.to_thread.run_sync(self._store.save_as_holder, self.name, grant)
+        except (OAuthError, UnsafePath, OSError) as exc:  # (not noted: said in the log)
+            error = str(exc)
+        self._tell_short_of(scope, error)
+        return None
+
+    def _tell_short_of(self, scope: str | None, error: str | None) -> None:
+        """Log a 403 ``insufficient_scope`` once per scope (until the grant is
+        read anew: ``mcpbroker auth`` may not have granted it)."""
+        if scope in self._short_of:
+            return
+        if len(self._short_of) >= MAX_SCOPES_TOLD:
+            self._short_of.clear()
+        self._short_of.add(scope)
+        extra = {} if error is None else {"not_noted": error}
+        get_logger(server=self.name).warning(
+            "oauth.insufficient_scope", scope=scope, hint=f"mcpbroker auth {self.name}", **extra
+        )
 
     def _refresh_failed(self, why: str) -> None:
         """No refresh is asked for again within :data:`REFRESH_BACKOFF` (each
@@ -513,10 +578,12 @@ async def authorize(
     show: Callable[[str], Any],
     settings: Settings | None = None,
     clock: Callable[[], float] = time.time,
+    tell: Callable[[str], Any] = lambda _: None,
 ) -> Grant | None:
     """Run the authorization flow for server ``name`` and store its grant;
-    ``show`` is given the URL the user must open. None if the server does not
-    ask for authorization. An :class:`OAuthError` says what went wrong."""
+    ``show`` is given the URL the user must open, ``tell`` what else the
+    user should know (a step-up's scope). None if the server does not ask
+    for authorization. An :class:`OAuthError` says what went wrong."""
     settings = settings or Settings()
     async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, follow_redirects=True) as client:
         challenge = await _probe(client, server_url, headers)
@@ -528,7 +595,7 @@ async def authorize(
         try:
             registration = await _client(client, name, server, store, settings, listener)
             state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
-            scope = settings.scope or oauth.choose_scope(challenge, resource)
+            scope = await _scope(name, server_url, store, settings, challenge, resource, tell)
             show(
                 oauth.authorization_url(
                     server,
@@ -560,6 +627,44 @@ async def authorize(
     )
     await trio.to_thread.run_sync(store.save, name, grant)
     return grant
+
+
+async def _scope(
+    name: str,
+    server_url: str,
+    store: TokenStore,
+    settings: Settings,
+    challenge: Challenge,
+    resource: oauth.ResourceMetadata,
+    tell: Callable[[str], Any],
+) -> str | None:
+    """The scope to ask for: ``oauth.scope``, else the spec's choice; with a
+    step-up (the stored grant notes a scope the server asked for at run
+    time), the union of that, the scope granted before and the challenged
+    one (:func:`oauth.step_up_scope`), which ``tell`` says."""
+    asked = settings.scope or oauth.choose_scope(challenge, resource)
+    known = await trio.to_thread.run_sync(store.load, name)
+    if (
+        known is None
+        or not known.wanted_scope
+        or not oauth.grant_covers(known.resource, server_url)
+    ):
+        return asked
+    scope = oauth.step_up_scope(asked, known.tokens.scope, known.wanted_scope)
+    tell(
+        f"{name!r} asked for scope {known.wanted_scope!r} at run time (403 insufficient_scope): "
+        f"asking for {scope!r}, with the scope granted before"
+    )
+    return scope
+
+
+def step_up_hint(name: str, scope: str) -> str:
+    """What ``mcpbroker status`` says of a server that asked for more scope
+    than its grant has."""
+    return (
+        f"needs more authorization: it asked for scope {scope!r} (403 insufficient_scope): "
+        f"run `mcpbroker auth {name}`"
+    )
 
 
 class NoRevocation(OAuthError):

@@ -297,6 +297,58 @@ def choose_scope(challenge: Challenge, resource: ResourceMetadata) -> str | None
     return None
 
 
+# A run-time 403's error code: the token lacks a scope (RFC 6750 section 3.1).
+INSUFFICIENT_SCOPE = "insufficient_scope"
+# The longest scope taken from a server's challenge (a real one is a few
+# words; a longer one is not a scope the broker notes, shows or asks for).
+MAX_SCOPE = 1024
+# A scope-token (RFC 6749 section 3.3): visible ASCII but '"' and '\\'.
+_SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
+
+
+def challenged_scope(challenge: Challenge) -> str | None:
+    """The scope a run-time ``insufficient_scope`` challenge asks for (the
+    MCP spec's scope challenge: the scopes the current request needs,
+    authoritative for it), its scope-tokens joined by single spaces; None if
+    the challenge is not one, names no scope, or names something that is not
+    a scope (a server's words go into errors, the log and the token file)."""
+    if challenge.error != INSUFFICIENT_SCOPE or not challenge.scope:
+        return None
+    if len(challenge.scope) > MAX_SCOPE:
+        return None
+    tokens = challenge.scope.split()
+    if not tokens or not all(_SCOPE_TOKEN.fullmatch(token) for token in tokens):
+        return None
+    return " ".join(tokens)
+
+
+def scope_union(*scopes: str | None) -> str | None:
+    """The scope-tokens of ``scopes``, each once, in the order they first
+    come (None if there are none): what a step-up asks for, so that a new
+    grant loses nothing the old one had. A union past :data:`MAX_SCOPE` is
+    the last scope alone (the challenged one: authoritative for the request
+    that failed; a server that names new scopes at every call grows no
+    union without bound)."""
+    tokens = dict.fromkeys(token for scope in scopes if scope for token in scope.split())
+    union = " ".join(tokens) or None
+    return union if union is None or len(union) <= MAX_SCOPE else scopes[-1]
+
+
+def scope_covers(held: str | None, wanted: str) -> bool:
+    """Whether scope ``held`` has every scope-token of ``wanted``."""
+    return set(wanted.split()) <= set((held or "").split())
+
+
+def step_up_scope(asked: str | None, granted: str | None, wanted: str | None) -> str | None:
+    """The scope ``mcpbroker auth`` asks for: ``asked`` (``oauth.scope``, else
+    the first authorization's choice: :func:`choose_scope`), and, if the
+    server asked at run time for a scope the grant lacks (``wanted``), the
+    union of that, the scope granted before and the challenged one (the
+    spec's step-up: a new grant that dropped what the old one had would
+    trade one 403 for another)."""
+    return scope_union(asked, granted, wanted) if wanted else asked
+
+
 def pkce_challenge(verifier: str) -> str:
     """The S256 code challenge of a verifier (RFC 7636 section 4.2)."""
     digest = hashlib.sha256(verifier.encode("ascii")).digest()

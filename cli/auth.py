@@ -6,7 +6,10 @@ as a service, with no screen); the user runs this command instead. It finds
 the server's authorization server, registers the broker there if need be,
 prints the URL to open (and opens it, unless ``--no-browser``), catches the
 answer on a loopback redirect and stores the tokens where the daemon reads
-them (``actors/oauth.py``). The daemon refreshes them from then on.
+them (``actors/oauth.py``). The daemon refreshes them from then on. After
+the server asked at run time for a scope its grant lacks (a 403
+``insufficient_scope``, noted beside the grant), it asks for that scope
+too, with the one granted before, and says so (docs/oauth.md, step-up).
 ``--logout`` forgets what is stored for the server, and revokes its tokens
 at the authorization server where it offers that (RFC 7009).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import webbrowser
+from functools import partial
 from typing import Any
 
 USAGE = "mcpbroker auth NAME [--config FILE] [--no-browser] [--logout] [--socket PATH]"
@@ -109,7 +113,9 @@ def main(argv: list[str]) -> int:
         print(f"mcpbroker auth: server {args.name!r} {exc}", file=sys.stderr)
         return 2
     try:
-        grant: Any = trio.run(authorize, args.name, server.url, headers, store, show, settings)
+        grant: Any = trio.run(
+            partial(authorize, args.name, server.url, headers, store, show, settings, tell=print)
+        )
     except (OAuthError, UnsafePath, OSError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
         print(f"mcpbroker auth: {exc}", file=sys.stderr)
         return 1

@@ -216,6 +216,40 @@ def test_scope_from_the_challenge_else_the_metadata() -> None:
     assert oauth.choose_scope(Challenge(), oauth.ResourceMetadata("https://r", ("s",))) is None
 
 
+def test_the_scope_a_run_time_challenge_asks_for() -> None:
+    """A 403 insufficient_scope names the scope its request needs (RFC 6750
+    section 3.1); anything else, or a scope that is not one, names none."""
+    header = 'Bearer error="insufficient_scope", scope="files:read  files:write"'
+    assert oauth.challenged_scope(oauth.parse_challenge(header)) == "files:read files:write"
+    for challenge in (
+        Challenge(scope="files:write"),  # (no error: a 401's scope guidance)
+        Challenge(scope="files:write", error="invalid_token"),
+        Challenge(error="insufficient_scope"),  # (names none)
+        Challenge(scope='a "b"', error="insufficient_scope"),  # (not scope-tokens)
+        Challenge(scope="a\\b", error="insufficient_scope"),
+        Challenge(scope="x" * (oauth.MAX_SCOPE + 1), error="insufficient_scope"),
+    ):
+        assert oauth.challenged_scope(challenge) is None, challenge
+
+
+def test_a_step_up_asks_for_the_union() -> None:
+    """What was asked or granted before, then what the server asked for, each
+    once; no step-up: what is asked as before."""
+    assert oauth.step_up_scope("mcp:tools", None, None) == "mcp:tools"
+    assert oauth.step_up_scope(None, None, None) is None
+    assert oauth.step_up_scope("a b", "b c", "d a") == "a b c d"
+    assert oauth.step_up_scope(None, None, "w") == "w"
+    assert oauth.scope_covers("a b", "b a") and not oauth.scope_covers("a", "a b")
+    assert oauth.scope_covers(None, "") and not oauth.scope_covers(None, "a")
+
+
+def test_a_union_past_the_bound_is_the_challenged_scope() -> None:
+    """(A server naming new scopes at every call grows no union without bound.)"""
+    many = " ".join(f"s{i}" for i in range(oauth.MAX_SCOPE // 3))
+    assert oauth.scope_union(many, "w") == "w"
+    assert oauth.scope_union("a", "w") == "a w"
+
+
 def test_callback_checks_state_and_errors() -> None:
     assert oauth.read_callback({"code": "c", "state": "s"}, "s", SERVER) == "c"
     with pytest.raises(OAuthError, match="state"):

@@ -19,11 +19,12 @@ from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 import attrs
 import httpx2
 import pytest
+import structlog
 import trio
 
 from actors.oauth import (
@@ -67,12 +68,12 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def oauth_server(log: Path | None = None) -> AsyncIterator[str]:
-    """The test server on a free port (its stderr to ``log``); yields its MCP
-    endpoint's URL."""
+async def oauth_server(log: Path | None = None, *extra: str) -> AsyncIterator[str]:
+    """The test server on a free port (its stderr to ``log``; ``extra``: its
+    options); yields its MCP endpoint's URL."""
     port = free_port()
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.servers.oauth_server", str(port)],
+        [sys.executable, "-m", "tests.servers.oauth_server", str(port), *extra],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL if log is None else log.open("wb"),
@@ -615,6 +616,122 @@ async def test_a_refresh_that_fails_is_not_asked_for_again_at_once(tmp_path: Pat
         now[0] += REFRESH_BACKOFF
         await client.post(RESOURCE)
         assert len(asked) == 2
+
+
+# -- step-up: a 403 insufficient_scope at run time ------------------------------
+
+
+def scope_asked(out: str) -> str | None:
+    """The scope in the authorization address `mcpbroker auth` printed."""
+    shown = out.partition("Open this address")[2]
+    address = next(word for word in shown.split() if word.startswith("http"))
+    return dict(parse_qsl(urlsplit(address).query)).get("scope")
+
+
+async def test_a_scope_asked_for_at_run_time_is_asked_for_by_the_next_auth(
+    tmp_path: Path, socket_path: str, monkeypatch: Any
+) -> None:
+    """The server answers a call 403 insufficient_scope naming a scope the
+    grant lacks: the caller's error names the server, the scope and what to
+    run; the daemon logs it once and notes it beside the grant; status says
+    so; the next plain `mcpbroker auth` asks for the scope granted and the
+    challenged one (the challenged alone would lose mcp:tools), and says so;
+    the call then works in the same session, without a restart."""
+    tokens = tmp_path / "oauth.json"
+    monkeypatch.setenv("MCPBROKER_TOKENS", str(tokens))
+    nowhere = str(tmp_path / "no-daemon.sock")
+    with trio.fail_after(120):
+        async with oauth_server(None, "--step-up") as url:
+            config = write_config(tmp_path, url)
+            code, out, errors = await run_auth(config, tokens, "--socket", nowhere)
+            assert code == 0, errors
+            assert scope_asked(out) == "mcp:tools"
+            with structlog.testing.capture_logs() as captured:
+                async with (
+                    running_daemon({"remote": {"url": url}}, socket_path) as daemon,
+                    shim_client(socket_path, "remote") as client,
+                ):
+                    for _ in range(3):
+                        with pytest.raises(Exception) as refused:
+                            await client.call_tool("write", {"text": "x"})
+                        said = str(refused.value)
+                        assert "'remote'" in said and "403" in said, said
+                        assert "'mcp:write'" in said and "`mcpbroker auth remote`" in said, said
+                    assert text_of(await client.call_tool("echo", {"text": "hi"})) == "hi"
+                    told = [e for e in captured if e["event"] == "oauth.insufficient_scope"]
+                    assert [e["scope"] for e in told] == ["mcp:write"]
+                    (row,) = daemon.statistics().servers
+                    assert "'mcp:write'" in (row.last_error or "")
+                    assert "`mcpbroker auth remote`" in (row.last_error or "")
+                    grant = TokenStore(str(tokens)).load("remote")
+                    assert grant is not None and grant.wanted_scope == "mcp:write"
+
+                    code, out, errors = await run_auth(config, tokens, "--socket", socket_path)
+                    assert code == 0, errors
+                    assert "asked for scope 'mcp:write' at run time" in out
+                    assert scope_asked(out) == "mcp:tools mcp:write"
+                    grant = TokenStore(str(tokens)).load("remote")
+                    assert grant is not None and grant.wanted_scope is None
+                    assert (daemon.statistics().servers[0].last_error or "") == ""
+                    wrote = await client.call_tool("write", {"text": "x"})
+                    assert text_of(wrote) == "wrote x"
+                    assert text_of(await client.call_tool("echo", {"text": "hi"})) == "hi"
+
+
+STEP_UP = 'Bearer error="insufficient_scope", scope="files:write", error_description="no"'
+
+
+async def test_a_403_insufficient_scope_is_noted_beside_the_grant(tmp_path: Path) -> None:
+    """Noted once per scope (the file written only when the scope is new),
+    the union of every scope asked for; status reads it from the daemon's
+    tokens; a plain 403 or a malformed scope notes nothing."""
+    store = CountingStore(str(tmp_path / "oauth.json"))
+    store.save("noted", grant_for())
+    headers = {"www-authenticate": STEP_UP}
+    answers = [
+        httpx2.Response(403, headers=headers),
+        httpx2.Response(403, headers=headers),
+        httpx2.Response(403),  # (forbidden, not for a scope)
+        httpx2.Response(403, headers={"www-authenticate": 'Bearer error="insufficient_scope"'}),
+        httpx2.Response(403, headers={"www-authenticate": STEP_UP.replace("files:write", "a:b")}),
+    ]
+    transport = httpx2.MockTransport(lambda request: answers.pop(0))
+    auth = BearerTokens.of_server("noted", RESOURCE, store)
+    with structlog.testing.capture_logs() as captured:
+        async with httpx2.AsyncClient(auth=auth, transport=transport) as client:
+            for _ in range(5):
+                assert (await client.post(RESOURCE)).status_code == 403
+    told = [e["scope"] for e in captured if e["event"] == "oauth.insufficient_scope"]
+    assert told == ["files:write", None, "a:b"]
+    grant = store.load("noted")
+    assert grant is not None and grant.wanted_scope == "files:write a:b"
+    assert grant.tokens == grant_for().tokens
+    assert BearerTokens.wanted_scope("noted") == "files:write a:b"
+    BearerTokens.reread("noted")  # (`mcpbroker auth` stored a new grant)
+    assert BearerTokens.wanted_scope("noted") is None
+
+
+async def test_a_grant_stored_since_a_403_is_taken_at_the_next_one(tmp_path: Path) -> None:
+    """`mcpbroker auth` stored a grant with the scope, and the daemon was not
+    told (another socket): the next 403 reads the file and sends the request
+    again with the new token, as a 401 does."""
+    store = TokenStore(str(tmp_path / "oauth.json"))
+    store.save("s", grant_for())
+    seen: list[str | None] = []  # (the bearer as sent: a request sent again is the same object)
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request.headers.get("authorization"))
+        if request.headers.get("authorization") == "Bearer AT-2":
+            return httpx2.Response(200)
+        return httpx2.Response(403, headers={"www-authenticate": STEP_UP})
+
+    auth = BearerTokens("s", store, url=RESOURCE)
+    async with httpx2.AsyncClient(auth=auth, transport=httpx2.MockTransport(answer)) as client:
+        assert (await client.post(RESOURCE)).status_code == 403
+        store.save("s", grant_for(access="AT-2"))
+        assert (await client.post(RESOURCE)).status_code == 200
+        assert (await client.post(RESOURCE)).status_code == 200
+    assert seen == ["Bearer AT-1", "Bearer AT-1", "Bearer AT-2", "Bearer AT-2"]
 
 
 async def test_auth_and_logout_reach_a_running_daemon(

@@ -47,7 +47,7 @@ def launcher_for(config: ServerConfig, name: str = "") -> Launcher:
         # every request (refreshed before it lapses): docs/oauth.md.
         # One per server and URL, so a pool's instances share its refreshes.
         auth = BearerTokens.of_server(name, url, TokenStore())
-        return functools.partial(launch_http, config, auth=auth)
+        return functools.partial(launch_http, config, auth=auth, name=name)
     return functools.partial(_unreachable, url)
 
 

@@ -64,6 +64,7 @@ import trio
 from actors.errors import TransportClosed
 from actors.links.http_pool import StackTransport
 from actors.links.link import LaunchError, LinkContext, configured_headers
+from broker import oauth as oauth_rules
 from broker.config import ServerConfig
 from broker.eras.probe import discover_request
 from broker.eras.versions import LATEST_MODERN_VERSION
@@ -121,8 +122,11 @@ class _Ended(Exception):
 
 
 class HttpLink:
-    def __init__(self, url: str, mode: str, headers: dict[str, str], context: LinkContext) -> None:
+    def __init__(
+        self, url: str, mode: str, headers: dict[str, str], context: LinkContext, name: str = ""
+    ) -> None:
         self.info: Mapping[str, Any] = {"url": shown_url(url)}  # (no secrets: broker/redact.py)
+        self._name = name  # the server's in the config (what `mcpbroker auth` takes)
         self._url = url
         self._mode = mode  # rules.STREAMABLE, rules.SSE or rules.DETECT (until it is known)
         self._headers = headers
@@ -355,7 +359,9 @@ class HttpLink:
                     await self._emit([self._frame(refusal)])
                     return
                 if outcome == rules.FAILED:
-                    raise _Ended(f"initialize was answered with {_status_text(response, body)}")
+                    raise _Ended(
+                        f"initialize was answered with {_status_text(response, body, self._name)}"
+                    )
             if outcome == rules.FALLBACK:
                 await response.aclose()
                 await self._fall_back(unit)
@@ -379,7 +385,7 @@ class HttpLink:
             elif outcome == rules.STREAM:
                 await self._stream(response, unit)
             elif outcome == rules.FAILED:
-                await self._failed(unit, await _status(response))
+                await self._failed(unit, await _status(response, self._name))
             elif unit.id is not None and self._mode != rules.SSE:
                 await self._failed(unit, f"HTTP {response.status_code} and no answer")
 
@@ -462,7 +468,7 @@ class HttpLink:
                     await self._failed(unit, "a session the server ended before its answer")
                     return
                 if not 200 <= again.status_code < 300:
-                    status = await _status(again)
+                    status = await _status(again, self._name)
                     await self._failed(unit, f"a stream cut before its answer ({status} to a poll)")
                     return
                 answered, newer, retry = await self._read_events(again, unit, last_id, retry)
@@ -557,7 +563,7 @@ class HttpLink:
                 body = await _error_body(response)
                 answer = modern_rules.error_answer(body, unit.id)
                 if answer is None:
-                    await self._failed(unit, _status_text(response, body))
+                    await self._failed(unit, _status_text(response, body, self._name))
                     return
         if answer is not None:  # (out of the first POST: its connection is free)
             mismatch = unit.method == "tools/call" and modern_rules.is_header_mismatch(answer)
@@ -720,7 +726,7 @@ class HttpLink:
                     data = event.data.encode()
                     if event.event == "message" and data and not rules.may_be_request(data):
                         return data, session_id
-            raise _Ended(f"a new HTTP session was refused ({await _status(response)})")
+            raise _Ended(f"a new HTTP session was refused ({await _status(response, self._name)})")
 
     # -- the GET stream -----------------------------------------------------------
 
@@ -773,7 +779,7 @@ class HttpLink:
             headers = self._request_headers(rules.ACCEPT_STREAM)
             async with self._client.stream("GET", self._url, headers=headers) as response:
                 if not 200 <= response.status_code < 300:
-                    status = await _status(response)
+                    status = await _status(response, self._name)
                     raise _Ended(f"GET {self.info['url']} was answered with {status}")
                 async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                     if not started:
@@ -854,10 +860,11 @@ class HttpLink:
 
 
 async def launch_http(
-    config: ServerConfig, context: LinkContext, auth: httpx2.Auth | None = None
+    config: ServerConfig, context: LinkContext, auth: httpx2.Auth | None = None, name: str = ""
 ) -> HttpLink:
-    """Open a link to an HTTP server as configured. ``auth`` is where OAuth
-    (or any ``httpx2.Auth``) goes: every request of the link passes through it.
+    """Open a link to an HTTP server as configured (``name``: the server's, in
+    its errors). ``auth`` is where OAuth (or any ``httpx2.Auth``) goes: every
+    request of the link passes through it.
 
     Nothing is sent before the Upstream's initialize but, for ``"type": "sse"``,
     the GET that opens the stream (a refused connection is an ``OSError`` to
@@ -870,21 +877,31 @@ async def launch_http(
         mode = rules.mode_of(config.type)
     except ValueError as exc:
         raise LaunchError(f"has {exc}") from None
-    link = HttpLink(url, mode, configured_headers(config.headers), context)
+    link = HttpLink(url, mode, configured_headers(config.headers), context, name)
     await context.nursery.start(link._run, auth)
     return link
 
 
-async def _status(response: httpx2.Response) -> str:
+async def _status(response: httpx2.Response, name: str = "") -> str:
     """``HTTP 500 Internal Server Error``, and the start of the body if it
     says more (read only so far: a server's error page is not held whole)."""
-    return _status_text(response, await _error_body(response))
+    return _status_text(response, await _error_body(response), name)
 
 
-def _status_text(response: httpx2.Response, body: bytes) -> str:
+def _status_text(response: httpx2.Response, body: bytes, name: str = "") -> str:
+    """An error status in words; for a 401, or a 403 ``insufficient_scope``
+    (the token lacks a scope: RFC 6750 section 3.1), what the user runs
+    (``mcpbroker auth NAME``: docs/oauth.md)."""
     text = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+    run = f"`mcpbroker auth {name}`" if name else "`mcpbroker auth` with this server's name"
     if response.status_code == 401:
-        text += " (it asks for authorization: run `mcpbroker auth` with this server's name)"
+        text += f" (it asks for authorization: run {run})"
+    elif response.status_code == 403:
+        challenge = oauth_rules.parse_challenge(response.headers.get("www-authenticate"))
+        if challenge.error == oauth_rules.INSUFFICIENT_SCOPE:
+            scope = oauth_rules.challenged_scope(challenge)
+            scope_of = f", scope {scope!r}" if scope else ""
+            text += f" (it asks for more authorization than its grant has{scope_of}: run {run})"
     said = body[:ERROR_BODY].decode(errors="replace").strip()
     return f"{text}: {said}" if said else text
 

@@ -5,21 +5,30 @@ dynamic registration, PKCE, tokens, refresh, bearer checks); the provider
 below approves every authorization at once, as a user clicking "allow"
 would.
 
-    python -m tests.servers.oauth_server PORT [ACCESS_TOKEN_SECONDS]
+    python -m tests.servers.oauth_server PORT [ACCESS_TOKEN_SECONDS] [--step-up]
 
 Tools: ``whoami`` (the client id the token was issued to) and ``echo``.
 Every token issued is logged to stderr as ``issued <kind> <token>``, every
 token revoked as ``revoked <token>``.
+
+``--step-up``: a client may also be granted ``mcp:write`` (the first
+authorization asks for ``mcp:tools``, the scope the resource metadata
+lists), and a call of the tool ``write`` with a token that lacks it is
+answered ``403`` with ``WWW-Authenticate: Bearer error="insufficient_scope",
+scope="mcp:write"`` (the MCP spec's scope challenge, naming only the scope
+that is missing, so a client that asks for it alone loses ``mcp:tools``).
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 import time
 from typing import Any
 
 import anyio
+import uvicorn
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -33,6 +42,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 SCOPE = "mcp:tools"
+WRITE = "mcp:write"  # (--step-up: what the tool "write" needs)
 
 
 class Provider:
@@ -124,9 +134,65 @@ class Provider:
         )
 
 
-def build(port: int, access_seconds: int) -> MCPServer[Any]:
+class StepUp:
+    """ASGI: a call of the tool ``write`` whose token lacks :data:`WRITE` is
+    answered 403 ``insufficient_scope`` before the SDK's app sees it."""
+
+    def __init__(self, app: Any, provider: Provider, metadata: str) -> None:
+        self.app, self.provider, self.metadata = app, provider, metadata
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        token = dict(scope["headers"]).get(b"authorization", b"").decode()
+        access = self.provider.access.get(token.removeprefix("Bearer "))
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        calls_write = (
+            isinstance(request, dict)
+            and request.get("method") == "tools/call"
+            and request.get("params", {}).get("name") == "write"
+        )
+        if calls_write and access is not None and WRITE not in access.scopes:
+            challenge = (
+                f'Bearer error="insufficient_scope", scope="{WRITE}", '
+                f'resource_metadata="{self.metadata}", error_description="write needs {WRITE}"'
+            )
+            answer = json.dumps({"error": "insufficient_scope"}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 403,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(answer)).encode()),
+                        (b"www-authenticate", challenge.encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": answer})
+            return
+        pending = iter(messages)
+
+        async def replay() -> Any:
+            return next(pending, None) or await receive()
+
+        await self.app(scope, replay, send)
+
+
+def build(port: int, provider: Provider, step_up: bool = False) -> MCPServer[Any]:
     base = f"http://127.0.0.1:{port}"
-    provider = Provider(access_seconds)
+    scopes = [SCOPE, WRITE] if step_up else [SCOPE]
     server: MCPServer[Any] = MCPServer(
         "oauth-test-server",
         auth_server_provider=provider,
@@ -134,7 +200,7 @@ def build(port: int, access_seconds: int) -> MCPServer[Any]:
             issuer_url=base,  # type: ignore[arg-type]
             resource_server_url=f"{base}/mcp",  # type: ignore[arg-type]
             client_registration_options=ClientRegistrationOptions(
-                enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]
+                enabled=True, valid_scopes=scopes, default_scopes=scopes
             ),
             revocation_options=RevocationOptions(enabled=True),
             required_scopes=[SCOPE],
@@ -153,14 +219,28 @@ def build(port: int, access_seconds: int) -> MCPServer[Any]:
         token = get_access_token()
         return token.client_id if token is not None else "nobody"
 
+    if step_up:
+
+        @server.tool()
+        def write(text: str) -> str:
+            return f"wrote {text}"
+
     return server
 
 
 def main() -> None:
-    port = int(sys.argv[1])
-    access_seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 3600
-    server = build(port, access_seconds)
-    anyio.run(lambda: server.run_streamable_http_async(port=port))  # (uvicorn: asyncio)
+    args = [arg for arg in sys.argv[1:] if arg != "--step-up"]
+    port = int(args[0])
+    access_seconds = int(args[1]) if len(args) > 1 else 3600
+    provider = Provider(access_seconds)
+    server = build(port, provider, step_up="--step-up" in sys.argv)
+    if "--step-up" not in sys.argv:
+        anyio.run(lambda: server.run_streamable_http_async(port=port))  # (uvicorn: asyncio)
+        return
+    metadata = f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp"
+    app = StepUp(server.streamable_http_app(), provider, metadata)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    anyio.run(uvicorn.Server(config).serve)
 
 
 if __name__ == "__main__":
