@@ -69,12 +69,10 @@ from actors.server_actor import (
 from actors.upstream import Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
-from broker.eras.modern import INPUT_METHODS
 from broker.fanout import Fanout
-from broker.jsonrpc import LIMIT_REACHED, Message
-from broker.pooling import InstanceFacts, PoolRouting, pinned
+from broker.jsonrpc import LIMIT_REACHED
+from broker.pooling import InstanceFacts, PoolRouting
 from broker.states import ServerState
-from broker.tasks import TASK_METHODS
 
 
 class ServerGroup:
@@ -584,19 +582,10 @@ class PooledServer(ServerGroup):
         if isinstance(item, ClientRequest):
             size = item.size // max(1, len(item.messages))
             for message in item.messages:  # each to the least busy instance
-                was = self._routing.assigned(item.session)
-                index = self._routing.pick(
-                    item.session,
-                    message["method"],
-                    self._facts(),
-                    pinned=pinned(message),
-                    owner=self._owner(item.session, message),
-                )
-                if was is not None and self._routing.assigned(item.session) != was:
-                    # (moved off a failed instance: what it subscribed to there
-                    # is not renewed for it when that one is tried again)
-                    self._pool[was].forget_subscriptions(item.session)
-                await self._pool[index].send(ClientRequest(item.session, [message], size))
+                route = self._routing.route(item.session, message, self._facts(), self._pool)
+                if route.left is not None:  # (moved off a failed instance)
+                    self._pool[route.left].forget_subscriptions(item.session)
+                await self._pool[route.index].send(ClientRequest(item.session, [message], size))
             return
         if isinstance(item, Attach):
             self._routing.attach(item.session, self._facts())
@@ -604,28 +593,6 @@ class PooledServer(ServerGroup):
             self._routing.detach(item.session)
         for instance in self._pool:
             await instance.send(item)
-
-    def _owner(self, session: SessionHandle, message: Message) -> int | None:
-        """The instance that made what a request names, if any: the task a
-        tasks/get|result|cancel names, or the requestState a 2026-07-28
-        client's retry carries (only that instance's process can read it)."""
-        if message["method"] in INPUT_METHODS:
-            params = message.get("params")
-            state = params.get("requestState") if isinstance(params, dict) else None
-            if state is None:
-                return None
-            for index, instance in enumerate(self._pool):
-                if instance.mints(state):
-                    return index
-            return None
-        if message["method"] not in TASK_METHODS:
-            return None
-        params = message.get("params")
-        task_id = params.get("taskId") if isinstance(params, dict) else None
-        for index, instance in enumerate(self._pool):
-            if instance.owns_task(session, task_id):
-                return index
-        return None
 
     def inherit(self, old: ServerActor) -> None:
         """Every instance hears every session's log level; a session's

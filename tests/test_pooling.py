@@ -13,7 +13,16 @@ from actors.mailbox import SessionHandle
 from actors.server_actor import ClientRequest, UpstreamStatistics
 from actors.sharing import PooledServer
 from broker.config import BrokerSettings, ServerConfig
-from broker.pooling import PINNED, InstanceFacts, PoolRouting, least_loaded, pinned, serving
+from broker.pooling import (
+    PINNED,
+    InstanceFacts,
+    PoolRouting,
+    Route,
+    least_loaded,
+    owner,
+    pinned,
+    serving,
+)
 from broker.states import ServerState
 
 TOOLS = frozenset({"a", "b"})
@@ -158,7 +167,9 @@ def test_routing_keeps_its_rules(ops: list[tuple[str, int, str, list[InstanceFac
     for op, who, method, pool in ops:
         pool = (pool * size)[:size]
         session = f"s{who}"
-        if op == "attach":
+        if op == "attach" and session in model:  # (assigned already: it keeps it)
+            assert routing.attach(session, pool) == model[session]
+        elif op == "attach":
             counts = [list(model.values()).count(i) for i in range(size)]
             choice = routing.attach(session, pool)
             assert choice in serving(pool)
@@ -411,3 +422,58 @@ def test_a_session_handed_a_failed_instance_is_moved_all_the_same() -> None:
     failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
     assert routing.pick("a", "resources/subscribe", [up(), failed]) == 0
     assert routing.assigned("a") == 0
+
+
+def test_a_session_moved_before_it_attached_keeps_the_instance_it_moved_to() -> None:
+    """Handed a failed instance by a reload, the session's subscription moved
+    it (to 1) before it attached; attaching keeps it there, where it
+    subscribed, rather than choosing again (by then 2, with no session)."""
+    routing = PoolRouting()
+    routing.attach("other", [up(), up(), up()])  # (instance 0)
+    routing.assign("a", 0)
+    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    assert routing.pick("a", "resources/subscribe", [failed, up(), up()]) == 1
+    assert routing.attach("a", [up(), up(), up()]) == 1
+    assert routing.pick("a", "resources/unsubscribe", [up(), up(), up()]) == 1
+
+
+@attrs.define
+class Made:
+    """What an instance made, as the owner rule asks it."""
+
+    tasks: set[tuple[object, object]] = attrs.Factory(set)
+    states: set[object] = attrs.Factory(set)
+
+    def owns_task(self, session: object, task_id: object) -> bool:
+        return (session, task_id) in self.tasks
+
+    def mints(self, state: object) -> bool:
+        return state in self.states
+
+
+def test_the_owner_is_the_instance_that_made_the_task_or_the_request_state() -> None:
+    made = [Made(), Made(tasks={("s", "t1")}, states={"blob"})]
+    for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+        assert owner("s", {"method": method, "params": {"taskId": "t1"}}, made) == 1
+        assert owner("other", {"method": method, "params": {"taskId": "t1"}}, made) is None
+        assert owner("s", {"method": method}, made) is None
+    for method in ("tools/call", "prompts/get", "resources/read"):
+        assert owner("s", {"method": method, "params": {"requestState": "blob"}}, made) == 1
+        assert owner("s", {"method": method, "params": {"requestState": "x"}}, made) is None
+        assert owner("s", {"method": method, "params": {"name": "t"}}, made) is None
+    assert owner("s", {"method": "tasks/list", "params": {"taskId": "t1"}}, made) is None
+
+
+def test_a_route_names_the_failed_instance_a_session_was_moved_off() -> None:
+    routing = PoolRouting()
+    routing.attach("a", [up(), up()])
+    routing.attach("b", [up(), up()])  # (instance 1)
+    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    subscribe = {"method": "resources/subscribe", "params": {"uri": "u"}}
+    assert routing.route("b", subscribe, [up(), up()], [Made(), Made()]) == Route(1)
+    assert routing.route("b", subscribe, [up(), failed], [Made(), Made()]) == Route(0, left=1)
+    assert routing.route("b", subscribe, [up(), up()], [Made(), Made()]) == Route(0)
+    made = [Made(), Made(tasks={("a", "t")})]
+    get = {"method": "tasks/get", "params": {"taskId": "t"}}
+    assert routing.route("a", get, [up(), up(load=9)], made) == Route(1)
+    assert routing.route("nobody", subscribe, [up(3), up()], made) == Route(1)
