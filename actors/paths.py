@@ -78,6 +78,12 @@ def log_path_for(socket_path: str) -> str:
     return socket_path + ".log"
 
 
+def lock_path_for(socket_path: str) -> str:
+    """The daemon lock beside ``socket_path``: held by the daemon serving it,
+    which writes its pid there."""
+    return socket_path + ".lock"
+
+
 # The listeners a daemon was given on its command line, recorded beside its
 # socket while it runs (docs/hosts.md, "When the daemon restarts"): a daemon a
 # shim starts in place of one that died (its record left behind) serves them too.

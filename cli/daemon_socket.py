@@ -22,6 +22,7 @@ from actors.paths import (
     STARTED_BY_ENV,
     UnsafePath,
     default_config_path,
+    lock_path_for,
     log_path_for,
     open_private,
     peer_uid,
@@ -117,8 +118,8 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             # It may have found the lock held: by another shim's daemon, about
             # to listen, or by one still stopping its servers with its socket
             # gone (SIGTERM): wait for that one to listen or to go, then start.
-            other = _lock_holder(socket_path)
-            if other != child.pid and _lock_held(socket_path):
+            other, held = _lock_state(socket_path, child.pid)
+            if other != child.pid and held:
                 holder = other or 0  # (0: its pid not written yet)
             elif other != child.pid and starts < MAX_STARTS:  # (it did not take the lock)
                 holder, exited_at, starts = None, None, starts + 1
@@ -142,8 +143,9 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             raise DaemonUnavailable(f"the daemon failed to start:\n{tail}")
         time.sleep(POLL_INTERVAL)
     if holder is not None:
+        lock = lock_path_for(socket_path)
         raise DaemonUnavailable(
-            f"another mcpbroker daemon (pid {holder or '?'}) holds {socket_path}.lock without "
+            f"another mcpbroker daemon (pid {holder or '?'}) holds {lock} without "
             f"listening, and did not go away within {DAEMON_START_TIMEOUT:g} s"
         )
     raise DaemonUnavailable(
@@ -192,32 +194,41 @@ def _spawn(
         )
 
 
-def _lock_holder(socket_path: str) -> int | None:
-    """The pid the daemon lock beside ``socket_path`` names (its last holder's)."""
+def _lock_state(socket_path: str, mine: int) -> tuple[int | None, bool]:
+    """The pid the daemon lock beside ``socket_path`` names (its last holder's;
+    None if none), and whether a daemon holds the lock now (the lock, not its
+    pid: a daemon that exited may be its parent's zombie for a while), tried
+    only if it names another pid than ``mine`` (the daemon this shim started):
+    trying it holds it for an instant, when a daemon starting would find it held."""
     try:
-        with open(socket_path + ".lock", "rb") as f:
-            return int(f.read(32).strip() or b"0") or None
+        fd = os.open(lock_path_for(socket_path), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None, False
+    try:
+        named = _pid_in(fd)
+        return named, named != mine and _held(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_in(fd: int) -> int | None:
+    try:
+        return int(os.read(fd, 32).strip() or b"0") or None
     except (OSError, ValueError):
         return None
 
 
-def _lock_held(socket_path: str) -> bool:
-    """Whether a daemon holds the lock beside ``socket_path`` (the lock, not
-    its pid: a daemon that exited may be its parent's zombie for a while)."""
+def _held(fd: int) -> bool:
+    """Whether another process holds the lock open as ``fd`` (tried, and let
+    go when ``fd`` is closed)."""
     import fcntl
 
     try:
-        fd = os.open(socket_path + ".lock", os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # (and let go at once)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
         return False
-    finally:
-        os.close(fd)
     return False
 
 

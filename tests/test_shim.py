@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.downstream.unix import hold_socket_lock
+from actors.paths import lock_path_for
 from broker.hello import Hello, read_hello
-from cli.daemon_socket import daemon_environ
+from cli.daemon_socket import _lock_state, daemon_environ
 from cli.shim import ShowHelp, UsageError, hello_line, parse_args
 from tests.conftest import REPO
 
@@ -97,3 +99,15 @@ def test_a_socket_path_too_long_is_said_as_the_daemon_says_it(tmp_path: object) 
 
     with pytest.raises(DaemonUnavailable, match="longer than a unix socket allows"):
         connect("/tmp/" + "x" * 200 + ".sock")
+
+
+def test_the_lock_state_is_the_pid_it_names_and_whether_it_is_held(tmp_path: object) -> None:
+    """What a shim waiting for a daemon sees of the daemon lock, opened once."""
+    socket_path = f"{tmp_path}/d.sock"
+    assert _lock_state(socket_path, 1) == (None, False)  # (no lock file)
+    with hold_socket_lock(socket_path):  # (as a daemon holds it)
+        assert _lock_state(socket_path, 1) == (os.getpid(), True)
+        assert _lock_state(socket_path, os.getpid()) == (os.getpid(), False)  # (not tried)
+    assert _lock_state(socket_path, 1) == (os.getpid(), False)  # (let go: its pid stays)
+    os.symlink(lock_path_for(socket_path), lock_path_for(f"{tmp_path}/link.sock"))
+    assert _lock_state(f"{tmp_path}/link.sock", 1) == (None, False)  # (a link is not followed)

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 import trio
 
 from actors.logs import get_logger
-from actors.paths import UnsafePath, open_private, peer_uid
+from actors.paths import UnsafePath, lock_path_for, open_private, peer_uid
 
 BACKLOG = 512
 ACCEPT_RETRY = 0.1  # seconds to wait after an accept that failed for want of resources
@@ -62,7 +62,7 @@ class AlreadyRunning(StartError):
 @contextlib.contextmanager
 def hold_socket_lock(socket_path: str) -> Iterator[None]:
     """Hold the daemon lock for ``socket_path``, or raise :class:`AlreadyRunning`."""
-    lock_path = socket_path + ".lock"
+    lock_path = lock_path_for(socket_path)
     try:
         fd = open_private(lock_path)
     except (UnsafePath, OSError) as exc:
