@@ -36,6 +36,11 @@ def down(load: int = 0, tools: frozenset[str] | None = TOOLS) -> InstanceFacts:
     return InstanceFacts(False, load, tools)
 
 
+def given_up() -> InstanceFacts:
+    """An instance that failed (its process gone, until a retry)."""
+    return InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+
+
 # -- which instances serve ------------------------------------------------------
 
 
@@ -283,7 +288,7 @@ def test_a_session_whose_instance_failed_is_moved_to_one_that_serves() -> None:
     routing = PoolRouting()
     routing.attach("a", [up(), up()])
     routing.attach("b", [up(), up()])  # (instance 1)
-    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    failed = given_up()
     assert routing.pick("b", "resources/subscribe", [up(), failed]) == 0
     assert routing.assigned("b") == 0  # (its unsubscribe follows it there)
     # Restarting is not failed: the session waits for its instance.
@@ -419,7 +424,7 @@ def test_a_session_handed_a_failed_instance_is_moved_all_the_same() -> None:
     (it was 'moved' back to the failed one: attach kept what was handed)."""
     routing = PoolRouting()
     routing.assign("a", 1)
-    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
+    failed = given_up()
     assert routing.pick("a", "resources/subscribe", [up(), failed]) == 0
     assert routing.assigned("a") == 0
 
@@ -431,28 +436,13 @@ def test_a_session_moved_before_it_attached_keeps_the_instance_it_moved_to() -> 
     routing = PoolRouting()
     routing.attach("other", [up(), up(), up()])  # (instance 0)
     routing.assign("a", 0)
-    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
-    assert routing.pick("a", "resources/subscribe", [failed, up(), up()]) == 1
+    assert routing.pick("a", "resources/subscribe", [given_up(), up(), up()]) == 1
     assert routing.attach("a", [up(), up(), up()]) == 1
     assert routing.pick("a", "resources/unsubscribe", [up(), up(), up()]) == 1
 
 
-@attrs.define
-class Made:
-    """What an instance made, as the owner rule asks it."""
-
-    tasks: set[tuple[object, object]] = attrs.Factory(set)
-    states: set[object] = attrs.Factory(set)
-
-    def owns_task(self, session: object, task_id: object) -> bool:
-        return (session, task_id) in self.tasks
-
-    def mints(self, state: object) -> bool:
-        return state in self.states
-
-
 def test_the_owner_is_the_instance_that_made_the_task_or_the_request_state() -> None:
-    made = [Made(), Made(tasks={("s", "t1")}, states={"blob"})]
+    made = [FakeInstance(), FakeInstance(tasks={("s", "t1")}, states={"blob"})]
     for method in ("tasks/get", "tasks/result", "tasks/cancel"):
         assert owner("s", {"method": method, "params": {"taskId": "t1"}}, made) == 1
         assert owner("other", {"method": method, "params": {"taskId": "t1"}}, made) is None
@@ -468,12 +458,12 @@ def test_a_route_names_the_failed_instance_a_session_was_moved_off() -> None:
     routing = PoolRouting()
     routing.attach("a", [up(), up()])
     routing.attach("b", [up(), up()])  # (instance 1)
-    failed = InstanceFacts(ready=False, load=0, tools=TOOLS, failed=True)
     subscribe = {"method": "resources/subscribe", "params": {"uri": "u"}}
-    assert routing.route("b", subscribe, [up(), up()], [Made(), Made()]) == Route(1)
-    assert routing.route("b", subscribe, [up(), failed], [Made(), Made()]) == Route(0, left=1)
-    assert routing.route("b", subscribe, [up(), up()], [Made(), Made()]) == Route(0)
-    made = [Made(), Made(tasks={("a", "t")})]
+    nothing = [FakeInstance(), FakeInstance()]
+    assert routing.route("b", subscribe, [up(), up()], nothing) == Route(1)
+    assert routing.route("b", subscribe, [up(), given_up()], nothing) == Route(0, left=1)
+    assert routing.route("b", subscribe, [up(), up()], nothing) == Route(0)
+    made = [FakeInstance(), FakeInstance(tasks={("a", "t")})]
     get = {"method": "tasks/get", "params": {"taskId": "t"}}
     assert routing.route("a", get, [up(), up(load=9)], made) == Route(1)
     assert routing.route("nobody", subscribe, [up(3), up()], made) == Route(1)
