@@ -102,7 +102,7 @@ def start_daemon(socket_path: str, config: str | None) -> _socket.socket:
             f"starting a daemon with the listeners of the one that went away: {' '.join(listeners)}"
         )
     # Whose they were, for its status (the lock names its last holder).
-    origin = f"{_lock_holder(socket_path) or 0} {time.time():.0f}" if listeners else ""
+    origin = f"{_lock_state(socket_path)[0] or 0} {time.time():.0f}" if listeners else ""
     child = _spawn(socket_path, config, log_path, listeners, origin)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     exited_at: float | None = None
@@ -194,19 +194,20 @@ def _spawn(
         )
 
 
-def _lock_state(socket_path: str, mine: int) -> tuple[int | None, bool]:
+def _lock_state(socket_path: str, mine: int | None = None) -> tuple[int | None, bool]:
     """The pid the daemon lock beside ``socket_path`` names (its last holder's;
     None if none), and whether a daemon holds the lock now (the lock, not its
     pid: a daemon that exited may be its parent's zombie for a while), tried
-    only if it names another pid than ``mine`` (the daemon this shim started):
-    trying it holds it for an instant, when a daemon starting would find it held."""
+    only if it names another pid than ``mine`` (the daemon this shim started;
+    None: never tried, False): trying it holds it for an instant, when a
+    daemon starting would find it held."""
     try:
         fd = os.open(lock_path_for(socket_path), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None, False
     try:
         named = _pid_in(fd)
-        return named, named != mine and _held(fd)
+        return named, mine is not None and named != mine and _held(fd)
     finally:
         os.close(fd)
 

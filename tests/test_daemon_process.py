@@ -232,7 +232,10 @@ async def test_a_daemon_that_died_is_replaced_with_its_listeners(socket_path: st
             env=ENV,
             stderr=subprocess.DEVNULL,
         )
-        while not await accepts_connections(socket_path):
+        # (it records its listeners once it listens: killed before, it has none)
+        while not await accepts_connections(socket_path) or not os.path.exists(
+            socket_path + ".listeners"
+        ):
             await trio.sleep(0.02)
         by_hand.kill()  # (a crash, the OOM killer)
         await by_hand.wait()
