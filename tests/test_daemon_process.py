@@ -622,8 +622,10 @@ async def test_a_daemon_that_keeps_closing_the_session_is_given_up_on(socket_pat
             stderr += chunk
     assert b"giving up" in stderr, stderr
     # (the first connection, then a reconnect per gap, backing off; a
-    # connection that fails while being restored is retried on the same clock)
-    assert 7 <= accepted <= 20, stderr  # the first connection, then six reconnects, backing off
+    # connection that fails while being restored is retried on the same clock,
+    # how often depends on when the close is seen: a loaded machine saw 21.
+    # A tight loop would be thousands.)
+    assert 7 <= accepted <= 40, stderr  # the first connection, then six reconnects, backing off
     listener.close()
 
 
