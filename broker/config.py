@@ -209,16 +209,28 @@ def _json_type(value: Any) -> str:
 _converter = _strict_converter()
 
 
+def _check_regular(path: str | os.PathLike[str]) -> None:
+    """Refuse, saying what it is, a config path that is not a regular file."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISFIFO(mode):
+        raise ConfigError(
+            f"config file {str(path)!r} is not a regular file: a named pipe (as `sops "
+            "exec-file` gives) is read once, at start; restart the daemon to read it again"
+        )
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "a device")
+    raise ConfigError(f"config file {str(path)!r} is not a regular file: it is {kind}")
+
+
 def load_config(path: str | os.PathLike[str], *, regular_only: bool = False) -> Config:
     """Read and check a configuration file; ``regular_only``: refuse at once
     one that is not a regular file (a reload: a named pipe, as ``sops
     exec-file`` gives, is written once, and a second open() waits for ever)."""
     try:
-        if regular_only and not stat.S_ISREG(os.stat(path).st_mode):
-            raise ConfigError(
-                f"config file {str(path)!r} is not a regular file: a named pipe (as `sops "
-                "exec-file` gives) is read once, at start; restart the daemon to read it again"
-            )
+        if regular_only:
+            _check_regular(path)
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None

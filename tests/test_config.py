@@ -338,3 +338,15 @@ def test_a_reload_refuses_a_named_pipe_at_once(tmp_path: Path) -> None:
         load_config(fifo, regular_only=True)
     path = write(tmp_path, '{"mcpServers": {}}')
     assert load_config(path, regular_only=True).servers == {}
+
+
+def test_a_reload_of_a_config_path_that_became_a_directory_says_so(tmp_path: Path) -> None:
+    """(It was called a named pipe, with advice to restart the daemon, which
+    would fail too. Found by probing.)"""
+    folder = tmp_path / "config.json"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as caught:
+        load_config(folder, regular_only=True)
+    assert str(caught.value) == (
+        f"config file {str(folder)!r} is not a regular file: it is a directory"
+    )
