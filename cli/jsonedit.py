@@ -30,7 +30,8 @@ Path = tuple[str, ...]
 
 
 class EditError(Exception):
-    """The text cannot be edited as asked (not JSON, or a path through a non-object)."""
+    """The text cannot be edited as asked (not JSON, a path through a non-object,
+    or through a key given twice)."""
 
 
 @attrs.frozen
@@ -91,11 +92,18 @@ def _key_text(key: model.Key) -> str:
     return str(key.characters)  # type: ignore[attr-defined]
 
 
-def _find(obj: model.JSONObject, name: str) -> int | None:
-    for index, key in enumerate(obj.keys):
-        if _key_text(key) == name:
-            return index
-    return None
+def _find(obj: model.JSONObject, name: str, where: Path) -> int | None:
+    """The index of member ``name``; an :class:`EditError` if it is given
+    more than once (a host reads the last, and an edit of either would not
+    be what the user meant: they choose)."""
+    found = [index for index, key in enumerate(obj.keys) if _key_text(key) == name]
+    if len(found) > 1:
+        place = ".".join(where) or "the top level"
+        raise EditError(
+            f"{json.dumps(name)} is given {len(found)} times in {place} (a host reads only "
+            "the last): remove the others, then run this again"
+        )
+    return found[0] if found else None
 
 
 def _object(node: model.Value, path: Path) -> model.JSONObject:
@@ -107,7 +115,7 @@ def _object(node: model.Value, path: Path) -> model.JSONObject:
 def _set(obj_node: model.Value, path: Path, value: Any, indent: str, unit: str) -> None:
     obj = _object(obj_node, ())
     for depth, name in enumerate(path[:-1]):
-        index = _find(obj, name)
+        index = _find(obj, name, path[:depth])
         if index is None:  # make the rest of the path as one new value
             nested: Any = value
             for part in reversed(path[depth + 1 :]):
@@ -117,7 +125,7 @@ def _set(obj_node: model.Value, path: Path, value: Any, indent: str, unit: str) 
         indent = _indent_of(obj, index, indent, unit)
         obj = _object(obj.values[index], path[: depth + 1])
     name = path[-1]
-    index = _find(obj, name)
+    index = _find(obj, name, path[:-1])
     if index is None:
         _append(obj, name, value, indent, unit)
         return
@@ -138,11 +146,11 @@ def _is_flat(value: Any, old: model.Value) -> bool:
 def _delete(obj_node: model.Value, path: Path) -> None:
     obj = _object(obj_node, ())
     for depth, name in enumerate(path[:-1]):
-        index = _find(obj, name)
+        index = _find(obj, name, path[:depth])
         if index is None:
             return
         obj = _object(obj.values[index], path[: depth + 1])
-    index = _find(obj, path[-1])
+    index = _find(obj, path[-1], path[:-1])
     if index is None:
         return
     last = index == len(obj.keys) - 1

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from cli import hosts
-from cli.jsonedit import Delete, Set, apply_edits
+from cli.jsonedit import Delete, EditError, Set, apply_edits
 from tests.conftest import MCPBROKER, REPO, demo_server, running_daemon
 
 FIXTURES = REPO / "tests" / "fixtures" / "hosts"
@@ -480,3 +480,25 @@ def test_a_host_file_with_comments_is_read_and_they_are_kept(tmp_path: Path) -> 
     broken = home.run("install", "--client", "cursor", check=False)
     assert broken.returncode == 1
     assert f"{home.host_file} is not valid JSON (even with comments)" in broken.stderr
+
+
+def test_a_host_file_giving_mcpservers_twice_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """(Install moved the last block's servers, which the host reads, but
+    pointed the first block's at the broker: the host went on running them
+    itself. Found by probing.)"""
+    home = Home(tmp_path, "cursor")
+    home.host_file.write_text(
+        '{"mcpServers": {"x": {"command": "python3"}}, "mcpServers": {"y": {"command": "ls"}}}'
+    )
+    before = home.snapshot()
+    result = home.run("install", "--client", "cursor", check=False)
+    assert result.returncode == 1
+    assert (
+        f'{home.host_file}: "mcpServers" is given 2 times in the top level (a host reads only '
+        "the last): remove the others, then run this again"
+    ) in result.stderr
+    assert home.snapshot() == before
+    with pytest.raises(EditError, match=r'"a" is given 2 times in servers'):
+        apply_edits('{"servers": {"a": 1, "a": 2}}', [Delete(("servers", "a"))])
