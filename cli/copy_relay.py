@@ -52,8 +52,8 @@ class CopyRelay:
         self.to_daemon = bytearray()
         self.to_host = bytearray()
         self.stdin_open = True
-        # stdin is not read until then (time.monotonic(); cli/reconnect.py: a daemon stopping)
-        self.held_until: float | None = None
+        # stdin is not read while this is set (cli/reconnect.py: what it holds is full)
+        self.paused = False
         self._attach(sock)
 
     def _attach(self, sock: _socket.socket) -> None:
@@ -97,7 +97,7 @@ class CopyRelay:
         if self._steady and not to_daemon and not to_host:
             return
         self._steady = not to_daemon and not to_host
-        reading = self.stdin_open and self.held_until is None
+        reading = self.stdin_open and not self.paused
         stdin = select.POLLIN if reading and to_daemon < BUFFER_LIMIT else 0
         stdout = select.POLLOUT if to_host else 0
         sock = (select.POLLIN if to_host < BUFFER_LIMIT else 0) | (

@@ -28,13 +28,14 @@ from collections.abc import Callable
 from cli.copy_relay import CopyRelay, HostGone
 from cli.daemon_socket import DaemonUnavailable, connect, say, start_daemon
 from cli.host_pipes import (
+    BUFFER_LIMIT,
     CHUNK,
     STDIN,
     STDOUT,
     flush_to_host,
     send_to_daemon,
 )
-from cli.resume import STOPPING_NOTICE, HostState, scan
+from cli.resume import STOPPING_NOTICE, HostState, cancelled_id, scan
 
 # Reconnecting after the daemon went away: wait this long for a daemon someone
 # else restarts (a service manager, an upgrade by hand) before starting one,
@@ -47,9 +48,9 @@ RECONNECT_TIMEOUT = 60.0
 RESUME_TIMEOUT = 30.0
 LONG_LINE = 16 * 1024 * 1024  # past this a line is sent on in pieces, untracked
 STABLE = 10.0  # a session restored this long ago counts as restored for good
-# Once the daemon says it is stopping, the host's new requests wait in stdin
-# for the next daemon, for at most this long (then they go to the stopping
-# one, which still serves this session: broker/hello.py's notices).
+# Once the daemon says it is stopping, the host's new requests wait for the
+# next daemon, for at most this long (then they go to the stopping one, which
+# still serves this session: broker/hello.py's notices).
 HOLD_TIMEOUT = 60.0
 MAX_QUICK_GAPS = 5
 
@@ -128,8 +129,15 @@ class ResumingRelay(CopyRelay):
     ) -> None:
         self.state = state
         self.socket_path, self.config, self.hello = socket_path, config, hello
-        self.up = _Lines(state.up)
+        self.up = _Lines(self._up_line)
         self.down = _Lines(state.down)
+        # While the daemon stops (until then: time.monotonic()), the host's new
+        # lines wait here for the next daemon (_up_line), and the host's pipe
+        # is not read while they fill BUFFER_LIMIT or once it has closed.
+        self.held_until: float | None = None
+        self.held: list[bytes] = []
+        self._held_size = 0
+        self._held_eof = False  # the host closed stdin after lines still held
         self._reconnected = -STABLE  # when the last gap ended
         self._quick_gaps = 0  # gaps in a row, each soon after the one before
         super().__init__(sock)
@@ -165,6 +173,13 @@ class ResumingRelay(CopyRelay):
 
     def _read_stdin(self) -> None:
         data = os.read(STDIN, CHUNK)
+        if not data and self.held_until is not None and (self.held or self.up.partial):
+            if self.up.partial:  # (a last line without newline: it waits with the rest)
+                self._hold(bytes(self.up.partial))
+                self.up.reset()
+            self._held_eof = self.paused = True  # (closed once they are sent)
+            self._steady = False
+            return
         if not data:
             self._stdin_closed()
             self.to_daemon += bytes(self.up.partial)  # (a last line without newline)
@@ -184,10 +199,51 @@ class ResumingRelay(CopyRelay):
         return going_on
 
     def _hold_stdin(self) -> None:
-        """The daemon has begun to stop: what the host writes from now on
-        waits in its pipe for the next daemon (what it wrote before is still
-        served), as it does during a gap."""
+        """The daemon has begun to stop: the host's requests from now on wait
+        for the next daemon (what it wrote before is still served), as they
+        do during a gap; its answers still go to this one (:meth:`_up_line`)."""
         self.held_until, self._steady = time.monotonic() + HOLD_TIMEOUT, False
+
+    def _up_line(self, line: bytes) -> bool:
+        """A whole line from the host: noted and sent on (True), or, while
+        the daemon stops, held for the next one. What belongs to the calls
+        the stopping daemon is finishing still goes to it: the host's answers
+        to its requests (sampling, elicitation, roots) and cancellations of
+        requests in flight; the rest is held, in order."""
+        if self.held_until is None or self._for_stopping_daemon(line):
+            return self.state.up(line)
+        self._hold(line)
+        return False
+
+    def _for_stopping_daemon(self, line: bytes) -> bool:
+        if line[:1] == b"[":
+            return False  # (a batch: held whole)
+        method, id = scan(line)
+        if method is None:
+            return id is not None  # an answer (one to a daemon gone is dropped: state.up)
+        if method != b"notifications/cancelled" or not self.state.pending:
+            return False
+        return cancelled_id(line) in self.state.pending
+
+    def _hold(self, line: bytes) -> None:
+        self.held.append(line)
+        self._held_size += len(line)
+        if self._held_size >= BUFFER_LIMIT:
+            self.paused, self._steady = True, False  # (the rest waits in the host's pipe)
+
+    def _send_held(self) -> None:
+        """Send the lines held (to the next daemon, or to the stopping one at
+        HOLD_TIMEOUT), noted as if they came now; then a close of stdin they
+        were waiting before."""
+        held, self.held, self._held_size = self.held, [], 0
+        for line in held:
+            if not line.endswith(b"\n") or self.state.up(line):
+                self.to_daemon += line
+        self.paused, self._steady = False, False
+        if self._held_eof:
+            self._held_eof = False
+            self._stdin_closed()
+        self._write_socket()
 
     def _poll_timeout(self) -> float | None:
         if self.held_until is None:
@@ -196,6 +252,7 @@ class ResumingRelay(CopyRelay):
         if left > 0:
             return left * 1000
         self._release_stdin()  # (a daemon that takes this long: it still serves the session)
+        self._send_held()
         return None
 
     def _release_stdin(self) -> None:
@@ -227,7 +284,7 @@ class ResumingRelay(CopyRelay):
         replay; raises DaemonUnavailable if no daemon comes back in time."""
         with contextlib.suppress(OSError):
             self.sock.close()
-        self._release_stdin()  # (held for the next daemon: this one)
+        self._release_stdin()  # (what is held goes to the next daemon, once it has the session)
         if self.down.long:
             self.to_host += b"\n"  # (ends the piece of a long answer the host has)
         self.down.reset()  # (an answer cut short never reaches the host)
@@ -274,6 +331,8 @@ class ResumingRelay(CopyRelay):
                 else:
                     say("reconnected")
                     self._reconnected = time.monotonic()
+                    if self.held_until is None:  # (else the new one is stopping already)
+                        self._send_held()
                     return
             if time.monotonic() >= deadline:
                 raise DaemonUnavailable(

@@ -241,7 +241,7 @@ def _param(line: bytes, name: bytes) -> bytes | None:
     return value.encode() if isinstance(value, str) else None
 
 
-def _cancelled_id(line: bytes) -> bytes | None:
+def cancelled_id(line: bytes) -> bytes | None:
     import json
 
     try:
@@ -354,7 +354,7 @@ class HostState:
         if method in _REMEMBERED:
             self._remember(method, line, id)
         elif method == b"notifications/cancelled" and self.pending:
-            self.pending.pop(_cancelled_id(line) or b"", None)  # (no answer will come)
+            self.pending.pop(cancelled_id(line) or b"", None)  # (no answer will come)
         return True
 
     def down(self, line: bytes) -> bool:

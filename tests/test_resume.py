@@ -320,8 +320,8 @@ def test_the_daemons_stopping_notice_is_noted_and_never_reaches_the_host() -> No
 def test_a_stopping_daemon_holds_the_hosts_requests_for_a_while(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The resuming relay stops reading stdin once told, until the gap (the
-    next daemon), or HOLD_TIMEOUT (the stopping daemon still serves it)."""
+    """The resuming relay holds the host's requests once told, until the gap
+    (the next daemon), or HOLD_TIMEOUT (the stopping daemon still serves it)."""
     import socket
 
     import cli.reconnect
@@ -341,6 +341,79 @@ def test_a_stopping_daemon_holds_the_hosts_requests_for_a_while(
         clock[0] += 1
         assert relay._poll_timeout() is None  # (given up waiting: read stdin again)
         assert relay.held_until is None and not relay.state.stopping
+
+
+def test_a_stopping_daemon_still_gets_the_hosts_answers_and_cancellations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """During a drain the host's answer to a server's sampling request was
+    held with its new requests, for the next daemon, which never asked: the
+    call waiting for it failed at shutdownTimeout. Answers, and cancellations
+    of requests in flight, go to the stopping daemon; the rest is held, in
+    order, and sent at HOLD_TIMEOUT (or to the next daemon). (Found by probing.)"""
+    import socket
+
+    import cli.reconnect
+    from cli.reconnect import HOLD_TIMEOUT, ResumingRelay
+
+    ours, theirs = socket.socketpair()
+    clock = [100.0]
+    monkeypatch.setattr(cli.reconnect.time, "monotonic", lambda: clock[0])
+    call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a__sample"}}\n'
+    other = b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"a__slow"}}\n'
+    asked = b'{"jsonrpc":"2.0","id":"mcpbroker:a:1","method":"sampling/createMessage"}\n'
+    answer = b'{"jsonrpc":"2.0","id":"mcpbroker:a:1","result":{"content":{}}}\n'
+    cancel = b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}\n'
+    new = b'{"jsonrpc":"2.0","id":3,"method":"tools/list"}\n'
+    cancel_new = b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}\n'
+    changed = b'{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}\n'
+    with ours, theirs:
+        relay = ResumingRelay(ours, HostState(), "/nowhere", None, b"")
+        assert relay.up.feed(call + other) == call + other
+        relay._from_daemon(asked)
+        relay._from_daemon(b'{"mcpbroker":{"notice":"stopping"}}\n')
+        assert relay.held_until is not None
+        sent = relay.up.feed(new + answer + cancel_new + changed + cancel)
+        assert sent == answer + cancel
+        assert relay.held == [new, cancel_new, changed]
+        assert not relay.state.daemon_pending and list(relay.state.pending) == [b"1"]
+        clock[0] += HOLD_TIMEOUT
+        assert relay._poll_timeout() is None  # (given up waiting: they go to this daemon)
+        assert relay.held == [] and not relay.paused
+        assert theirs.recv(4096) == new + cancel_new + changed
+        assert relay.up.feed(new) == new  # (and nothing is held any more)
+
+
+def test_what_was_held_during_a_drain_goes_to_the_next_daemon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The held lines, and a close of stdin after them, wait for the next daemon."""
+    import socket
+
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay
+
+    old, old_daemon = socket.socketpair()
+    ours, next_daemon = socket.socketpair()
+    monkeypatch.setattr(cli.reconnect, "connect", lambda path: ours)
+    monkeypatch.setattr(ResumingRelay, "_flush_to_host", lambda self: None)
+    monkeypatch.setattr(cli.reconnect.os, "read", lambda fd, n: b"")  # (the host closed stdin)
+    new = b'{"jsonrpc":"2.0","id":3,"method":"tools/list"}\n'
+    with old, old_daemon, ours, next_daemon:
+        relay = ResumingRelay(old, HostState(), "/nowhere", None, b"")
+        relay._from_daemon(b'{"mcpbroker":{"notice":"stopping"}}\n')
+        assert relay.up.feed(new + b'{"jsonrpc":"2.0","id":4') == b""
+        relay._read_stdin()
+        assert relay.paused and relay.stdin_open  # (not closed before they are sent)
+        assert relay._daemon_closed() is None  # (the stopping daemon went: a gap)
+        relay._gap()
+        assert not relay.stdin_open and relay.held == []
+        next_daemon.settimeout(5)
+        got = b""
+        while chunk := next_daemon.recv(4096):
+            got += chunk
+        assert got == new + b'{"jsonrpc":"2.0","id":4'
+        assert old_daemon.recv(4096) == b""
 
 
 def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(
