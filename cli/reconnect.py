@@ -55,6 +55,15 @@ HOLD_TIMEOUT = 60.0
 MAX_QUICK_GAPS = 5
 
 
+class SessionRefused(DaemonUnavailable):
+    """The new daemon answered the replayed ``initialize`` with an error: it
+    cannot serve this session (a reload removed its server: the daemon closed
+    it, and a hello naming it is refused). The shim ends, so that the host
+    sees its server end, as docs/configuration.md says, and may start it
+    again once it is configured; it does not sit on a session that refuses
+    every request."""
+
+
 class _Lines:
     """Cuts one direction's bytes into whole lines for ``note`` (True: send it on).
 
@@ -320,6 +329,10 @@ class ResumingRelay(CopyRelay):
             if sock is not None:
                 try:
                     self._resume(sock)
+                except SessionRefused:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                    raise
                 except (OSError, TimeoutError) as exc:
                     said = f"the new daemon did not take the session back ({exc}); retrying"
                     if said != reported:  # (once while it says the same: a stopping one)
@@ -377,8 +390,22 @@ def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
             method, got = scan(line + b"\n")
             if method is None and got == id:
                 if b'"error"' in line and b'"result"' not in line:
-                    say(f"the new daemon refused the session: {line.decode(errors='replace')}")
+                    raise SessionRefused(
+                        f"the daemon refused the session ({_error_message(line)}); "
+                        "ending it: the host sees this server end"
+                    )
                 return line, buffer
+
+
+def _error_message(line: bytes) -> str:
+    """An error answer's message (the line itself if it has none)."""
+    import json
+
+    try:
+        message = json.loads(line)["error"]["message"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        message = None
+    return message if isinstance(message, str) else line.decode(errors="replace")
 
 
 def list_changed(answer: bytes) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -467,3 +468,83 @@ async def test_a_reload_reaches_http_sessions(socket_path: str) -> None:
                 assert text_of(await every.call_tool("c__echo", {"text": "hi"})) == "hi"
                 async with http_session(d.http_url + "/c") as on_c:
                     assert text_of(await on_c.call_tool("echo", {"text": "c"})) == "c"
+
+
+async def test_a_shim_whose_server_a_reload_removes_ends_and_a_new_one_works_once_it_is_back() -> (
+    None
+):
+    """The daemon closes a transparent session on a removed server; the
+    resuming shim took that for a restart, was refused ("unknown server")
+    when it replayed the session, and relayed the refusing session for good,
+    even once the server was back: the host never saw its server end.
+    Now the shim ends (exit 1, the refusal on stderr), and a shim started
+    again once the server is configured again is served. (Found by probing.)"""
+    from tests.conftest import MCPBROKER
+
+    def line(message: dict[str, Any]) -> bytes:
+        return orjson.dumps({"jsonrpc": "2.0", **message}) + b"\n"
+
+    initialize = line(
+        {
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "host", "version": "1"},
+            },
+        }
+    )
+    initialized = line({"method": "notifications/initialized"})
+    call = line(
+        {"id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "hi"}}}
+    )
+
+    async def host(daemon: DaemonProcess) -> trio.Process:
+        shim = await trio.lowlevel.open_process(
+            [MCPBROKER, "connect", "--socket", daemon.socket_path, "a"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert shim.stdin is not None
+        await shim.stdin.send_all(initialize + initialized + call)
+        return shim
+
+    async def read_all(stream: Any) -> bytes:
+        out = b""
+        while chunk := await stream.receive_some():
+            out += chunk
+        return out
+
+    async def until(stream: Any, wanted: bytes) -> bytes:
+        out = b""
+        while wanted not in out:
+            chunk = await stream.receive_some()
+            assert chunk, out
+            out += chunk
+        return out
+
+    with trio.fail_after(60):
+        async with running_daemon({"a": demo("a"), "b": demo("b")}) as daemon:
+            shim = await host(daemon)
+            assert shim.stdout is not None and shim.stderr is not None
+            await until(shim.stdout, b'"id":1')
+            daemon.write_config({"b": demo("b")})
+            assert (await daemon.reload()).returncode == 0
+            with trio.fail_after(15):
+                await read_all(shim.stdout)  # the host sees its server end
+            assert await shim.wait() == 1
+            said = (await read_all(shim.stderr)).decode()
+            assert "the daemon refused the session (mcpbroker: unknown server 'a'" in said, said
+            assert "reconnected" not in said
+            daemon.write_config({"a": demo("a"), "b": demo("b")})
+            assert (await daemon.reload()).returncode == 0
+            await all_ready(daemon, ["a", "b"])
+            again = await host(daemon)
+            assert again.stdout is not None and again.stdin is not None
+            out = await until(again.stdout, b'"id":1')
+            (answer,) = [orjson.loads(x) for x in out.splitlines() if b'"id":1' in x]
+            assert answer["result"]["content"][0]["text"] == "hi", answer
+            await again.stdin.aclose()
+            assert await again.wait() == 0

@@ -416,6 +416,44 @@ def test_what_was_held_during_a_drain_goes_to_the_next_daemon(
         assert old_daemon.recv(4096) == b""
 
 
+def test_a_session_the_new_daemon_refuses_ends_the_shim(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reload removed the server of a host on `connect a`: the daemon closed
+    the session, and the shim, reconnecting, was refused ("unknown server")
+    but attached all the same: every call was refused from then on, also once
+    `a` was back, and the host never saw its server end. Now the shim ends.
+    (Found by probing.)"""
+    import socket
+
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay, SessionRefused
+
+    old, old_daemon = socket.socketpair()
+    ours, new_daemon = socket.socketpair()
+    monkeypatch.setattr(cli.reconnect, "connect", lambda path: ours)
+    monkeypatch.setattr(ResumingRelay, "_flush_to_host", lambda self: None)
+    state = HostState()
+    initialize = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}\n'
+    state.up(initialize)
+    state.down(b'{"jsonrpc":"2.0","id":0,"result":{"capabilities":{}}}\n')
+    refusal = (
+        b'{"jsonrpc":"2.0","id":"mcpbroker-resume-1","error":{"code":-32602,'
+        b'"message":"mcpbroker: unknown server \'a\' (configured servers: b)"}}\n'
+    )
+    new_daemon.sendall(refusal)
+    with old, old_daemon, ours, new_daemon:
+        relay = ResumingRelay(old, state, "/nowhere", None, b"")
+        with pytest.raises(SessionRefused) as refused:  # (run() says it and exits 1)
+            relay._gap()  # (the daemon closed the session)
+        assert ours.fileno() == -1  # (closed)
+    assert str(refused.value) == (
+        "the daemon refused the session (mcpbroker: unknown server 'a' "
+        "(configured servers: b)); ending it: the host sees this server end"
+    )
+    assert "reconnected" not in capsys.readouterr().err
+
+
 def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
