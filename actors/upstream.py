@@ -907,17 +907,21 @@ class Upstream:
     async def _expire_requests(self) -> None:
         """Answer and cancel requests that outlive their timeout.
 
-        Every request gets the same timeout and progress only pushes deadlines
-        later, so with nothing pending, nothing can expire sooner than one
-        timeout from now; a new timeout (a reload) wakes this task to look again.
+        Progress only pushes deadlines later, and what is sent from now on
+        gets the timeout in force, so nothing can expire sooner than the
+        first deadline pending or one timeout from now, whichever comes
+        first (a reload that lowered the timeout left requests in flight
+        with later deadlines than the next request's); a new timeout (a
+        reload) wakes this task to look again.
         A modern server's call whose legacy clients are asked its questions
         has the same timeout for their answers (broker/eras/bridge.py,
         ``AskingClients.expire``): expired here too.
         """
         while True:
+            soonest = trio.current_time() + self._timeouts.timeout  # (what is sent from now)
             deadline = self._protocol.next_deadline()
-            if deadline is None:
-                deadline = trio.current_time() + self._timeouts.timeout
+            if deadline is None or deadline > soonest:
+                deadline = soonest
             with trio.move_on_at(deadline):
                 await self._timeouts_changed.wait()
                 self._timeouts_changed = trio.Event()

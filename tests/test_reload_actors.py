@@ -1093,3 +1093,25 @@ async def test_a_per_client_servers_modern_start_cut_short_leaves_no_dead_instan
     assert group._modern is not None
     with trio.fail_after(60):
         await group._modern.wait_ready()
+
+
+async def test_a_lowered_timeout_holds_for_what_is_sent_while_an_older_request_is_in_flight(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    # (the timer slept until the old request's deadline, 10 s after it was
+    # sent: the next request ran its 3 s and was answered, though it was
+    # given 1 s)
+    daemon = await start(
+        nursery, parse_config({"mcpServers": {"a": {"command": "a", "timeout": 10}}})
+    )
+    client = await connect(nursery, daemon)
+    await client.call(1, "a__sleep", seconds=4)
+    await settle()
+    report = daemon.reload(parse_config({"mcpServers": {"a": {"command": "a", "timeout": 1}}}))
+    assert report.updated == ("a",) and not report.restarted
+    await client.call(2, "a__sleep", seconds=3)
+    sent = trio.current_time()
+    error = (await client.answer(2))["error"]
+    assert error["code"] == jsonrpc.REQUEST_TIMEOUT
+    assert trio.current_time() - sent == pytest.approx(1)
+    assert "result" in await client.answer(1)  # (it keeps its deadline)
