@@ -67,6 +67,7 @@ from actors.upstream import Upstream
 from broker.calls import CallStats
 from broker.config import BrokerSettings, Config, ConfigError, ServerConfig, parse_address
 from broker.configdiff import ConfigDiff, Effect, diff
+from broker.server_requests import ClientIds
 from broker.wire.websocket import Policy
 
 # How broker/ was installed: compiled by mypyc (setup.py), or as Python.
@@ -137,10 +138,19 @@ class Daemon:
         self._load = load
         self._reloading = trio.Lock()
         self._reload_reader = trio.CapacityLimiter(1)  # (reload_file)
+        # The ids of what each server asks clients, by server name, for the
+        # daemon's life: an actor a reload starts in place of another goes on
+        # from the old one's (which may still ask while it drains), and a
+        # client's answer is never taken for another's (server_requests.py).
+        self._client_ids: dict[str, ClientIds] = {}
         self.upstreams = {
-            name: _server(name, server, config.broker)
+            name: _server(name, server, config.broker, self._ids(name))
             for name, server in config.enabled_servers.items()
         }
+        # Old actors a reload removed or replaced, by name, while they finish
+        # their requests in flight (_retire): a client's answer to what one
+        # asked still reaches it (Session).
+        self.draining: dict[str, list[ServerActor]] = {}
         self.registry = Registry(self.upstreams, config.broker)
         self._log = get_logger()
         self._sessions: set[Session] = set()
@@ -391,6 +401,13 @@ class Daemon:
 
     # -- reload -----------------------------------------------------------------
 
+    def _ids(self, name: str) -> ClientIds:
+        """Server ``name``'s ids for what it asks clients (see ``_client_ids``)."""
+        ids = self._client_ids.get(name)
+        if ids is None:
+            ids = self._client_ids[name] = ClientIds(name)
+        return ids
+
     def tokens_changed(self, names: tuple[str, ...]) -> dict[str, Any]:
         """``mcpbroker auth NAME`` stored (or forgot) a server's tokens: the
         daemon reads them again at the server's next request, and a server it
@@ -460,7 +477,7 @@ class Daemon:
         settings = self.config.broker
         old = dict(self.upstreams)
         actors = {
-            name: _server(name, server, settings)
+            name: _server(name, server, settings, self._ids(name))
             if name in change.added or name in change.restarted
             else old[name]
             for name, server in new.enabled_servers.items()
@@ -484,6 +501,8 @@ class Daemon:
         for name in change.added:
             joined = [s.handle for s in self._sessions if s.add_server(name, order)]
             self.registry.add_server(name, joined)
+        for name in (*change.removed, *change.restarted):
+            self.draining.setdefault(name, []).append(old[name])
         assert self._nursery is not None
         for name in (*change.added, *change.restarted):
             self._nursery.start_soon(self._run_server, actors[name])
@@ -520,6 +539,11 @@ class Daemon:
             while (figures := actor.statistics()).in_flight or figures.waiting:  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL)
         actor.retire(reason, retryable=retryable)
+        left = [each for each in self.draining.get(actor.name, ()) if each is not actor]
+        if left:
+            self.draining[actor.name] = left
+        else:
+            self.draining.pop(actor.name, None)
         scope = self._scopes.get(actor)
         if scope is not None:
             scope.cancel()
@@ -609,6 +633,7 @@ class Daemon:
             self.config.broker,
             calls=self.calls,
             audit=self.audit,
+            draining=self.draining,
             **options,
         )
         if self._stopping is not None:
@@ -655,12 +680,15 @@ def _first_oserror(group: BaseExceptionGroup[OSError]) -> OSError:
     return _first_oserror(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def _server(name: str, config: ServerConfig, settings: BrokerSettings) -> ServerActor:
-    """The actor for one configured server, by its sharing mode."""
+def _server(
+    name: str, config: ServerConfig, settings: BrokerSettings, ids: ClientIds
+) -> ServerActor:
+    """The actor for one configured server, by its sharing mode; ``ids``:
+    the server's ids for what it asks clients."""
     if config.share == "per-session":
-        return PerSessionServer(name, config, settings)
+        return PerSessionServer(name, config, settings, ids)
     if config.pool > 1:
-        return PooledServer(name, config, settings)
+        return PooledServer(name, config, settings, ids)
     if config.era == "per-client":
-        return EraServer(name, config, settings)
-    return Upstream(name, config, settings, lazy=config.startup == "lazy")
+        return EraServer(name, config, settings, ids)
+    return Upstream(name, config, settings, lazy=config.startup == "lazy", numbering=ids)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -124,15 +124,20 @@ class Session:
         every: bool = False,
         calls: CallStats | None = None,
         audit: AuditLog | None = None,
+        draining: Mapping[str, Sequence[ServerActor]] | None = None,
     ) -> None:
         """``view`` (with ``transparent``) is the servers the transport already
         chose (a WebSocket path names them; ``every``: it chose every server);
         without one, the client may choose with a hello first line
         (broker/hello.py), or sees every server. ``calls`` counts what each
         request came to (for metrics), ``audit`` writes each tool call
-        (broker/calls.py); without either, nothing is tracked."""
+        (broker/calls.py); without either, nothing is tracked. ``draining``:
+        old actors a reload removed or replaced, by name, while they finish
+        their requests (the daemon's: a client's answer to what one asked
+        goes to it)."""
         self._connection = connection
         self._upstreams = upstreams
+        self._draining = draining if draining is not None else {}
         self._registry = registry
         self._settings = settings
         self._control = control
@@ -501,10 +506,9 @@ class Session:
             for upstream in self._attached or ():
                 await upstream.send(ClientCancelled(self._handle, action.params))
         elif isinstance(action, RespondUpstream):
-            # (None: a reload removed the server that asked, and answered its
+            # (none: a reload removed the server that asked, and answered its
             # calls: a parked one's retry gets that answer)
-            asker = self._upstreams.get(action.server)
-            if asker is not None:
+            for asker in self._askers(action.server):
                 await asker.send(ClientResponse(self._handle, action.message))
         elif isinstance(action, SetLogLevel):
             for upstream in self._attached or ():
@@ -512,6 +516,16 @@ class Session:
         elif isinstance(action, NotifyUpstreams):
             for upstream in self._attached or ():
                 await upstream.send(ClientNotification(self._handle, action.message))
+
+    def _askers(self, server: str) -> list[ServerActor]:
+        """Who may have asked the client what it answers under ``server``'s
+        name: the server's actor, and the old ones a reload is retiring
+        (their processes still ask while they drain). Each takes only the
+        ids it gave (they are never alike: broker/server_requests.py), and
+        drops the rest."""
+        current = self._upstreams.get(server)
+        old = self._draining.get(server, ())
+        return [*old] if current is None else [current, *old]
 
     async def _wait_for_servers(self, request: Message) -> bool:
         """Wait (at most ``SETTLE_TIMEOUT``) for the view's servers to settle
@@ -700,8 +714,7 @@ class Session:
             return
         self._arm_parked()
         for server, answer in protocol.take_upstream_answers():
-            upstream = self._upstreams.get(server)
-            if upstream is not None:
+            for upstream in self._askers(server):
                 await upstream.send(ClientResponse(self._handle, answer))
         changed, level = protocol.take_level_change()
         if changed:

@@ -72,16 +72,26 @@ from broker.config import BrokerSettings, ServerConfig
 from broker.fanout import Fanout
 from broker.jsonrpc import LIMIT_REACHED
 from broker.pooling import InstanceFacts, PoolRouting
+from broker.server_requests import ClientIds
 from broker.states import ServerState
 
 
 class ServerGroup:
     share = "per-session"
 
-    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: BrokerSettings,
+        ids: ClientIds | None = None,
+    ) -> None:
+        """``ids``: the server's ids for what it asks clients (one sequence
+        for every instance: broker/server_requests.py, ``ClientIds``)."""
         self.name = name
         self.config = config
         self.settings = settings
+        self.ids = ClientIds(name) if ids is None else ids
         self._catalog = self._instance(0)
         self._nursery: trio.Nursery | None = None
         self._running = trio.Event()  # (set once run() has its nursery: see _start)
@@ -119,7 +129,13 @@ class ServerGroup:
         lazy = index == 0 and self.config.startup == "lazy"
         expected = None if index == 0 else self._catalog.tools
         return Upstream(
-            self.name, self.config, self.settings, lazy=lazy, warm_up=True, expected_tools=expected
+            self.name,
+            self.config,
+            self.settings,
+            lazy=lazy,
+            numbering=self.ids,
+            warm_up=True,
+            expected_tools=expected,
         )
 
     # -- the face of an Upstream -----------------------------------------------
@@ -303,8 +319,14 @@ class PerSessionServer(ServerGroup):
     no process). Until then the group keeps what the instance must be told
     first: the session's Attach and its log level."""
 
-    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
-        super().__init__(name, config, settings)
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: BrokerSettings,
+        ids: ClientIds | None = None,
+    ) -> None:
+        super().__init__(name, config, settings, ids)
         self._mine: dict[SessionHandle, Upstream] = {}
         self._waiting: dict[SessionHandle, list[InboxItem]] = {}  # (attached, no instance yet)
         self._inherited = Fanout()  # what sessions asked of the server a reload replaced
@@ -456,8 +478,14 @@ class EraServer(ServerGroup):
     share = "per-era"
     hands_catalog_on = False
 
-    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
-        super().__init__(name, config, settings)
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: BrokerSettings,
+        ids: ClientIds | None = None,
+    ) -> None:
+        super().__init__(name, config, settings, ids)
         self._modern: Upstream | None = None  # (started by the first modern client)
         self._modern_sessions: set[SessionHandle] = set()
         self._inherited_modern = Fanout()  # (what they asked of the server a reload replaced)
@@ -472,7 +500,9 @@ class EraServer(ServerGroup):
         modern client waiting for the warm-up's time-out on each start."""
         config = attrs.evolve(self.config, era="legacy" if index == 0 else "auto")
         lazy = index == 0 and config.startup == "lazy"
-        return Upstream(self.name, config, self.settings, lazy=lazy, warm_up=True)
+        return Upstream(
+            self.name, config, self.settings, lazy=lazy, numbering=self.ids, warm_up=True
+        )
 
     def reconfigure(self, config: ServerConfig, settings: BrokerSettings) -> None:
         self.config = config
@@ -527,19 +557,24 @@ class EraServer(ServerGroup):
 class PooledServer(ServerGroup):
     share = "pool"
 
-    def __init__(self, name: str, config: ServerConfig, settings: BrokerSettings) -> None:
-        super().__init__(name, config, settings)
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        settings: BrokerSettings,
+        ids: ClientIds | None = None,
+    ) -> None:
+        super().__init__(name, config, settings, ids)
         self._pool = [self._catalog] + [self._instance(i) for i in range(1, config.pool)]
         self._routing = PoolRouting()
 
     def _instance(self, index: int) -> Upstream:
-        # Instance i numbers its requests to clients i+1, i+1+N, ...: never the same.
-        # Instance 0 (the catalog's) follows the config's startup; the others wait
+        # (Its requests to clients are numbered from the group's one sequence:
+        # never two alike.) Instance 0 (the catalog's) follows the config's startup; the others wait
         # for it (see _grow), so they are lazy until then.
         lazy = index > 0 or self.config.startup == "lazy"
-        numbering = (index + 1, self.config.pool)
         instance = Upstream(
-            self.name, self.config, self.settings, lazy=lazy, numbering=numbering, warm_up=True
+            self.name, self.config, self.settings, lazy=lazy, numbering=self.ids, warm_up=True
         )
         # Its sessions' catalog is the catalog instance's (the Registry's): a
         # list_changed of another instance is not theirs (it re-lists, to

@@ -76,6 +76,7 @@ from broker.jsonrpc import (
 from broker.lifecycle import HandshakeError
 from broker.recovery import Liveness, RestartPolicy, Restarts
 from broker.redact import shown_url
+from broker.server_requests import ClientIds
 from broker.states import COMING_UP, STATUS, ServerState, ServerTrigger
 from broker.timeouts import TimeoutPolicy
 from broker.upstream import (
@@ -137,7 +138,7 @@ class Upstream:
         *,
         lazy: bool = False,
         events: trio.MemorySendChannel[Any] | None = None,
-        numbering: tuple[int, int] = (1, 1),
+        numbering: tuple[int, int] | ClientIds = (1, 1),
         warm_up: bool = False,
         expected_tools: frozenset[str] | None = None,
     ) -> None:

@@ -21,7 +21,10 @@ server has shown that it asks clients things.
 The request reaches the client with an id of the broker's own,
 ``"mcpbroker:SERVER:N"`` (unique per server, so sessions never see two
 servers' requests collide), and the client's answer goes back with the
-server's id restored.
+server's id restored. N comes from one sequence per server name for the
+daemon's life (:class:`ClientIds`), shared by its processes, a pool's
+instances and the actor a reload puts in place of another: the old
+process, draining, and the new one never ask a client with the same id.
 
 What waits for a client's answer is bounded: at most :data:`MAX_PENDING`
 requests per server instance (past that the server gets ``-32005`` at once),
@@ -115,7 +118,10 @@ class ClientIds:
     in the 2026-07-28 era, the questions of its ``input_required`` answers
     (broker/eras/bridge.py, ``AskingClients``), from one sequence, so no two
     are alike (a client answering one is never taken to answer the other).
-    ``numbering`` (first, step) keeps them apart between instances of a pool."""
+    One object is shared by whatever asks under the server's name (the
+    daemon keeps one per name: actors/daemon.py), so the ids stay apart
+    between the instances of a pool and across restarts and reloads too.
+    ``numbering`` (first, step): where it starts, and its step."""
 
     def __init__(self, server: str, numbering: tuple[int, int] = (1, 1)) -> None:
         self._prefix = f"{ID_PREFIX}{server}:"

@@ -366,8 +366,11 @@ class SessionProtocol:
                 raise
         if kind is Kind.NOTIFICATION:
             return self._notification(message)
+        # (a server a reload removed left the view, but its old process may
+        # still wait for this answer while it drains; only the instance that
+        # gave this client that id takes it: broker/server_requests.py)
         server = server_of(message.get("id"))
-        return [RespondUpstream(server, message)] if server in self.view else []
+        return [] if server is None else [RespondUpstream(server, message)]
 
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]

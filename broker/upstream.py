@@ -80,7 +80,7 @@ from broker.requestmap import (
     TaskList,
     TaskQuery,
 )
-from broker.server_requests import CAPABILITY_OF, Route, ServerRequests
+from broker.server_requests import CAPABILITY_OF, ClientIds, Route, ServerRequests
 from broker.states import ServerState, ServerTrigger, next_server_state
 from broker.tasks import TASK_METHODS, TaskTable
 from broker.timeouts import Deadlines, TimeoutPolicy
@@ -119,7 +119,7 @@ class UpstreamProtocol:
         self,
         name: str,
         timeouts: TimeoutPolicy | None = None,
-        numbering: tuple[int, int] = (1, 1),
+        numbering: tuple[int, int] | ClientIds = (1, 1),
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         *,
         server_requests: str = "auto",
@@ -155,7 +155,10 @@ class UpstreamProtocol:
         # modern side then (None: a legacy server).
         self.modern = False
         self.modern_server: ModernServer | None = None
-        self.numbering = numbering
+        # (one sequence for its every process: restarted, this protocol's is
+        # the next one's, and a client's late answer to the one that went
+        # away never passes for an answer to the new one)
+        self.numbering = ClientIds(name, numbering) if isinstance(numbering, tuple) else numbering
         self.max_in_flight = max_in_flight
         self.warm_up = warm_up
         self.warming = WarmUp(expected_tools)  # (its tools: warm-up instances, once listed)
@@ -170,7 +173,7 @@ class UpstreamProtocol:
         self.identity: ServerIdentity | None = None
         self.requests = RequestMap(name, max_in_flight)
         self.deadlines = Deadlines(timeouts or TimeoutPolicy())
-        self.server_requests = ServerRequests(name, numbering)
+        self.server_requests = ServerRequests(name, self.numbering)
         self.fanout = Fanout()
         self.last_error: str | None = None  # why the last process went away
         self.tasks = TaskTable(name)

@@ -104,7 +104,10 @@ async def start(nursery: trio.Nursery, config: Config) -> Daemon:
 
 
 async def connect(
-    nursery: trio.Nursery, daemon: Daemon, servers: list[str] | None = None
+    nursery: trio.Nursery,
+    daemon: Daemon,
+    servers: list[str] | None = None,
+    capabilities: dict[str, Any] | None = None,
 ) -> Client:
     ours, theirs = trio.testing.memory_stream_pair()
     nursery.start_soon(daemon._serve_client, theirs)
@@ -112,7 +115,11 @@ async def connect(
     nursery.start_soon(client.read_forever)
     if servers is not None:
         await client.send({"mcpbroker": {"servers": servers}})
-    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+    params = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": capabilities or {},
+        "clientInfo": {"name": "t"},
+    }
     assert "result" in await client.request("init", "initialize", params)
     await client.send(jsonrpc.notification("notifications/initialized"))
     await client.request("ping", "ping")  # (the session is attached once this is answered)
@@ -1115,3 +1122,42 @@ async def test_a_lowered_timeout_holds_for_what_is_sent_while_an_older_request_i
     assert error["code"] == jsonrpc.REQUEST_TIMEOUT
     assert trio.current_time() - sent == pytest.approx(1)
     assert "result" in await client.answer(1)  # (it keeps its deadline)
+
+
+SAMPLING = {"messages": [], "maxTokens": 1}
+
+
+@pytest.mark.parametrize("change", ["restart", "remove"])
+async def test_a_clients_answer_reaches_the_process_that_asked_across_a_reload(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, change: str
+) -> None:
+    # (the new process's ids began again at mcpbroker:a:1: the client had two
+    # requests with one id, its answer to the old process went to the new one,
+    # and the old one's call failed at shutdownTimeout; a removed server's
+    # answer was dropped)
+    broker = {"shutdownTimeout": 30}
+    daemon = await start(nursery, scripts.config("a", "b", broker=broker, a="a1"))
+    client = await connect(nursery, daemon, capabilities={"sampling": {}})
+    await client.call(1, "a__sleep", seconds=10)
+    await settle()
+    asking = {"jsonrpc": "2.0", "id": 7, "method": "sampling/createMessage", "params": SAMPLING}
+    await scripts["a1"].links[-1].send(asking)
+    await settle()
+    if change == "restart":
+        daemon.reload(scripts.config("a", "b", broker=broker, a="a2"))
+        await client.call(2, "a__sleep", seconds=10)
+        await settle()
+        await scripts["a2"].links[-1].send(asking)
+    else:
+        daemon.reload(scripts.config("b", broker=broker))
+    await settle()
+    asked = [m for m in client.messages if m.get("method") == "sampling/createMessage"]
+    assert len({m["id"] for m in asked}) == len(asked) == (2 if change == "restart" else 1)
+    for answer, question in zip(("old", "new"), asked, strict=False):
+        await client.send(jsonrpc.result_response(question["id"], {"answer": answer}))
+    await settle()
+    askers = {"a1": "old", "a2": "new"} if change == "restart" else {"a1": "old"}
+    for label, answer in askers.items():
+        answers = [m for m in scripts[label].received if m.get("id") == 7 and "method" not in m]
+        assert answers == [jsonrpc.result_response(7, {"answer": answer})], label
+    assert "result" in await client.answer(1)  # (on the old process, in its time)

@@ -867,8 +867,13 @@ def test_a_roots_change_goes_to_the_servers_and_answers_to_server_requests_go_ba
     server = proto.view[0]
     answer = {"jsonrpc": "2.0", "id": f"mcpbroker:{server}:3", "result": {"roots": []}}
     assert proto.receive(answer) == [RespondUpstream(server, answer)]
-    stray = {"jsonrpc": "2.0", "id": "mcpbroker:nobody:3", "result": {}}
+    stray = {"jsonrpc": "2.0", "id": "not-ours:3", "result": {}}
     assert proto.receive(stray) == []
+    # A server outside the view: a reload removed it, but its old process
+    # may still wait for this answer while it drains (the session's actor
+    # hands it to that one, or drops it: actors/session.py, _askers).
+    gone = {"jsonrpc": "2.0", "id": "mcpbroker:gone:3", "result": {}}
+    assert proto.receive(gone) == [RespondUpstream("gone", gone)]
 
 
 def test_what_a_session_does_with_a_message_read_while_a_request_waits() -> None:
