@@ -112,6 +112,10 @@ class DaemonStatistics:
     # over by the shim that started it: {"pid": that daemon's, "gone_by": when
     # the shim found it gone (seconds since the epoch)} (docs/hosts.md).
     listeners_from: dict[str, Any] | None = None
+    # The old actors a reload removed or restarted that still finish their
+    # requests in flight (status "draining"): their processes run, and
+    # answer, until then (docs/observability.md).
+    draining: tuple[UpstreamStatistics, ...] = ()
 
 
 @attrs.frozen
@@ -193,6 +197,11 @@ class Daemon:
             http=self.http_url,
             metrics=self.metrics_url,
             listeners_from=self.listeners_from,
+            draining=tuple(
+                attrs.evolve(actor.statistics(), status="draining")
+                for actors in self.draining.values()
+                for actor in actors
+            ),
         )
 
     def _server_row(self, upstream: ServerActor) -> UpstreamStatistics:

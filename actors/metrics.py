@@ -43,7 +43,7 @@ class BrokerCollector:
     def collect(self) -> Iterator[Metric]:
         daemon = self._statistics()
         yield from self._daemon(daemon)
-        yield from self._servers(daemon.servers)
+        yield from self._servers(daemon.servers, daemon.draining)
         yield from self._sessions(daemon.sessions)
         yield from self._requests()
 
@@ -62,7 +62,10 @@ class BrokerCollector:
             f"{PREFIX}_uptime_seconds", "Seconds since the daemon started.", value=daemon.uptime
         )
 
-    def _servers(self, servers: Any) -> Iterator[Metric]:
+    def _servers(self, servers: Any, draining: Any) -> Iterator[Metric]:
+        """Each server's series; the old actors a reload retires (``draining``)
+        count in their server's requests in flight (a removed server's
+        series stay until they end), and in its draining instances."""
         labels = ["server"]
         up = GaugeMetricFamily(
             f"{PREFIX}_server_up", "1 if the server is ready for requests.", labels=labels
@@ -134,12 +137,24 @@ class BrokerCollector:
             "Seconds since the server's current connection became ready.",
             labels=labels,
         )
+        old = GaugeMetricFamily(
+            f"{PREFIX}_server_draining_instances",
+            "Processes of the server a reload removed or restarted that still finish "
+            "their requests in flight.",
+            labels=labels,
+        )
+        old_in_flight: dict[str, int] = {}
+        old_instances: dict[str, int] = {}
+        for s in draining:
+            old_in_flight[s.name] = old_in_flight.get(s.name, 0) + s.in_flight
+            old_instances[s.name] = old_instances.get(s.name, 0) + s.instances
         for s in servers:
             name = [s.name]
             up.add_metric(name, 1.0 if s.state == ServerState.READY.value else 0.0)
             for each in ServerState:
                 state.add_metric([s.name, each.value], 1.0 if s.state == each.value else 0.0)
-            in_flight.add_metric(name, s.in_flight)
+            in_flight.add_metric(name, s.in_flight + old_in_flight.pop(s.name, 0))
+            old.add_metric(name, old_instances.pop(s.name, 0))
             waiting.add_metric(name, s.waiting)
             inbox.add_metric(name, s.inbox)
             backlog.add_metric(name, s.backlog_bytes)
@@ -155,7 +170,11 @@ class BrokerCollector:
                 rss.add_metric(name, s.rss)
             if s.uptime is not None:
                 uptime.add_metric(name, s.uptime)
+        for removed, count in old_in_flight.items():  # (removed: in no other series)
+            in_flight.add_metric([removed], count)
+            old.add_metric([removed], old_instances[removed])
         yield from (up, state, in_flight, waiting, inbox, backlog, parked, sessions, instances)
+        yield old
         yield from (restarts, forwarded, timeouts, cpu, rss, uptime)
 
     def _sessions(self, sessions: Any) -> Iterator[Metric]:

@@ -61,6 +61,8 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
     from rich.table import Table
 
     servers, sessions = status["servers"], status["sessions"]
+    # (the old processes a reload removed or restarted, still answering)
+    draining = status.get("draining") or []
     waiting = sum(s.get("waiting", 0) for s in servers)  # (held by the turns gate: unsent)
     lines = [
         f"mcpbroker daemon pid {status['pid']} on {status['socket']}, "
@@ -70,8 +72,10 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         *([f"HTTP: {status['http']}"] if status.get("http") else []),
         *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),
-        f"{len(servers)} servers, {len(sessions)} sessions, "
-        f"{sum(s['in_flight'] for s in servers)} requests in flight, "
+        f"{len(servers)} servers"
+        f"{f' (+{len(draining)} draining after a reload)' if draining else ''}, "
+        f"{len(sessions)} sessions, "
+        f"{sum(s['in_flight'] for s in (*servers, *draining))} requests in flight, "
         f"{f'{waiting} waiting for their turn, ' if waiting else ''}"
         f"{sum(s['requests'] for s in servers)} sent, "
         f"{sum(s.get('errors', 0) for s in servers)} errors",
@@ -80,7 +84,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
     server_table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for column in SERVER_COLUMNS:
         server_table.add_column(column, no_wrap=True)
-    for s in servers:
+    for s in (*servers, *draining):
         server_table.add_row(
             s["name"],
             _status(s),

@@ -1161,3 +1161,40 @@ async def test_a_clients_answer_reaches_the_process_that_asked_across_a_reload(
         answers = [m for m in scripts[label].received if m.get("id") == 7 and "method" not in m]
         assert answers == [jsonrpc.result_response(7, {"answer": answer})], label
     assert "result" in await client.answer(1)  # (on the old process, in its time)
+
+
+async def test_status_and_metrics_show_the_old_processes_a_reload_drains(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    # (status showed a restarted server with its new process and 0 in flight,
+    # a removed one not at all, while the old processes ran and answered)
+    from actors.metrics import BrokerCollector
+    from broker.calls import CallStats
+
+    broker = {"shutdownTimeout": 30}
+    daemon = await start(nursery, scripts.config("a", "b", "c", broker=broker, a="a1"))
+    client = await connect(nursery, daemon)
+    await client.call(1, "a__sleep", seconds=10)
+    await client.call(2, "b__sleep", seconds=10)
+    await settle()
+    daemon.reload(scripts.config("a", "c", broker=broker, a="a2"))
+    await settle()
+    status = daemon.statistics()
+    assert [(s.name, s.in_flight) for s in status.servers] == [("a", 0), ("c", 0)]
+    assert [(s.name, s.status, s.in_flight) for s in status.draining] == [
+        ("b", "draining", 1),
+        ("a", "draining", 1),
+    ]
+    assert all(s.pid is not None for s in status.draining)  # (its process, running)
+    families = {f.name: f for f in BrokerCollector(daemon.statistics, CallStats()).collect()}
+    in_flight = {
+        s.labels["server"]: s.value for s in families["mcpbroker_server_requests_in_flight"].samples
+    }
+    assert in_flight == {"a": 1, "b": 1, "c": 0}
+    old = {
+        s.labels["server"]: s.value for s in families["mcpbroker_server_draining_instances"].samples
+    }
+    assert old == {"a": 1, "b": 1, "c": 0}
+    assert "result" in await client.answer(1) and "result" in await client.answer(2)
+    await settle()
+    assert daemon.statistics().draining == ()

@@ -134,3 +134,23 @@ def test_listeners_carried_over_from_a_daemon_that_went_away_are_said() -> None:
         f"listeners carried over from the daemon that stopped by {when} (pid 4242): "
         "it did not stop cleanly"
     )
+
+
+def test_the_old_processes_a_reload_drains_are_shown_with_their_requests() -> None:
+    def server(name: str, status: str, pid: int, in_flight: int) -> dict[str, Any]:
+        return attrs.asdict(
+            UpstreamStatistics(name, status, "ready", pid, 0, 1, in_flight, 0, None)
+        )
+
+    status = {"pid": 1, "socket": "s", "uptime": 5.0, "sessions": []}
+    status["servers"] = [server("a", "ready", 8, 0)]
+    status["draining"] = [server("a", "draining", 7, 2), server("b", "draining", 6, 1)]
+    lines = render(status).splitlines()
+    assert "1 servers (+2 draining after a reload), 0 sessions, 3 requests in flight" in lines[1]
+    rows = [line.split() for line in lines if line.startswith(("a ", "b "))]
+    assert [row[:4] for row in rows] == [
+        ["a", "ready", "shared", "8"],
+        ["a", "draining", "(ready)", "shared"],
+        ["b", "draining", "(ready)", "shared"],
+    ]
+    assert [row[4] for row in rows[1:]] == ["7", "6"]
