@@ -400,7 +400,9 @@ class Daemon:
     async def _run_server(
         self, actor: ServerActor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Run one server's actor in a scope of its own (a reload may stop it)."""
+        """Run one server's actor in a scope of its own (a reload may stop it).
+        Its lines name no session (see :func:`_no_session`)."""
+        _no_session()
         with trio.CancelScope() as scope:
             self._scopes[actor] = scope
             try:
@@ -542,6 +544,7 @@ class Daemon:
         """An old actor: its requests in flight get ``broker.shutdownTimeout`` to
         finish, what is left is answered with an error, its server stops; then
         the transparent sessions it leaves without a server are closed."""
+        _no_session()
         with trio.move_on_after(self.config.broker.shutdown_timeout):
             # (polled: a server's in-flight table has no event, and reloads are rare)
             # (a request held for its turn is still to be sent: it counts too)
@@ -687,6 +690,15 @@ def _listening(kind: str, host: str, port: int) -> Iterator[None]:
 def _first_oserror(group: BaseExceptionGroup[OSError]) -> OSError:
     first = group.exceptions[0]
     return _first_oserror(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+def _no_session() -> None:
+    """Unbind, in the calling task, what the task that started it bound to its
+    log lines: a server's tasks, started by a reload, were copies of the
+    control session's context, and every line of the server named the
+    session of ``mcpbroker reload`` (docs/observability.md: ``session`` is
+    a client session's own lines only)."""
+    structlog.contextvars.clear_contextvars()
 
 
 def _server(

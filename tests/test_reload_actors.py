@@ -1198,3 +1198,27 @@ async def test_status_and_metrics_show_the_old_processes_a_reload_drains(
     assert "result" in await client.answer(1) and "result" in await client.answer(2)
     await settle()
     assert daemon.statistics().draining == ()
+
+
+async def test_a_server_a_reload_starts_or_retires_logs_no_session(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    # (the reload runs in the task of the control session that asked it; the
+    # server's tasks copied its context, and every line of the server named
+    # that session: its start, its retirement, its later crashes)
+    import structlog
+
+    daemon = await start(nursery, scripts.config("a", "b", a="a1"))
+    with structlog.testing.capture_logs(
+        processors=[structlog.contextvars.merge_contextvars]
+    ) as captured:
+        with structlog.contextvars.bound_contextvars(session=3):
+            daemon.reload(scripts.config("a", "c", a="a2"))
+        await settle()
+        await scripts["a2"].links[-1].die()
+        await settle()
+    lines = {(line["event"], line.get("server")): line for line in captured}
+    for event in ("server.started", "server.ready", "server.retired", "server.down"):
+        assert (event, "a") in lines, event
+    assert ("server.retired", "b") in lines and ("server.ready", "c") in lines
+    assert [line for line in captured if "session" in line and "server" in line] == []
