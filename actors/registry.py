@@ -92,7 +92,7 @@ class Registry:
         # The latest catalog, which every session reads on every call: an
         # attribute, not a property, so that the compiled rules read it
         # without running a line of Python (a frame a call, before).
-        self.current = Catalog(entries, settings.separator, settings.page_size)
+        self.current = Catalog(entries, settings.separator, settings.page_size, tuple(upstreams))
         self._changed = trio.Event()
         self.events, self._events = trio.open_memory_channel[RegistryEvent](EVENTS_SIZE)
         self._client = InternalClient()
@@ -315,7 +315,9 @@ class Registry:
         prompts of every server, and every session is told its lists changed;
         a new page size holds for the next list request."""
         old = self.current
-        self.current = Catalog(old.servers.values(), settings.separator, settings.page_size)
+        self.current = Catalog(
+            old.servers.values(), settings.separator, settings.page_size, old.seniority
+        )
         if settings.separator != old.separator:  # (once a session, not once a server)
             for session, note in renamed((TOOLS, PROMPTS), self._subscribers, self._transparent):
                 session.deliver(note)
@@ -324,12 +326,15 @@ class Registry:
 
     def add_server(self, name: str, viewers: Iterable[SessionHandle]) -> None:
         """``name`` is new in the upstreams (in their order): it joins the catalog,
-        and the views of ``viewers`` (sessions that see every server). They are
-        told once its lists are read, like any server that comes up."""
+        and the views of ``viewers`` (sessions that see every server, or that
+        named it). They are told once its lists are read, like any server that
+        comes up. It is junior to every server there: a name or URI it
+        shares with one of theirs stays theirs (docs/naming-and-routing.md)."""
         upstream = self._upstreams[name]
         upstream.events = self.events
         self._generation[name] = self._generation.get(name, 0) + 1
-        self._rebuild({name: ServerEntry(name, upstream.status)})
+        seniority = (*(s for s in self.current.seniority if s != name), name)
+        self._rebuild({name: ServerEntry(name, upstream.status)}, seniority=seniority)
         for session in viewers:
             view = self._subscribers.get(session)
             if view is not None:
@@ -343,7 +348,8 @@ class Registry:
             return
         self._generation[name] += 1  # (a refresh under way is dropped)
         self._notify(name, changed_kinds(entry, ServerEntry(name), KINDS))
-        self._rebuild({}, cause=name)
+        seniority = tuple(s for s in self.current.seniority if s != name)
+        self._rebuild({}, cause=name, seniority=seniority)
         for session, view in self._subscribers.items():
             if name in view:
                 self._subscribers[session] = view - {name}
@@ -359,10 +365,16 @@ class Registry:
         old = self.current.entry(name)
         self._rebuild({name: attrs.evolve(old, state=upstream.status, loading=False, error=None)})
 
-    def _rebuild(self, new: dict[str, ServerEntry], cause: str | None = None) -> None:
+    def _rebuild(
+        self,
+        new: dict[str, ServerEntry],
+        cause: str | None = None,
+        seniority: tuple[str, ...] | None = None,
+    ) -> None:
         """A catalog of the upstreams as they are now (their order), with ``new``
         entries, the others as they were (servers the daemon is adding in the
-        same reload, not yet given to the catalog, are left for their turn)."""
+        same reload, not yet given to the catalog, are left for their turn);
+        ``seniority``, if given, replaces the catalog's."""
         known = self.current.servers
         entries = [
             entry
@@ -370,7 +382,8 @@ class Registry:
             if (entry := new.get(name) or known.get(name)) is not None
         ]
         old = self.current
-        self.current = Catalog(entries, old.separator, old.page_size)
+        seniority = old.seniority if seniority is None else seniority
+        self.current = Catalog(entries, old.separator, old.page_size, seniority)
         for clash in new_clashes(old, self.current):
             self._log.warning("catalog.clash", detail=clash)
         self._tell_renamed(old, cause)

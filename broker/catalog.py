@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -121,11 +121,20 @@ class Catalog:
     """One snapshot of every configured server's catalog (config order)."""
 
     def __init__(
-        self, servers: Iterable[ServerEntry], separator: str = DEFAULT_SEPARATOR, page_size: int = 0
+        self,
+        servers: Iterable[ServerEntry],
+        separator: str = DEFAULT_SEPARATOR,
+        page_size: int = 0,
+        seniority: Sequence[str] = (),
     ) -> None:
+        """``seniority``: which server keeps a name or URI two servers claim
+        (the earlier; servers not in it come after, in config order): config
+        order at start, then each server a reload adds after those there
+        before (actors/registry.py), so a reload never takes a name away."""
         self.servers = {entry.name: _well_formed(entry) for entry in servers}
         self.separator = separator
         self.page_size = page_size
+        self.seniority = tuple(seniority)
         self.clashes: list[str] = []
         # The servers that speak the 2026-07-28 era (their identity's version
         # is not a legacy one): they ask a client nothing mid-call, so a
@@ -159,7 +168,7 @@ class Catalog:
     def replace(self, entry: ServerEntry) -> Catalog:
         """A new snapshot with one server's entry replaced."""
         servers = [entry if name == entry.name else old for name, old in self.servers.items()]
-        return Catalog(servers, self.separator, self.page_size)
+        return Catalog(servers, self.separator, self.page_size, self.seniority)
 
     def renamed(self, before: Catalog, kind: Kind) -> set[str]:
         """The servers whose items of a named kind have other names here than
@@ -183,7 +192,7 @@ class Catalog:
             for entry in self.servers.values()
             for item in entry.items(kind)
         ]
-        names, clashes = assign_names(pairs, self.separator)
+        names, clashes = assign_names(pairs, self.separator, self.seniority)
         self.clashes += [f"{kind.name}: {clash}" for clash in clashes]
         self._names[kind.name] = names
         self._routes[kind.name] = {q: pair for pair, q in names.items()}
@@ -197,7 +206,9 @@ class Catalog:
 
     def _owners(self, kind: Kind) -> dict[str, list[str]]:
         owners: dict[str, list[str]] = {}
-        for entry in self.servers.values():
+        rank = {name: index for index, name in enumerate(self.seniority)}
+        by_seniority = sorted(self.servers.values(), key=lambda e: rank.get(e.name, len(rank)))
+        for entry in by_seniority:
             for item in entry.items(kind):
                 key = item.get(kind.id_field)
                 if isinstance(key, str) and entry.name not in owners.setdefault(key, []):
@@ -206,7 +217,7 @@ class Catalog:
             if len(names) > 1:
                 self.clashes.append(
                     f"{kind.name}: {key!r} is listed by servers "
-                    f"{', '.join(names)}; {names[0]!r} (listed first) serves it"
+                    f"{', '.join(names)}; {names[0]!r} (which came first) serves it"
                 )
         return owners
 

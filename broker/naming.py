@@ -13,16 +13,18 @@ Rules (docs/naming-and-routing.md has the reasoning):
 - A qualified name longer than 128 characters is cut and given a hash of the
   whole original, so it stays unique and deterministic.
 - Two items that still end up with the same name (``a`` + ``b__c`` and
-  ``a__b`` + ``c``): the one from the server listed first in the config keeps
-  it, the other gets a hash suffix (another, if that name is taken too), and
-  the clash is reported. Nothing is dropped.
+  ``a__b`` + ``c``): the one from the senior server keeps it, the other gets
+  a hash suffix (another, if that name is taken too), and the clash is
+  reported. Nothing is dropped. Seniority is config order at start; a server
+  a reload adds is junior to every server already there, so that a name a
+  client already knows never moves to another server's item.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 VALID_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # (use fullmatch: "$" admits a final newline)
 MAX_NAME = 128
@@ -61,16 +63,20 @@ def disambiguate(server: str, name: str, qualified: str, attempt: int = 0) -> st
 
 
 def assign_names(
-    items: Iterable[tuple[str, str]], separator: str = DEFAULT_SEPARATOR
+    items: Iterable[tuple[str, str]],
+    separator: str = DEFAULT_SEPARATOR,
+    seniority: Sequence[str] = (),
 ) -> tuple[dict[tuple[str, str], str], list[str]]:
     """Qualified names for (server, name) pairs given in config order.
 
-    Returns the names and a description of every clash that was resolved.
+    On a clash the item of the server earlier in ``seniority`` keeps the
+    name (servers not in it come after, in the order given). Returns the names
+    and a description of every clash that was resolved.
     """
     names: dict[tuple[str, str], str] = {}
     taken: dict[str, tuple[str, str]] = {}
     clashes: list[str] = []
-    for server, name in items:
+    for server, name in _by_seniority(items, seniority):
         if (server, name) in names:
             continue  # a server listing the same name twice: one entry
         qualified = qualify(server, name, separator)
@@ -82,10 +88,21 @@ def assign_names(
                 attempt += 1
                 renamed = disambiguate(server, name, qualified, attempt)
             clashes.append(
-                f"{name!r} of server {server!r} and {other[1]!r} of server {other[0]!r} "
-                f"are both named {qualified!r}; the first keeps it, this one is {renamed!r}"
+                f"{name!r} of server {server!r} is named {renamed!r}: {qualified!r} "
+                f"is {other[1]!r} of server {other[0]!r}, which came first"
             )
             qualified = renamed
         names[(server, name)] = qualified
         taken[qualified] = (server, name)
     return names, clashes
+
+
+def _by_seniority(
+    items: Iterable[tuple[str, str]], seniority: Sequence[str]
+) -> Iterable[tuple[str, str]]:
+    """``items`` with the servers in ``seniority`` first, in its order (each
+    server's own items in the order given)."""
+    if not seniority:
+        return items
+    rank = {server: index for index, server in enumerate(seniority)}
+    return sorted(items, key=lambda pair: rank.get(pair[0], len(rank)))

@@ -140,9 +140,9 @@ def test_same_resource_uri_listed_once_by_the_first_server() -> None:
     ]  # fmt: skip
     assert snapshot.clashes == [
         "resources: 'shared://notes' is listed by servers files, github; "
-        "'files' (listed first) serves it",
+        "'files' (which came first) serves it",
         "templates: 'shared://{name}' is listed by servers files, github; "
-        "'files' (listed first) serves it",
+        "'files' (which came first) serves it",
     ]
 
 
@@ -158,6 +158,22 @@ def test_name_clash_is_recorded_and_both_stay_routable() -> None:
     assert clash.startswith("tools: ")
     assert snapshot.route_named(TOOLS, ("a", "a__b"), first) == ("a", "b__c")
     assert snapshot.route_named(TOOLS, ("a", "a__b"), second) == ("a__b", "c")
+
+
+def test_the_senior_server_keeps_a_clashing_name_and_uri() -> None:
+    """``github`` came first (a reload added ``files`` before it in the file):
+    the name and the URI both claim stay ``github``'s; the list keeps config order."""
+    newcomer = server("files", tools=["gh__read"], resources=["shared://notes"])
+    incumbent = server("files__gh", tools=["read"], resources=["shared://notes"])
+    snapshot = Catalog([newcomer, incumbent], seniority=("files__gh", "files"))
+    view = ("files", "files__gh")
+    assert snapshot.route_named(TOOLS, view, "files__gh__read") == ("files__gh", "read")
+    assert snapshot.route_resource(view, "shared://notes") == "files__gh"
+    assert ids(snapshot, RESOURCES, view) == ["shared://notes"]
+    assert snapshot.items(RESOURCES, view, False)[0]["description"].endswith("of files__gh")
+    assert [t["name"] for t in snapshot.items(TOOLS, view, False)][1] == "files__gh__read"
+    replaced = snapshot.replace(server("files", tools=["gh__read"]))
+    assert replaced.route_named(TOOLS, view, "files__gh__read") == ("files__gh", "read")
 
 
 def test_no_clashes() -> None:

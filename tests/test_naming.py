@@ -92,8 +92,10 @@ def test_clash_keeps_the_first_and_reports_it() -> None:
     renamed = names[("a__b", "c")]
     assert renamed != "a__b__c" and renamed.startswith("a__b__c-")
     [clash] = clashes
-    assert "'b__c' of server 'a'" in clash and "'c' of server 'a__b'" in clash
-    assert repr(renamed) in clash
+    assert clash == (  # (it says which server's item was renamed)
+        f"'c' of server 'a__b' is named {renamed!r}: 'a__b__c' is 'b__c' of server 'a', "
+        "which came first"
+    )
 
 
 def test_names_are_the_same_in_every_process() -> None:
@@ -106,6 +108,18 @@ def test_names_are_the_same_in_every_process() -> None:
 def test_clash_order_follows_the_input() -> None:
     names, _ = assign_names([("a__b", "c"), ("a", "b__c")])
     assert names[("a__b", "c")] == "a__b__c"
+
+
+def test_on_a_clash_the_senior_server_keeps_the_name() -> None:
+    """A reload that adds ``a__b`` before ``a`` in the file does not take
+    ``a__b__c`` from ``a``: seniority decides, not the order given."""
+    items = [("a__b", "c"), ("a", "b__c"), ("z", "t")]
+    names, clashes = assign_names(items, seniority=("a", "a__b"))
+    assert names[("a", "b__c")] == "a__b__c"
+    assert names[("a__b", "c")].startswith("a__b__c-")
+    assert names[("z", "t")] == "z__t"  # (a server not in it: after, as given)
+    assert clashes[0].startswith("'c' of server 'a__b' is named")
+    assert list(names) == [("a", "b__c"), ("a__b", "c"), ("z", "t")]
 
 
 def test_same_item_listed_twice_is_one_entry() -> None:

@@ -248,6 +248,41 @@ async def test_a_new_server_joins_the_views_of_every_server_only(
     assert scripts["c"].requests("notifications/roots/list_changed")
 
 
+async def test_a_server_a_reload_adds_takes_no_name_a_client_knows(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """``a``'s tool ``b__echo`` is ``a__b__echo``; a reload adds server ``a__b``
+    (whose ``echo`` would be named so too) before ``a`` in the file: the name
+    keeps reaching ``a``'s tool, and the newcomer's gets the suffix. The same
+    after ``a`` is restarted; a server removed and added again is the newcomer."""
+    scripts["a"] = ScriptedServer(nursery, label="a")
+    scripts["a"].tools.append({"name": "b__echo", "inputSchema": {"type": "object"}})
+    daemon = await start(nursery, scripts.config("a"))
+    every = await connect(nursery, daemon)
+
+    async def tool_of(id: int, name: str) -> tuple[str, str]:
+        answer = await every.request(id, "tools/call", {"name": name, "arguments": {}})
+        return answer["result"]["server"], answer["result"]["name"]
+
+    async def suffixed(id: str) -> str:
+        tools = (await every.request(id, "tools/list"))["result"]["tools"]
+        return next(t["name"] for t in tools if t["name"].startswith("a__b__echo-"))
+
+    daemon.reload(scripts.config("a__b", "a"))
+    await settle()
+    assert await tool_of(1, "a__b__echo") == ("a", "b__echo")
+    assert await tool_of(2, await suffixed("list1")) == ("a__b", "echo")
+    scripts["a2"] = scripts["a"]
+    daemon.reload(scripts.config("a__b", "a", a="a2"))  # (a restart: still ``a``)
+    await settle()
+    assert await tool_of(3, "a__b__echo") == ("a", "b__echo")
+    daemon.reload(scripts.config("a__b"))
+    daemon.reload(scripts.config("a__b", "a"))  # (``a`` is the newcomer now)
+    await settle()
+    assert await tool_of(4, "a__b__echo") == ("a__b", "echo")
+    assert await tool_of(5, await suffixed("list2")) == ("a", "b__echo")
+
+
 async def test_a_restart_with_other_tools_tells_those_who_see_them(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
