@@ -158,6 +158,8 @@ class Session:
         self._hello = view is None  # the first message may be a hello
         # The view is every configured server: a reload's new servers join it.
         self._every = every or view is None
+        # The servers a hello named: one a reload removes and adds back rejoins.
+        self._named = frozenset(() if self._every else view or ())
         self._refusal: str | None = None  # why new requests are refused (refuse())
         # The daemon has begun to stop (daemon_stopping()): why, and whether
         # the client asked to be told so (a hello's notices: the shim).
@@ -355,6 +357,7 @@ class Session:
         if refusal is not None:
             self._log.warning("session.bad_hello", error=refusal)
         self._every = every
+        self._named = frozenset(() if every else view)
         self._protocol = self._new_protocol(view, transparent=transparent, refusal=refusal)
 
     def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
@@ -420,9 +423,11 @@ class Session:
 
     def add_server(self, name: str, order: tuple[str, ...]) -> bool:
         """A reload added ``name``: a session that sees every server sees it too
-        (in ``order``, the configuration's), and hears from it once initialized.
-        Returns whether it joined this session's view."""
-        if not self._every or name in self._protocol.view or self._protocol.transparent:
+        (in ``order``, the configuration's), and hears from it once initialized;
+        so does one whose hello named it (a reload removed or disabled it, and
+        now it is back). Returns whether it joined this session's view."""
+        joins = self._every or name in self._named
+        if not joins or name in self._protocol.view or self._protocol.transparent:
             return False
         wanted = {*self._protocol.view, name}
         self._protocol.view = tuple(server for server in order if server in wanted)

@@ -283,6 +283,39 @@ async def test_a_server_a_reload_adds_takes_no_name_a_client_knows(
     assert await tool_of(5, await suffixed("list2")) == ("a", "b__echo")
 
 
+async def test_a_server_a_session_named_rejoins_its_view_when_configured_again(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """``connect a b``: a reload disables ``b`` (it leaves the view), another
+    enables it again: it is back in the view, and the session is told; a
+    server the session did not name stays out."""
+    daemon = await start(nursery, scripts.config("a", "b"))
+    named = await connect(nursery, daemon, ["a", "b"])
+    disabled = {"mcpServers": {"a": {"command": "a"}, "b": {"command": "b", "disabled": True}}}
+    daemon.reload(parse_config(disabled))
+    await settle()
+    gone = await named.request(1, "tools/call", {"name": "b__echo", "arguments": {}})
+    assert gone["error"]["code"] == jsonrpc.INVALID_PARAMS
+    del named.messages[:]
+    report = daemon.reload(scripts.config("c", "b", "a"))
+    assert set(report.added) == {"b", "c"}
+    await settle()
+    assert named.told() == [
+        TOOLS_CHANGED,
+        "notifications/prompts/list_changed",
+        "notifications/resources/list_changed",
+    ]
+    back = await named.request(2, "tools/call", {"name": "b__echo", "arguments": {}})
+    assert back["result"]["server"] == "b"
+    tools = (await named.request(3, "tools/list"))["result"]["tools"]
+    servers = [t["name"].split("__")[0] for t in tools]
+    assert list(dict.fromkeys(servers)) == ["b", "a"]  # (config order; not c)
+    # It attached to the new ``b``: it hears the session's notifications.
+    await named.send(jsonrpc.notification("notifications/roots/list_changed"))
+    await settle()
+    assert scripts["b"].requests("notifications/roots/list_changed")
+
+
 async def test_a_restart_with_other_tools_tells_those_who_see_them(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
