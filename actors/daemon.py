@@ -60,7 +60,7 @@ from actors.logs import get_logger
 from actors.paths import STARTED_BY_ENV, UnsafePath, prepare_socket_dir, take_listeners_origin
 from actors.registry import Registry
 from actors.sdnotify import Notifier
-from actors.server_actor import ServerActor, UpstreamStatistics
+from actors.server_actor import ClientRequest, ServerActor, UpstreamStatistics
 from actors.session import Session, SessionStatistics
 from actors.sharing import EraServer, PerSessionServer, PooledServer
 from actors.upstream import Upstream
@@ -543,13 +543,16 @@ class Daemon:
     ) -> None:
         """An old actor: its requests in flight get ``broker.shutdownTimeout`` to
         finish, what is left is answered with an error, its server stops; then
-        the transparent sessions it leaves without a server are closed."""
+        the transparent sessions it leaves without a server are closed. A
+        restarted server's (``retryable``) requests that never reached its
+        process go to the new actor instead (:meth:`_hand_over`)."""
         _no_session()
         with trio.move_on_after(self.config.broker.shutdown_timeout):
             # (polled: a server's in-flight table has no event, and reloads are rare)
             # (a request held for its turn is still to be sent: it counts too)
             while (figures := actor.statistics()).in_flight or figures.waiting:  # noqa: ASYNC110
                 await trio.sleep(DRAIN_POLL)
+        unsent = actor.take_unsent() if retryable else []
         actor.retire(reason, retryable=retryable)
         left = [each for each in self.draining.get(actor.name, ()) if each is not actor]
         if left:
@@ -559,8 +562,17 @@ class Daemon:
         scope = self._scopes.get(actor)
         if scope is not None:
             scope.cancel()
+        await self._hand_over(actor, unsent)
         for session in stranded:
             session.stop(f"MCP server {actor.name!r} {reason}")
+
+    async def _hand_over(self, old: ServerActor, unsent: list[ClientRequest]) -> None:
+        """Requests a reload's restart caught before they reached the old process
+        (it was still starting: docs/configuration.md) go, in order, to the
+        actor that has the server's name now, as if sent to it; if a later
+        reload removed the name, the retired ``old`` answers them with its error."""
+        for item in unsent:
+            await self.upstreams.get(old.name, old).send(item)
 
     # -- shutdown ---------------------------------------------------------------
 

@@ -286,6 +286,10 @@ class ServerGroup:
         for instance in self._all_instances():
             instance.retire(reason, retryable=retryable)
 
+    def take_unsent(self) -> list[ClientRequest]:
+        """What no instance has sent to its server yet (see Upstream.take_unsent)."""
+        return [item for instance in self._all_instances() for item in instance.take_unsent()]
+
     def asked(self) -> Fanout:
         """What the sessions asked of every instance (log levels, subscriptions)."""
         asked = self._catalog.asked()

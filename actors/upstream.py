@@ -56,6 +56,7 @@ from actors.server_actor import (
     ClientNotification,
     ClientRequest,
     ClientResponse,
+    Detach,
     InboxItem,
     ServerActor,
     ServerEvent,
@@ -395,15 +396,40 @@ class Upstream:
             cast(SessionHandle, delivery.session).deliver(delivery.message)
         waiting: list[InboxItem] = [*self._parked]
         self._parked, self._parked_bytes = [], 0
+        waiting += self._drain_inbox()
+        for item in waiting:
+            self._refuse_retired(item)
+
+    def take_unsent(self) -> list[ClientRequest]:
+        """Take away, in order, the requests never written to the server (parked
+        while it started, or still in the inbox): a reload that restarts the
+        server hands them to the new actor instead of failing them
+        (Daemon._retire). Cancellations and departures in the inbox are
+        applied to them; the inbox's other items are dropped, as retire()
+        drops them. Call it right before retire()."""
+        unsent, self._parked, self._parked_bytes = self._parked, [], 0
+        for item in self._drain_inbox():
+            if isinstance(item, ClientRequest):
+                unsent.append(item)
+            elif isinstance(item, ClientCancelled):
+                gone = item.params.get("requestId")
+                for kept in unsent:
+                    if kept.session is item.session:
+                        kept.messages = [m for m in kept.messages if m.get("id") != gone]
+            elif isinstance(item, Detach):
+                unsent = [kept for kept in unsent if kept.session is not item.session]
+        return [item for item in unsent if item.messages]
+
+    def _drain_inbox(self) -> list[InboxItem]:
+        """Everything in the inbox, taken out without handling it."""
+        items: list[InboxItem] = []
         while True:
             try:
                 item = self._inbox.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
-                break
+                return items
             self._taken(item)
-            waiting.append(item)
-        for item in waiting:
-            self._refuse_retired(item)
+            items.append(item)
 
     def _refuse_retired(self, item: InboxItem) -> None:
         """What reaches a retired server: its requests are answered with the

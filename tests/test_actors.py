@@ -15,9 +15,9 @@ import trio.testing
 from actors.daemon import RULES
 from actors.downstream.stream import StreamConnection
 from actors.internal import InternalClient
-from actors.mailbox import OUTBOX_SIZE
+from actors.mailbox import OUTBOX_SIZE, SessionHandle
 from actors.registry import Registry
-from actors.server_actor import ClientRequest
+from actors.server_actor import ClientCancelled, ClientRequest, Detach
 from actors.session import Session
 from actors.upstream import Upstream
 from broker import jsonrpc
@@ -1093,6 +1093,31 @@ async def test_a_list_that_fails_again_after_a_restart_is_still_retried(
     failing = False
     await trio.sleep(600)
     assert "tools" not in broker.registry.current.entry("s").unread
+
+
+async def test_what_a_server_never_sent_is_taken_in_order_less_what_was_withdrawn() -> None:
+    """Upstream.take_unsent (a reload hands it to the server's new actor): the
+    requests in its inbox, in order, without one its client cancelled and
+    those of a session that left; nothing is left to fail at retire()."""
+    upstream = Upstream("s", ServerConfig(command="scripted"), SETTINGS)
+    outbox, delivered = trio.open_memory_channel[Any](10)
+    stays, leaves = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
+
+    def tool_call(id: int) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": call("echo")}
+
+    await upstream.send(ClientRequest(stays, [tool_call(1), tool_call(2)], 10))
+    await upstream.send(ClientRequest(leaves, [tool_call(3)], 10))
+    await upstream.send(ClientRequest(stays, [tool_call(4)], 10))
+    await upstream.send(ClientCancelled(stays, {"requestId": 2}))
+    await upstream.send(Detach(leaves))
+    unsent = upstream.take_unsent()
+    assert [[m["id"] for m in item.messages] for item in unsent] == [[1], [4]]
+    assert all(item.session is stays for item in unsent)
+    assert upstream.statistics().inbox == 0
+    upstream.retire("was restarted by a reload of the configuration", retryable=True)
+    with pytest.raises(trio.WouldBlock):
+        delivered.receive_nowait()  # (nothing answered with an error)
 
 
 async def test_requests_held_for_their_turn_are_waiting_not_in_flight(

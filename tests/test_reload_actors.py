@@ -182,6 +182,35 @@ async def test_a_call_cut_by_a_reload_restart_may_be_sent_again(
     assert error["data"] == {"server": "b", "retryable": True}
 
 
+@pytest.mark.parametrize("sharing", [{}, {"pool": 2}, {"share": "per-session"}])
+async def test_calls_waiting_for_a_start_a_reload_restarts_go_to_the_new_process(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, sharing: dict[str, Any]
+) -> None:
+    """A reload restarts ``b`` while it is starting (its handshake takes 30 s):
+    the calls waiting for it never reached a process, so the new one gets
+    them, in the order they came, not an error."""
+
+    def config(command: str) -> Config:
+        servers = {"a": {"command": "a"}, "b": {"command": command, **sharing}}
+        return parse_config({"mcpServers": servers, "broker": {"shutdownTimeout": 5}})
+
+    daemon = await start(nursery, config("b1"))
+    every = await connect(nursery, daemon)
+    scripts["b2"] = ScriptedServer(nursery, label="b2", initialize_delay=30)
+    daemon.reload(config("b2"))
+    for id in (1, 2, 3):
+        await every.call(id, "b__echo", n=id)
+    await settle()
+    started = trio.current_time()
+    daemon.reload(config("b3"))
+    for id in (1, 2, 3):
+        assert (await every.answer(id))["result"]["server"] == "b3"
+    assert trio.current_time() - started < 5
+    calls = scripts["b3"].requests("tools/call")
+    assert [call["params"]["arguments"]["n"] for call in calls] == [1, 2, 3]
+    assert not scripts["b2"].requests("tools/call")
+
+
 async def test_a_removed_server_answers_in_flight_then_is_gone(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
