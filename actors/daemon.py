@@ -116,6 +116,7 @@ class DaemonStatistics:
     # requests in flight (status "draining"): their processes run, and
     # answer, until then (docs/observability.md).
     draining: tuple[UpstreamStatistics, ...] = ()
+    stopping: bool = False  # SIGTERM or SIGINT: it drains, then exits (docs/configuration.md)
 
 
 @attrs.frozen
@@ -202,6 +203,7 @@ class Daemon:
                 for actors in self.draining.values()
                 for actor in actors
             ),
+            stopping=self._stopping is not None,
         )
 
     def _server_row(self, upstream: ServerActor) -> UpstreamStatistics:

@@ -53,6 +53,12 @@ def _pid(server: dict[str, Any]) -> str:
     return f"{server['pid']} +{others}" if others > 0 else str(server["pid"])
 
 
+STOPPING = (
+    "stopping: the requests in flight get broker.shutdownTimeout to finish, "
+    "new ones are refused; then it exits"
+)
+
+
 def render(status: dict[str, Any], width: int | None = None) -> str:
     """The status as text: a line about the daemon, its totals, a table of
     servers and one of sessions (rich tables, without borders)."""
@@ -69,6 +75,7 @@ def render(status: dict[str, Any], width: int | None = None) -> str:
         f"up {_duration(status['uptime'])}, rules {status.get('rules', '?')}, "
         f"started {started_by(status)}",
         *([carried_over(status["listeners_from"])] if status.get("listeners_from") else []),
+        *([STOPPING] if status.get("stopping") else []),
         *([f"WebSocket: {status['websocket']}"] if status.get("websocket") else []),
         *([f"HTTP: {status['http']}"] if status.get("http") else []),
         *([f"Metrics: {status['metrics']}"] if status.get("metrics") else []),

@@ -369,9 +369,11 @@ async def test_shutdown_drains_then_answers_what_is_left(
     await client.call(2, "a__sleep", seconds=60)
     await settle()
     started = trio.current_time()
+    assert not daemon.statistics().stopping
     async with trio.open_nursery() as stopping:
         stopping.start_soon(daemon.shut_down)
         refused = await client.request(3, "ping")
+        assert daemon.statistics().stopping  # (mcpbroker status says so, --json too)
         assert refused["error"]["code"] == jsonrpc.CONNECTION_CLOSED
         assert refused["error"]["message"] == "mcpbroker: the daemon is stopping"
         late = await connect_refused(nursery, daemon)

@@ -154,3 +154,13 @@ def test_the_old_processes_a_reload_drains_are_shown_with_their_requests() -> No
         ["b", "draining", "(ready)", "shared"],
     ]
     assert [row[4] for row in rows[1:]] == ["7", "6"]
+
+
+def test_a_daemon_that_is_stopping_says_so() -> None:
+    status = {"pid": 1, "socket": "s", "uptime": 5.0, "sessions": [], "servers": []}
+    assert "stopping" not in render(status)
+    status["stopping"] = True
+    assert render(status).splitlines()[1] == (
+        "stopping: the requests in flight get broker.shutdownTimeout to finish, "
+        "new ones are refused; then it exits"
+    )
