@@ -161,6 +161,7 @@ class Session:
         # The servers a hello named: one a reload removes and adds back rejoins.
         self._named = frozenset(() if self._every else view or ())
         self._refusal: str | None = None  # why new requests are refused (refuse())
+        self._refusal_data: dict[str, Any] | None = None  # (and that error's data)
         # The daemon has begun to stop (daemon_stopping()): why, and whether
         # the client asked to be told so (a hello's notices: the shim).
         self._daemon_stopping: str | None = None
@@ -373,6 +374,7 @@ class Session:
             protocol.calls.now = trio.current_time()  # (a hello's read goes on with it)
         if self._refusal is not None:
             protocol.refusal, protocol.refusal_code = self._refusal, CONNECTION_CLOSED
+            protocol.refusal_data = self._refusal_data
         return protocol
 
     def _write_audit(self) -> None:
@@ -386,11 +388,13 @@ class Session:
 
     # -- what the daemon changes (a reload, a shutdown) ------------------------
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: str, data: dict[str, Any] | None = None) -> None:
         """From now on answer every new request with an error saying ``reason``
-        (-32000); answers to the requests in flight still come through."""
-        self._refusal = reason
+        (-32000, with ``data`` if given); answers to the requests in flight
+        still come through."""
+        self._refusal, self._refusal_data = reason, data
         self._protocol.refusal, self._protocol.refusal_code = reason, CONNECTION_CLOSED
+        self._protocol.refusal_data = data
 
     def daemon_stopping(self, reason: str) -> None:
         """The daemon has begun to stop. A client that asked for the notice
@@ -441,7 +445,9 @@ class Session:
         if name not in self._protocol.view:
             return False
         if self._protocol.transparent:
-            self.refuse(f"MCP server {name!r} was removed from the configuration")
+            # (the error of its requests in flight, actors/upstream.py retire())
+            data = {"server": name, "retryable": False}
+            self.refuse(f"MCP server {name!r} was removed from the configuration", data)
             return True
         self._protocol.view = tuple(server for server in self._protocol.view if server != name)
         if self._attached is not None:

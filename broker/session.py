@@ -223,6 +223,7 @@ class SessionProtocol:
         # served; -32000 when the daemon is stopping or the session's server
         # was removed (actors/session.py, ``Session.refuse``).
         self.refusal_code = INVALID_PARAMS
+        self.refusal_data: dict[str, Any] | None = None  # (that error's data: a removed server's)
         self.state = SessionState.CONNECTING
         # Ids of requests forwarded and not yet answered (the session's in-flight
         # table). Only valid ids (int, str) enter it, so the ids themselves are
@@ -375,7 +376,9 @@ class SessionProtocol:
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method, id = request["method"], request["id"]
         if self.refusal is not None:
-            raise JsonRpcError(self.refusal_code, f"mcpbroker: {self.refusal}")
+            raise JsonRpcError(
+                self.refusal_code, f"mcpbroker: {self.refusal}", data=self.refusal_data
+            )
         if method == "ping":
             return [Reply(jsonrpc.result_response(id, {}))]
         if method == "server/discover":

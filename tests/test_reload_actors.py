@@ -229,7 +229,11 @@ async def test_a_removed_server_answers_in_flight_then_is_gone(
     assert report.removed == ("b",)
     refused = await only_b.request(3, "tools/list")
     assert refused["error"]["code"] == jsonrpc.CONNECTION_CLOSED
-    assert "'b' was removed from the configuration" in refused["error"]["message"]
+    assert (
+        refused["error"]["message"]
+        == "mcpbroker: MCP server 'b' was removed from the configuration"
+    )
+    assert refused["error"]["data"] == {"server": "b", "retryable": False}  # (as in flight)
     assert "result" in await only_b.answer(2)  # finished within the timeout
     for client in (only_b, every):
         error = (await client.answer(1))["error"]

@@ -285,7 +285,9 @@ class ModernSessionProtocol(SessionProtocol):
     def _request(self, request: Message, settled: bool) -> list[Action]:
         method = request["method"]
         if self.refusal is not None:
-            raise JsonRpcError(self.refusal_code, f"mcpbroker: {self.refusal}")
+            raise JsonRpcError(
+                self.refusal_code, f"mcpbroker: {self.refusal}", data=self.refusal_data
+            )
         if method == "initialize":
             raise JsonRpcError(
                 UNSUPPORTED_PROTOCOL_VERSION,
@@ -829,6 +831,7 @@ def become_modern(
         input_timeout=input_timeout,
     )
     modern.refusal_code = legacy.refusal_code  # (a stopping daemon's refusal is -32000)
+    modern.refusal_data = legacy.refusal_data
     modern.calls = legacy.calls  # (metrics and the audit log count its requests too)
     return modern
 
