@@ -232,9 +232,11 @@ async def test_a_daemon_that_died_is_replaced_with_its_listeners(socket_path: st
             env=ENV,
             stderr=subprocess.DEVNULL,
         )
-        # (it records its listeners once it listens: killed before, it has none)
-        while not await accepts_connections(socket_path) or not os.path.exists(
-            socket_path + ".listeners"
+        # (it records its listeners once it listens, in a file it creates, then
+        # writes: killed before, it has none)
+        record = Path(socket_path + ".listeners")
+        while not await accepts_connections(socket_path) or not (
+            record.exists() and record.stat().st_size
         ):
             await trio.sleep(0.02)
         by_hand.kill()  # (a crash, the OOM killer)
