@@ -399,3 +399,92 @@ async def test_a_header_value_http_refuses_is_not_quoted_in_the_error() -> None:
         _, why = await _end_of(server.url, _BadHeader())
     assert "LocalProtocolError" in why
     assert "SECRET" not in why
+
+
+def initialize_reply(request: Request, *, session: bytes, version: str) -> Reply:
+    """The initialize's answer with this session id (its bytes as they are)
+    and this ``protocolVersion``."""
+    answer = {"protocolVersion": version, "capabilities": {"tools": {}},
+              "serverInfo": {"name": "hostile", "version": "1"}}  # fmt: skip
+    body = orjson.dumps({"jsonrpc": "2.0", "id": request.id, "result": answer})
+    head = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\n"
+    head += b"mcp-session-id: " + session + f"\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+    return Reply(head + body)
+
+
+async def test_a_get_streams_event_id_that_is_no_header_is_not_sent_back() -> None:
+    """A GET stream whose event id is not ASCII (``café``: the SSE format
+    allows it), then ends: the link polls again with a plain GET (no
+    ``Last-Event-ID``), and calls go on. (Before, httpx2's
+    UnicodeEncodeError for the header ended the link as an internal error
+    of the broker: every call in flight failed, and it restarted in a loop.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return sse_reply(event(id="caf\u00e9", retry=0))
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await server.wait_for(lambda request: server.count("GET") >= 2)
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            assert got.ended is None, f"the link ended{got.ended}"
+    gets = [request for request in server.requests if is_get(request)]
+    assert all("last-event-id" not in request.headers for request in gets)
+
+
+async def test_a_calls_event_id_that_is_no_header_fails_that_call_alone() -> None:
+    """A call's stream gives a priming event whose id is not ASCII, then
+    ends: it cannot be resumed, so that call fails, saying why, and the next
+    call is answered. (Before: the link ended as an internal error.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        if request.body["params"]["name"] == "cut":
+            return sse_reply(event(id="caf\u00e9"))
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await call(link, 1, "cut")
+            failed = await got.take(1)
+            assert isinstance(failed, Failed) and "Last-Event-ID" in failed.detail, failed
+            await call(link, 2)
+            assert answered_ok(await got.take(2))
+            assert got.ended is None
+
+
+async def test_a_session_id_that_is_not_visible_ascii_is_refused_naming_it() -> None:
+    """An initialize answered with an ``Mcp-Session-Id`` in UTF-8 (the spec
+    allows visible ASCII only): the link ends saying so, not as an internal
+    error of the broker (httpx2's UnicodeEncodeError on the next POST)."""
+    async with open_hostile_server(lambda request: status_reply(405)) as server:
+        server.answer = lambda request: (  # type: ignore[method-assign]
+            initialize_reply(request, session="s\u00e9ssion".encode(), version="2025-11-25")
+            if request.rpc_method == "initialize"
+            else status_reply(202)
+        )
+        _, why = await _end_of(server.url)
+    assert "Mcp-Session-Id" in why and "visible ASCII" in why, why
+    assert "internal error" not in why
+
+
+async def test_a_protocol_version_that_is_no_header_is_not_sent() -> None:
+    """An initialize answer whose ``protocolVersion`` is not ASCII: it goes
+    in no ``MCP-Protocol-Version`` header (the Upstream refuses the version,
+    naming it); the link does not end as an internal error of the broker."""
+
+    def answer(request: Request) -> Reply:
+        if request.rpc_method == "initialize":
+            return initialize_reply(request, session=b"s1", version="2025-11-25\u00e9")
+        return status_reply(405) if is_get(request) else status_reply(202)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(answer) as server:
+            server.answer = answer  # type: ignore[method-assign]
+            async with open_link(server.url) as (_, got):
+                await server.wait_for(is_get)
+                assert got.ended is None, f"the link ended{got.ended}"
+    assert all("mcp-protocol-version" not in request.headers for request in server.requests)

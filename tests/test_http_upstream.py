@@ -242,3 +242,22 @@ def test_an_answer_on_a_posts_stream_is_its_requests_or_named() -> None:
     assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":true,"result":{}}', 1) is not None
     assert rules.not_its_answer(b"not json", 7) == "a message on its stream that is not JSON"
     assert rules.not_its_answer(b'{"jsonrpc":"2.0","id":8,"result":{}}', None) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "safe"),
+    [("g-17", True), ("2025-11-25", True), ("a b", True), ("caf\u00e9", False),
+     ("a\x01b", False), (" g", False), ("g\t", False), ("", True)],
+)  # fmt: skip
+def test_a_value_from_the_server_goes_back_in_a_header_only_if_http_can_carry_it(
+    value: str, safe: bool
+) -> None:
+    assert rules.header_safe(value) is safe
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [("1868a90c-aa", True), ("s\u00e9ssion", False), ("a b", False), ("a\x7f", False)],
+)
+def test_a_session_id_is_visible_ascii_or_refused(value: str, valid: bool) -> None:
+    assert rules.is_session_id(value) is valid

@@ -340,7 +340,7 @@ class HttpLink:
             "POST", self._endpoint_url(), content=unit, headers=headers
         ) as response:
             if initialize and self._mode != rules.SSE:
-                self._session_id = response.headers.get(rules.SESSION_HEADER, self._session_id)
+                self._session_id = _session_of(response) or self._session_id
             outcome = rules.outcome_of(
                 response.status_code,
                 response.headers.get("content-type", ""),
@@ -456,6 +456,10 @@ class HttpLink:
         while not answered and unit.id is not None:
             if last_id is None or resumes >= MAX_RESUMES:
                 await self._failed(unit, "a stream that ended before its answer")
+                return
+            if not rules.header_safe(last_id):
+                unsent = "its event id cannot go back in a Last-Event-ID header to resume it"
+                await self._failed(unit, f"a stream that ended before its answer ({unsent})")
                 return
             resumes += 1
             await trio.sleep(max(retry, MIN_RETRY))
@@ -714,7 +718,7 @@ class HttpLink:
         async with self._client.stream(
             "POST", self._endpoint, content=initialize, headers=headers
         ) as response:
-            session_id = response.headers.get(rules.SESSION_HEADER)
+            session_id = _session_of(response)
             media = response.headers.get("content-type", "")
             outcome = rules.outcome_of(
                 response.status_code, media, has_session=False, initialize=True, detecting=False
@@ -756,8 +760,9 @@ class HttpLink:
                         return
                     renewed = False
                     async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
-                        if event.id:
-                            self._last_event_id = event.id
+                        if event.id:  # (one that cannot be sent back: poll afresh)
+                            safe = rules.header_safe(event.id)
+                            self._last_event_id = event.id if safe else None
                         if event.retry is not None:
                             retry = event.retry / 1000
                         if event.event == "message" and event.data:
@@ -845,7 +850,9 @@ class HttpLink:
             version = orjson.loads(data)["result"]["protocolVersion"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return None
-        return version if isinstance(version, str) else None
+        # (one HTTP cannot carry is no version the broker speaks: the
+        # Upstream refuses it, naming it)
+        return version if isinstance(version, str) and rules.header_safe(version) else None
 
     async def _delete_session(self, client: httpx2.AsyncClient) -> None:
         """End the server's session (the spec asks it of a client that leaves)."""
@@ -918,6 +925,19 @@ async def _error_body(response: httpx2.Response) -> bytes:
     except httpx2.HTTPError:
         pass  # (what came is what there is)
     return b"".join(chunks)[: modern_rules.MAX_ERROR_BODY]
+
+
+def _session_of(response: httpx2.Response) -> str | None:
+    """The ``Mcp-Session-Id`` a response gives (None: none); one that is not
+    visible ASCII, as the spec requires, cannot be sent back: that ends the
+    link, saying so (its value is not shown: it is the session's secret)."""
+    session_id = response.headers.get(rules.SESSION_HEADER)
+    if session_id is not None and not rules.is_session_id(session_id):
+        raise _Ended(
+            "the server gave an Mcp-Session-Id that is not visible ASCII "
+            "(the spec allows 0x21 to 0x7E only): it cannot be sent back"
+        )
+    return session_id
 
 
 def _describe(exc: BaseException) -> str:

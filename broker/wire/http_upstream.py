@@ -121,6 +121,23 @@ def expand(text: str, environ: Mapping[str, str]) -> str:
     return _VARIABLE.sub(value, text)
 
 
+def header_safe(value: str) -> bool:
+    """Whether a value the server gave, to be sent back in a header (an SSE
+    event id as ``Last-Event-ID``, the chosen ``protocolVersion`` as
+    ``MCP-Protocol-Version``), can go as it is: printable ASCII with no
+    blank at its ends (a header's value; httpx2 encodes them as ASCII).
+    One that cannot is not used: no resuming from that id, no version header
+    (the SSE standard allows any text but NUL in an id; no server can expect
+    its non-ASCII id back intact, as HTTP servers read headers as Latin-1)."""
+    return value.isascii() and value.isprintable() and value.strip() == value
+
+
+def is_session_id(value: str) -> bool:
+    """Whether an ``Mcp-Session-Id`` is what the spec allows: visible ASCII
+    (0x21 to 0x7E) only."""
+    return value.isascii() and value.isprintable() and " " not in value
+
+
 def may_be_request(data: bytes) -> bool:
     """Whether a message on a POST's stream may be a request of the server's
     (it has a ``"method"``), to hand up with the request it came for
