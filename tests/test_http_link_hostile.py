@@ -488,3 +488,55 @@ async def test_a_protocol_version_that_is_no_header_is_not_sent() -> None:
                 await server.wait_for(is_get)
                 assert got.ended is None, f"the link ended{got.ended}"
     assert all("mcp-protocol-version" not in request.headers for request in server.requests)
+
+
+async def test_calls_answered_on_the_get_stream_never_use_up_the_link() -> None:
+    """A server that answers each call on the GET stream (at its next poll)
+    and leaves the call's own POST stream open: each answer closes its
+    call's stream, so more calls than the link has request tasks
+    (MAX_STREAMS, 64) are all POSTed and answered. (Before, each such
+    stream held its task for good: after 64, nothing more was POSTed.)"""
+    pending: list[Any] = []
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            answers = [event(text_result(id, "ok")) for id in pending]
+            pending.clear()
+            return sse_reply(*answers, event(retry=0))
+        pending.append(request.id)
+        return sse_reply(event(id=f"p{request.id}"), hold=True)
+
+    calls = MAX_STREAMS + 6
+    with trio.fail_after(30):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            async with trio.open_nursery() as nursery:
+                for id in range(1, calls + 1):
+                    nursery.start_soon(call, link, id)
+            for id in range(1, calls + 1):
+                assert answered_ok(await got.take(id)), id
+            assert server.count(rpc_method="tools/call") == calls
+
+
+async def test_a_call_answered_on_another_calls_stream_has_its_own_closed() -> None:
+    """A call whose answer comes on another call's stream (the other fails:
+    no answer of its own came), its own stream left open: it is closed,
+    so rounds past MAX_STREAMS all go through."""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        name = request.body["params"]["name"]
+        if name == "held":
+            return sse_reply(event(id=f"p{request.id}"), hold=True)
+        return sse_reply(event(text_result(int(name), "ok")))
+
+    rounds = MAX_STREAMS + 6
+    with trio.fail_after(30):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            for round in range(rounds):
+                held, other = 2 * round + 1, 2 * round + 2
+                await call(link, held, "held")
+                await server.wait_for(lambda request, held=held: request.id == held)
+                await call(link, other, str(held))
+                assert answered_ok(await got.take(held)), held
+                assert isinstance(await got.take(other), Failed)

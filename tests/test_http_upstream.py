@@ -261,3 +261,11 @@ def test_a_value_from_the_server_goes_back_in_a_header_only_if_http_can_carry_it
 )
 def test_a_session_id_is_visible_ascii_or_refused(value: str, valid: bool) -> None:
     assert rules.is_session_id(value) is valid
+
+
+def test_the_ids_of_answers_that_came_elsewhere_are_read() -> None:
+    assert rules.answer_ids(b'{"jsonrpc":"2.0","id":7,"result":{}}') == [7]
+    assert rules.answer_ids(b'{"id":"s","jsonrpc":"2.0","error":{"code":1}}') == ["s"]
+    batch = b'[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":[2],"result":{}}]'
+    assert rules.answer_ids(batch) == [1]
+    assert rules.answer_ids(b"not json") == []

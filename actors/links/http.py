@@ -445,6 +445,9 @@ class HttpLink:
         # What came goes on (for the rules to take, or to log: a notification,
         # a bad line); a request no answer came for, its caller is told at once.
         failed: list[LinkFrame] = [] if problem is None else [Failed(unit.id, problem)]
+        if problem is not None:
+            for message in messages:
+                self._answered_elsewhere(message)
         return [self._frame(message) for message in messages] + failed
 
     async def _stream(self, response: httpx2.Response, unit: Unit) -> None:
@@ -507,6 +510,7 @@ class HttpLink:
                 await self._emit([self._frame(data)])  # (another's: the rules say so)
                 problem = rules.not_its_answer(data, unit.id)
                 if problem is not None:
+                    self._answered_elsewhere(data)
                     await self._failed(unit, problem)
                     return True, last_id, retry  # (its caller is told: no poll)
                 # Its answer: the stream is done with (the server SHOULD close
@@ -766,7 +770,10 @@ class HttpLink:
                         if event.retry is not None:
                             retry = event.retry / 1000
                         if event.event == "message" and event.data:
-                            await self._emit([self._frame(event.data.encode())])
+                            data = event.data.encode()
+                            if not rules.may_be_request(data):  # (an answer: a resumed stream's)
+                                self._answered_elsewhere(data)
+                            await self._emit([self._frame(data)])
             except STREAM_ERRORS as exc:  # (an event past the limit too: not the link's end)
                 self._log.info("server.get_stream_broken", error=_describe(exc))
             except HTTP_ERRORS as exc:
@@ -836,6 +843,18 @@ class HttpLink:
             elif unit.cancels in self._modern:
                 self._withdrawn.add(unit.cancels)  # (its POST has not begun)
         return self._era is not None and unit.id is None
+
+    def _answered_elsewhere(self, data: bytes) -> None:
+        """An answer that came elsewhere than on its request's POST stream
+        (the GET stream, another request's stream or body): that stream has
+        nothing more to give, so it is closed, as when its answer comes on it
+        (one left open held one of the link's request tasks for good: past
+        MAX_STREAMS, nothing more was POSTed). Not on the hot path: the
+        usual answer comes on its own stream."""
+        for id in rules.answer_ids(data):
+            scope = self._streams.get(id)
+            if scope is not None:
+                scope.cancel()
 
     def _frame(self, data: bytes) -> LinkFrame:
         if len(data) <= self._max:

@@ -210,6 +210,23 @@ def not_its_answer(data: bytes, request: int | str | None) -> str | None:
     return f"the answer to another request (id {found!r}) on its stream"
 
 
+def answer_ids(data: bytes) -> list[int | str]:
+    """The ids of the answers in a message (a batch's each) that is no
+    request or notification, for the link to close the streams of requests
+    answered elsewhere than on their own (an answer on the GET stream, or
+    on another request's stream): cheap for the usual shape, parsed else."""
+    cut = split_answer(data)
+    if cut is not None:
+        return [cut.id]
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return []
+    messages = message if isinstance(message, list) else [message]
+    ids = (m.get("id") for m in messages if isinstance(m, dict) and "method" not in m)
+    return [id for id in ids if isinstance(id, int | str) and not isinstance(id, bool)]
+
+
 def _not_its_answer(messages: list[Any], request: int | str) -> str | None:
     answers = [m for m in messages if isinstance(m, dict) and ("result" in m or "error" in m)]
     if any(answer.get("id") == request for answer in answers):
