@@ -540,3 +540,58 @@ async def test_a_call_answered_on_another_calls_stream_has_its_own_closed() -> N
                 await call(link, other, str(held))
                 assert answered_ok(await got.take(held)), held
                 assert isinstance(await got.take(other), Failed)
+
+
+async def test_a_get_stream_resumed_from_an_id_the_server_forgot_is_opened_afresh() -> None:
+    """A GET stream that gave ``id: g1`` and ended, whose server then no
+    longer knows g1 and answers its resumption with an empty stream (the
+    SDK's server does so): the link opens the GET stream afresh (no
+    ``Last-Event-ID``) and takes what comes on it. (Before, it polled with
+    g1 every second for ever, and the stream never came back.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "POST":
+            return json_reply(text_result(request.id, "ok"))
+        if "last-event-id" in request.headers:
+            return sse_reply()
+        if server.count("GET") == 1:
+            return sse_reply(event(id="g1", retry=0))
+        return sse_reply(event(text_result(OTHER_ID, "on the fresh stream")), hold=True)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (_, got):
+            await got.until(lambda: OTHER_ID in got.answers or got.ended is not None)
+            assert OTHER_ID in got.answers, f"the link ended{got.ended}"
+    headers = [
+        request.headers.get("last-event-id") for request in server.requests if is_get(request)
+    ]
+    assert headers == [None, "g1", None], headers
+
+
+async def test_a_renewed_session_resumes_no_event_id_of_the_old_one() -> None:
+    """The session expired (404 to a call) while the GET stream was polled
+    with event ids: the new session's GET carries no ``Last-Event-ID`` of
+    the old session's. (Before, the old id went on in the new session,
+    whose server could not know it.)"""
+    polls = 0
+
+    def script(request: Request) -> Reply:
+        nonlocal polls
+        if request.method == "GET" and session_of(request) == "session-1":
+            polls += 1
+            return sse_reply(event(id=f"g{polls}", retry=0))
+        if request.method == "GET":
+            return sse_reply(hold=True)
+        if session_of(request) == "session-1":
+            return status_reply(404)
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await server.wait_for(lambda request: "last-event-id" in request.headers)
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            first = await server.wait_for(
+                lambda request: is_get(request) and session_of(request) == "session-2"
+            )
+    assert "last-event-id" not in first.headers, first.headers

@@ -710,6 +710,7 @@ class HttpLink:
             raise _Ended(f"a new HTTP session was refused ({detail})")
         self._session_id = session_id
         self._version = self._version_of(self._initialize, answer) or self._version
+        self._last_event_id = None  # (the old session's: the GET stream opens afresh)
         notice = Unit(orjson.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         notice.method = "notifications/initialized"
         await self._exchange(notice, again=True)
@@ -740,14 +741,17 @@ class HttpLink:
 
     async def _listen(self) -> None:
         """Streamable HTTP's GET stream: the server's messages unrelated to any
-        request. Polled again when it ends (``Last-Event-ID``); none if the
-        server offers none (405)."""
+        request. Polled again when it ends (``Last-Event-ID``; a plain GET
+        after a resumption that brought nothing: the server has nothing
+        after that id, or no longer knows it); none if the server offers
+        none (405)."""
         assert self._client is not None
         renewed = False  # (this GET's session was opened for it: a 404 again is no expiry)
         while True:
             headers = self._request_headers(rules.ACCEPT_STREAM)
-            if self._last_event_id is not None:
-                headers[rules.LAST_EVENT_HEADER] = self._last_event_id
+            resuming = self._last_event_id
+            if resuming is not None:
+                headers[rules.LAST_EVENT_HEADER] = resuming
             retry = RECONNECT_DELAY
             try:
                 async with self._client.stream("GET", self._endpoint, headers=headers) as response:
@@ -763,6 +767,7 @@ class HttpLink:
                             self._log.info("server.no_get_stream", status=status, type=kind)
                         return
                     renewed = False
+                    brought = False  # (a message came on it)
                     async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                         if event.id:  # (one that cannot be sent back: poll afresh)
                             safe = rules.header_safe(event.id)
@@ -770,10 +775,13 @@ class HttpLink:
                         if event.retry is not None:
                             retry = event.retry / 1000
                         if event.event == "message" and event.data:
+                            brought = True
                             data = event.data.encode()
                             if not rules.may_be_request(data):  # (an answer: a resumed stream's)
                                 self._answered_elsewhere(data)
                             await self._emit([self._frame(data)])
+                    if resuming is not None and not brought and self._last_event_id == resuming:
+                        self._last_event_id = None  # (nothing after it: a plain GET next)
             except STREAM_ERRORS as exc:  # (an event past the limit too: not the link's end)
                 self._log.info("server.get_stream_broken", error=_describe(exc))
             except HTTP_ERRORS as exc:
