@@ -595,3 +595,49 @@ async def test_a_renewed_session_resumes_no_event_id_of_the_old_one() -> None:
                 lambda request: is_get(request) and session_of(request) == "session-2"
             )
     assert "last-event-id" not in first.headers, first.headers
+
+
+async def test_a_get_poll_answered_503_is_polled_again_not_given_up() -> None:
+    """A GET stream that ends, whose next poll meets a 503 (a gateway during
+    a deploy): the link polls again after a backoff and takes what the
+    stream then brings. (Before, any status but 2xx was taken for "no GET
+    stream": the link never polled again, and the server's notifications
+    reached no client until the link restarted.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "POST":
+            return json_reply(text_result(request.id, "ok"))
+        gets = server.count("GET")
+        if gets == 1:
+            return sse_reply(event(retry=0))
+        if gets == 2:
+            return status_reply(503)
+        return sse_reply(event(text_result(OTHER_ID, "after the 503")), hold=True)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (_, got):
+            await got.until(lambda: OTHER_ID in got.answers or got.ended is not None)
+            assert OTHER_ID in got.answers, f"the link ended{got.ended}"
+    assert "server.get_stream_refused" in got.log.events
+
+
+async def test_a_resumption_refused_400_is_polled_again_without_its_id() -> None:
+    """A GET stream resumed from an id the server refuses (400): the next
+    poll, after a backoff, goes without ``Last-Event-ID``."""
+
+    def script(request: Request) -> Reply:
+        if request.method == "POST":
+            return json_reply(text_result(request.id, "ok"))
+        if "last-event-id" in request.headers:
+            return status_reply(400)
+        if server.count("GET") == 1:
+            return sse_reply(event(id="g1", retry=0))
+        return sse_reply(hold=True)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url):
+            await server.wait_for(lambda request: server.count("GET") >= 3)
+    headers = [
+        request.headers.get("last-event-id") for request in server.requests if is_get(request)
+    ]
+    assert headers == [None, "g1", None], headers

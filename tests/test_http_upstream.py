@@ -269,3 +269,24 @@ def test_the_ids_of_answers_that_came_elsewhere_are_read() -> None:
     batch = b'[{"jsonrpc":"2.0","id":1,"result":{}},{"jsonrpc":"2.0","id":[2],"result":{}}]'
     assert rules.answer_ids(batch) == [1]
     assert rules.answer_ids(b"not json") == []
+
+
+@pytest.mark.parametrize(
+    ("status", "resuming", "means"),
+    [
+        (405, False, rules.NO_GET_STREAM),
+        (404, True, rules.NO_GET_STREAM),
+        (503, False, rules.POLL_LATER),
+        (503, True, rules.POLL_LATER),
+        (502, False, rules.POLL_LATER),
+        (307, True, rules.POLL_LATER),
+        (429, True, rules.POLL_LATER),
+        (400, False, rules.POLL_LATER),
+        (400, True, rules.POLL_AFRESH),
+        (409, True, rules.POLL_AFRESH),
+    ],
+)
+def test_only_405_to_a_get_poll_means_no_get_stream(
+    status: int, resuming: bool, means: str
+) -> None:
+    assert rules.poll_refused(status, resuming=resuming) == means

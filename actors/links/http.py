@@ -85,6 +85,7 @@ RECONNECT_DELAY = 1.0  # before polling a stream again when the server gave no r
 # The least wait before a poll, whatever ``retry`` the server gave (0: the
 # daemon polled a thousand times a second).
 MIN_RETRY = 0.25
+MAX_GET_BACKOFF = 30.0  # the longest wait between polls of a GET stream refused (a 503)
 MAX_RESUMES = 100  # polls in a row that bring nothing new before a POST's stream is failed
 HARD_LIMIT_FACTOR = 4  # past this many times maxMessageBytes, a message is not read at all
 ERROR_BODY = 200  # characters of an error answer's body kept for the message
@@ -747,6 +748,7 @@ class HttpLink:
         none (405)."""
         assert self._client is not None
         renewed = False  # (this GET's session was opened for it: a 404 again is no expiry)
+        refusals = 0  # polls refused in a row (a 503: each waits twice as long)
         while True:
             headers = self._request_headers(rules.ACCEPT_STREAM)
             resuming = self._last_event_id
@@ -762,31 +764,50 @@ class HttpLink:
                         renewed = True  # (a 404 to a new session's GET: it has none)
                         continue
                     kind = response.headers.get("content-type", "")
-                    if not 200 <= status < 300 or not kind.startswith(rules.ACCEPT_STREAM):
-                        if status != 405:
-                            self._log.info("server.no_get_stream", status=status, type=kind)
+                    if not 200 <= status < 300:
+                        refused = rules.poll_refused(status, resuming=resuming is not None)
+                        if refused == rules.NO_GET_STREAM:
+                            if status != 405:
+                                self._log.info("server.no_get_stream", status=status, type=kind)
+                            return
+                        if refused == rules.POLL_AFRESH:
+                            self._last_event_id = None
+                        refusals += 1
+                        retry = min(RECONNECT_DELAY * 2 ** (refusals - 1), MAX_GET_BACKOFF)
+                        self._log.info("server.get_stream_refused", status=status, retry=retry)
+                    elif not kind.startswith(rules.ACCEPT_STREAM):
+                        self._log.info("server.no_get_stream", status=status, type=kind)
                         return
-                    renewed = False
-                    brought = False  # (a message came on it)
-                    async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
-                        if event.id:  # (one that cannot be sent back: poll afresh)
-                            safe = rules.header_safe(event.id)
-                            self._last_event_id = event.id if safe else None
-                        if event.retry is not None:
-                            retry = event.retry / 1000
-                        if event.event == "message" and event.data:
-                            brought = True
-                            data = event.data.encode()
-                            if not rules.may_be_request(data):  # (an answer: a resumed stream's)
-                                self._answered_elsewhere(data)
-                            await self._emit([self._frame(data)])
-                    if resuming is not None and not brought and self._last_event_id == resuming:
-                        self._last_event_id = None  # (nothing after it: a plain GET next)
+                    else:
+                        renewed, refusals = False, 0
+                        retry = await self._listened(response, resuming)
             except STREAM_ERRORS as exc:  # (an event past the limit too: not the link's end)
                 self._log.info("server.get_stream_broken", error=_describe(exc))
             except HTTP_ERRORS as exc:
                 raise _Ended(f"{_describe(exc)} at {shown_url(self._endpoint)}") from exc
             await trio.sleep(max(retry, MIN_RETRY))
+
+    async def _listened(self, response: httpx2.Response, resuming: str | None) -> float:
+        """Hand on the GET stream's messages until it ends; the delay the
+        server asked for before polling again. A resumption (from the id
+        ``resuming``) that brought nothing (no message, no newer id) leaves
+        no id: the next poll is a plain GET."""
+        retry = RECONNECT_DELAY
+        brought = False  # (a message came on it)
+        async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+            if event.id:  # (one that cannot be sent back: poll afresh)
+                self._last_event_id = event.id if rules.header_safe(event.id) else None
+            if event.retry is not None:
+                retry = event.retry / 1000
+            if event.event == "message" and event.data:
+                brought = True
+                data = event.data.encode()
+                if not rules.may_be_request(data):  # (an answer: a resumed stream's)
+                    self._answered_elsewhere(data)
+                await self._emit([self._frame(data)])
+        if resuming is not None and not brought and self._last_event_id == resuming:
+            self._last_event_id = None  # (nothing after it: a plain GET next)
+        return retry
 
     async def _legacy_stream(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -43,6 +43,11 @@ VERSION_HEADER = "mcp-protocol-version"
 LAST_EVENT_HEADER = "last-event-id"
 FALLBACK_STATUSES = frozenset({400, 404, 405})  # an initialize POST refused so: try HTTP+SSE
 
+# What a GET stream's poll answered with another status than 2xx means (poll_refused).
+NO_GET_STREAM = "none"  # the server offers none: no more polls
+POLL_LATER = "later"  # poll again after a backoff, from the same event id
+POLL_AFRESH = "afresh"  # poll again after a backoff, without Last-Event-ID
+
 # What the answer to a POST is (outcome_of).
 ACCEPTED = "accepted"  # 202: nothing to read (a notification's or response's)
 JSON = "json"  # one JSON-RPC message (or a batch) in the body
@@ -104,6 +109,21 @@ def outcome_of(
     if status == 204 or (status == 200 and not media):
         return ACCEPTED  # (an empty answer to a notification, from a lenient server)
     return FAILED
+
+
+def poll_refused(status: int, *, resuming: bool) -> str:
+    """What a poll of the GET stream answered ``status`` (not 2xx, not the
+    404 of an expired session) means. Only 405 (404, of a server without
+    sessions or in a new session) says the server offers no GET stream;
+    anything else (a 503 or 502 of a gateway during a deploy, a 429, a 3xx)
+    may pass, so the stream is polled again, with backoff. A 4xx but 408
+    and 429 to a resumption (``resuming``: it carried ``Last-Event-ID``)
+    refuses that id: the next poll goes without it."""
+    if status in (404, 405):
+        return NO_GET_STREAM
+    if resuming and 400 <= status < 500 and status not in (408, 429):
+        return POLL_AFRESH
+    return POLL_LATER
 
 
 def expand(text: str, environ: Mapping[str, str]) -> str:
