@@ -44,6 +44,7 @@ class Request:
     method: str
     headers: dict[str, str]
     body: Any
+    path: str = ""  # (its target: path and query)
 
     @property
     def rpc_method(self) -> str | None:
@@ -129,6 +130,7 @@ class HostileServer:
         self.notices = notices  # the notifications the script answers (else 202)
         self.url = ""
         self.requests: list[Request] = []
+        self.hung_up: list[Request] = []  # those of held answers the client closed
         self.sessions = 0
         self._arrived = trio.Event()
 
@@ -140,13 +142,20 @@ class HostileServer:
             if method in (None, request.method) and rpc_method in (None, request.rpc_method)
         )
 
-    async def wait_for(self, matches: Callable[[Request], bool]) -> Request:
-        """The first request received that ``matches``, once there is one."""
+    async def wait_for(
+        self, matches: Callable[[Request], bool], *, hung_up: bool = False
+    ) -> Request:
+        """The first request received that ``matches``, once there is one;
+        ``hung_up``: the first whose held answer the client closed."""
         while True:
-            for request in self.requests:
+            for request in self.hung_up if hung_up else self.requests:
                 if matches(request):
                     return request
             await self._arrived.wait()
+
+    def _wake(self) -> None:
+        self._arrived.set()
+        self._arrived = trio.Event()
 
     def answer(self, request: Request) -> Reply:
         """The session's own part, or the script's."""
@@ -175,15 +184,20 @@ class HostileServer:
                 if request is None:
                     return
                 self.requests.append(request)
-                self._arrived.set()
-                self._arrived = trio.Event()
+                self._wake()
                 reply = self.answer(request)
-                await stream.send_all(reply.data)
+                try:
+                    await stream.send_all(reply.data)
+                    if reply.hold:
+                        while await stream.receive_some():
+                            pass  # (until the client closes it)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # (the client went away mid-answer: clients may)
                 if reply.hold:
-                    while await stream.receive_some():
-                        pass  # (until the client closes it)
+                    self.hung_up.append(request)
+                    self._wake()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass  # (the client went away mid-answer: clients may)
+                pass  # (the client went away before its request was read)
 
 
 async def _read_request(stream: trio.SocketStream) -> Request | None:
@@ -206,7 +220,8 @@ async def _read_request(stream: trio.SocketStream) -> Request | None:
         if not chunk:
             return None
         body += chunk
-    return Request(line.split(" ", 1)[0], headers, orjson.loads(body) if body else None)
+    method, target, *_ = line.split(" ")
+    return Request(method, headers, orjson.loads(body) if body else None, target)
 
 
 @asynccontextmanager

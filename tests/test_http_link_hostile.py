@@ -25,6 +25,8 @@ from actors.links import http as http_link
 from actors.links.http import HARD_LIMIT_FACTOR, MAX_STREAMS, HttpLink, launch_http
 from actors.links.link import LinkContext
 from broker.config import ServerConfig
+from broker.eras.probe import discover_request
+from broker.eras.versions import LATEST_MODERN_VERSION
 from broker.lifecycle import initialize_request
 from broker.wire.frames import Failed, Renewed
 from tests.hostile_http import (
@@ -641,3 +643,39 @@ async def test_a_resumption_refused_400_is_polled_again_without_its_id() -> None
         request.headers.get("last-event-id") for request in server.requests if is_get(request)
     ]
     assert headers == [None, "g1", None], headers
+
+
+async def test_a_probe_left_unanswered_is_given_up_when_the_link_goes_legacy() -> None:
+    """``server/discover`` answered with a stream that never brings an
+    answer, and the Upstream's probe expires (the link is told legacy, an
+    initialize follows): the probe's stream is closed, which is how a
+    modern request is given up, and the legacy session opens. (Before, it
+    stayed open for the connection's life, holding a request task, a
+    connection and the server's handler.)"""
+
+    def script(request: Request) -> Reply:
+        if request.rpc_method == "server/discover":
+            return sse_reply(b": keep-alive\n\n", hold=True)
+        if request.method == "GET":
+            return status_reply(405)
+        return json_reply(text_result(request.id, "ok"))
+
+    def is_probe(request: Request) -> bool:
+        return request.rpc_method == "server/discover"
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            got = Received()
+            context = LinkContext(nursery, LIMIT, got.log)
+            link = await launch_http(ServerConfig(url=server.url), context)
+            nursery.start_soon(got.read, link)
+            link.speak(LATEST_MODERN_VERSION)
+            await link.send(link.encode([discover_request("probe", LATEST_MODERN_VERSION)]))
+            await server.wait_for(is_probe)
+            link.speak(None)  # (what the Upstream says when the probe expired)
+            await link.send(link.encode([initialize_request("init")]))
+            assert "result" in await got.take("init")
+            await server.wait_for(is_probe, hung_up=True)
+            assert "probe" not in got.answers
+            await link.close()
+            nursery.cancel_scope.cancel()

@@ -160,6 +160,17 @@ class HttpLink:
     # -- the Link interface ---------------------------------------------------
 
     def speak(self, version: str | None) -> None:
+        if version is None and self._era is not None:
+            # Legacy from now on (the probe expired or was refused): the
+            # modern requests left (the probe's) are given up as a modern
+            # server is told so: their streams are closed (else one held a
+            # request task, a connection and the server's handler for good).
+            for request in list(self._modern):
+                scope = self._streams.get(request)
+                if scope is not None:
+                    scope.cancel()
+                else:
+                    self._withdrawn.add(request)  # (its POST has not begun)
         self._era = version
 
     def encode(self, messages: list[Message]) -> list[bytes]:
