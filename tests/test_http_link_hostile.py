@@ -35,6 +35,7 @@ from tests.hostile_http import (
     event,
     json_reply,
     open_hostile_server,
+    response,
     sse_reply,
     status_reply,
     text_result,
@@ -677,5 +678,32 @@ async def test_a_probe_left_unanswered_is_given_up_when_the_link_goes_legacy() -
             assert "result" in await got.take("init")
             await server.wait_for(is_probe, hung_up=True)
             assert "probe" not in got.answers
+            await link.close()
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_http_sse_stream_may_send_a_retry_and_a_ping_before_its_endpoint() -> None:
+    """An HTTP+SSE server (``"type": "sse"``) whose stream opens with a
+    ``retry:`` alone and an ``event: ping`` before ``endpoint``: those are
+    skipped, as the official SDK's client skips them, and the initialize
+    is POSTed where the endpoint says. (Before, the link refused the server:
+    "its SSE stream began with 'message', not 'endpoint'", a restart loop.)"""
+    preamble = b"retry: 3000\n\nevent: ping\ndata:\n\n"
+    endpoint = b"event: endpoint\ndata: /messages?session_id=abc\n\n"
+    head = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return Reply(response(200, head, preamble + endpoint, sized=False), hold=True)
+        return status_reply(202)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            got = Received()
+            config = ServerConfig(url=server.url, type="sse")
+            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
+            await link.send(link.encode([initialize_request("init")]))
+            posted = await server.wait_for(lambda request: request.method == "POST")
+            assert posted.path == "/messages?session_id=abc" and posted.rpc_method == "initialize"
             await link.close()
             nursery.cancel_scope.cancel()

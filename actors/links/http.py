@@ -836,9 +836,7 @@ class HttpLink:
                 async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
                     if not started:
                         if event.event != "endpoint":
-                            raise _Ended(
-                                f"its SSE stream began with {event.event!r}, not 'endpoint'"
-                            )
+                            continue  # (a `retry:`, a ping: skipped, as the SDK's client does)
                         self._endpoint = urljoin(self._url, event.data.strip())
                         if urlsplit(self._endpoint)[:2] != urlsplit(self._url)[:2]:
                             elsewhere = shown_url(self._endpoint)
