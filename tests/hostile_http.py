@@ -68,6 +68,7 @@ class Reply:
 
 
 Script = Callable[[Request], Reply]
+Before = Callable[[Request], Reply | None]
 
 
 def response(
@@ -128,6 +129,7 @@ class HostileServer:
     def __init__(self, script: Script, notices: frozenset[str] = frozenset()) -> None:
         self.script = script
         self.notices = notices  # the notifications the script answers (else 202)
+        self.before: Before | None = None  # answers first, if it gives a reply (a redirect)
         self.url = ""
         self.requests: list[Request] = []
         self.hung_up: list[Request] = []  # those of held answers the client closed
@@ -158,7 +160,9 @@ class HostileServer:
         self._arrived = trio.Event()
 
     def answer(self, request: Request) -> Reply:
-        """The session's own part, or the script's."""
+        """The session's own part, or the script's (:attr:`before`'s first)."""
+        if self.before is not None and (reply := self.before(request)) is not None:
+            return reply
         if request.method == "POST" and request.rpc_method == "initialize":
             self.sessions += 1
             answer = result(

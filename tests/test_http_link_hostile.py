@@ -707,3 +707,53 @@ async def test_an_http_sse_stream_may_send_a_retry_and_a_ping_before_its_endpoin
             assert posted.path == "/messages?session_id=abc" and posted.rpc_method == "initialize"
             await link.close()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_same_origin_redirect_is_followed_with_its_method_body_and_headers() -> None:
+    """A server mounted at ``/mcp/`` that answers ``/mcp`` with ``307`` to
+    ``/mcp/`` (Starlette's ``redirect_slashes``): every request goes again
+    there, a POST with its body, with the configured headers (the origin is
+    the same), and the link works. (Before, the initialize's 307 ended the
+    link, "initialize was answered with HTTP 307", naming no location.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        return json_reply(text_result(request.id, "ok"))
+
+    def moved(request: Request) -> Reply | None:
+        if request.path != "/mcp":
+            return None
+        return Reply(response(307, {"location": server.url + "/"}))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            server.before = moved
+            got = Received()
+            config = ServerConfig(url=server.url, headers={"Authorization": "Bearer T"})
+            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
+            nursery.start_soon(got.read, link)
+            await link.send(link.encode([initialize_request("init")]))
+            assert "result" in await got.take("init")
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await link.send(link.encode([initialized]))
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            await link.close()
+            nursery.cancel_scope.cancel()
+    followed = [request for request in server.requests if request.path == "/mcp/"]
+    posted = [request.rpc_method for request in followed if request.method == "POST"]
+    assert posted == ["initialize", "notifications/initialized", "tools/call"], posted
+    assert all(request.headers.get("authorization") == "Bearer T" for request in followed)
+
+
+async def test_a_redirect_to_another_origin_is_not_followed_and_the_error_names_it() -> None:
+    """A ``307`` to another origin (``localhost`` for ``127.0.0.1``): not
+    followed (no header the config gives, no token, goes there), and the
+    error names where it pointed and why it was not followed."""
+    async with open_hostile_server(lambda request: status_reply(405)) as server:
+        elsewhere = server.url.replace("127.0.0.1", "localhost") + "/"
+        server.before = lambda request: Reply(response(307, {"location": elsewhere}))
+        _, why = await _end_of(server.url)
+    assert all(request.path == "/mcp" for request in server.requests)
+    assert "HTTP 307" in why and f"to {elsewhere}, not followed: another origin" in why, why

@@ -63,6 +63,7 @@ import trio
 
 from actors.errors import TransportClosed
 from actors.links.http_pool import StackTransport
+from actors.links.http_redirects import SameOriginRedirects, redirect_note
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from broker import oauth as oauth_rules
 from broker.config import ServerConfig
@@ -240,7 +241,7 @@ class HttpLink:
         # actors/links/http_pool.py)
         started = False
         try:
-            transport = StackTransport()
+            transport = SameOriginRedirects(StackTransport())
             async with httpx2.AsyncClient(
                 headers=self._headers, timeout=timeout, transport=transport, auth=auth
             ) as client:
@@ -957,6 +958,7 @@ def _status_text(response: httpx2.Response, body: bytes, name: str = "") -> str:
     (the token lacks a scope: RFC 6750 section 3.1), what the user runs
     (``mcpbroker auth NAME``: docs/oauth.md)."""
     text = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+    text += redirect_note(response)
     run = f"`mcpbroker auth {name}`" if name else "`mcpbroker auth` with this server's name"
     if response.status_code == 401:
         text += f" (it asks for authorization: run {run})"
