@@ -757,3 +757,31 @@ async def test_a_redirect_to_another_origin_is_not_followed_and_the_error_names_
         _, why = await _end_of(server.url)
     assert all(request.path == "/mcp" for request in server.requests)
     assert "HTTP 307" in why and f"to {elsewhere}, not followed: another origin" in why, why
+
+
+async def test_a_new_session_whose_initialize_stream_ends_without_an_answer_says_so() -> None:
+    """The session expired (404 to a call) and the new session's
+    initialize is answered with a stream that holds a priming event and
+    ends: the link ends saying so. (Before: "connection lost
+    (StreamConsumed: ...)", httpx2's words for a body read twice, which
+    blamed the connection and redirects.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        return status_reply(404)  # (the session is gone)
+
+    def renewal(request: Request) -> Reply | None:
+        if request.rpc_method == "initialize" and server.sessions > 0:
+            return sse_reply(event(id="p1"))
+        return None
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            server.before = renewal
+            await call(link, 1)
+            await got.until(lambda: got.ended is not None)
+    assert got.ended is not None
+    assert "a new HTTP session was refused (its initialize's stream ended without an answer)" in (
+        got.ended
+    ), got.ended

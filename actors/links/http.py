@@ -748,6 +748,11 @@ class HttpLink:
                     data = event.data.encode()
                     if event.event == "message" and data and not rules.may_be_request(data):
                         return data, session_id
+                # (its body is read: there is no status to tell of)
+                raise _Ended(
+                    "a new HTTP session was refused (its initialize's stream ended "
+                    "without an answer)"
+                )
             raise _Ended(f"a new HTTP session was refused ({await _status(response, self._name)})")
 
     # -- the GET stream -----------------------------------------------------------
