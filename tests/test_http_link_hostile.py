@@ -785,3 +785,22 @@ async def test_a_new_session_whose_initialize_stream_ends_without_an_answer_says
     assert "a new HTTP session was refused (its initialize's stream ended without an answer)" in (
         got.ended
     ), got.ended
+
+
+async def test_no_type_and_both_transports_refused_the_error_gives_the_initializes_reason() -> None:
+    """No ``type``: the initialize is refused 400 with the server's reason
+    (a missing API key), and the HTTP+SSE fallback's GET 405: the error
+    says both, the server's reason first. (Before, only the GET's 405: the
+    reason the server gave appeared nowhere.)"""
+    refusal = b"Bad Request: missing X-API-Key header"
+
+    def refused(request: Request) -> Reply | None:
+        if request.rpc_method == "initialize":
+            return Reply(response(400, {"content-type": "text/plain"}, refusal))
+        return None
+
+    async with open_hostile_server(lambda request: status_reply(405)) as server:
+        server.before = refused
+        _, why = await _end_of(server.url)
+    assert f"initialize was answered with HTTP 400 Whatever: {refusal.decode()}" in why, why
+    assert "as an HTTP+SSE server: GET" in why and "HTTP 405" in why, why

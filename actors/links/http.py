@@ -371,13 +371,11 @@ class HttpLink:
                 if refusal is not None:  # a modern server: the Upstream probes it
                     await self._emit([self._frame(refusal)])
                     return
+                refused = _status_text(response, body, self._name)
                 if outcome == rules.FAILED:
-                    raise _Ended(
-                        f"initialize was answered with {_status_text(response, body, self._name)}"
-                    )
-            if outcome == rules.FALLBACK:
-                await response.aclose()
-                await self._fall_back(unit)
+                    raise _Ended(f"initialize was answered with {refused}")
+                await response.aclose()  # (FALLBACK: an initialize's alone)
+                await self._fall_back(unit, refused)
                 return
             if initialize and self._mode == rules.DETECT:
                 self._mode = rules.STREAMABLE
@@ -421,12 +419,23 @@ class HttpLink:
         self._log.info("server.http_modern_only", url=self.info["url"], versions=versions)
         return modern_rules.modern_only_refusal(refused, versions)
 
-    async def _fall_back(self, unit: Unit) -> None:
-        """An initialize refused as an old server refuses it: HTTP+SSE."""
-        self._log.info("server.http_fallback", url=self.info["url"], transport="sse")
+    async def _fall_back(self, unit: Unit, refused: str) -> None:
+        """An initialize refused as an old server refuses it (``refused``, its
+        status in words): HTTP+SSE. If that fails too, the error says both:
+        the server's own reason for the refusal is often the one that
+        matters (a missing API key), the GET's 405 says only that it is no
+        HTTP+SSE server either."""
+        self._log.info(
+            "server.http_fallback", url=self.info["url"], transport="sse", refused=refused
+        )
         self._mode = rules.SSE
         assert self._tasks is not None
-        await self._tasks.start(self._legacy_stream)
+        try:
+            await self._tasks.start(self._legacy_stream)
+        except _Ended as exc:
+            raise _Ended(
+                f"initialize was answered with {refused}; as an HTTP+SSE server: {exc}"
+            ) from None
         await self._exchange(unit)
 
     async def _failed(self, unit: Unit, detail: str) -> None:
