@@ -205,7 +205,7 @@ async def test_one_modern_answer_that_breaks_fails_its_request_not_the_link() ->
                                "params": {"_meta": meta}}  # fmt: skip
                     await link.send(link.encode([request]))
                 big, cut = await answer_to(answers, "big"), await answer_to(answers, "cut")
-                assert isinstance(big, Failed) and "stream broke" in big.detail
+                assert isinstance(big, Failed) and "an SSE event of over" in big.detail, big
                 assert isinstance(cut, Failed) and "broke off" in cut.detail
                 after = await answer_to(answers, "after")
                 assert after["result"] == {"resultType": "complete"}

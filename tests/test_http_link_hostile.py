@@ -266,7 +266,11 @@ async def test_an_sse_event_past_the_hard_limit_fails_its_call_not_the_link() ->
         async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
             await call(link, 1, "big")
             failed = await got.take(1)
-            assert isinstance(failed, Failed) and "stream broke" in failed.detail, failed
+            assert isinstance(failed, Failed), failed
+            limit = LIMIT * HARD_LIMIT_FACTOR
+            assert (
+                failed.detail == f"an SSE event of over {limit} bytes (4 x broker.maxMessageBytes)"
+            )
             await call(link, 2)
             assert answered_ok(await got.take(2))
             assert got.ended is None
@@ -804,3 +808,26 @@ async def test_no_type_and_both_transports_refused_the_error_gives_the_initializ
         _, why = await _end_of(server.url)
     assert f"initialize was answered with HTTP 400 Whatever: {refusal.decode()}" in why, why
     assert "as an HTTP+SSE server: GET" in why and "HTTP 405" in why, why
+
+
+async def test_a_json_answer_without_a_content_type_is_taken_and_an_empty_one_said() -> None:
+    """A call answered 200 with its JSON-RPC answer and no
+    ``Content-Type`` (a lenient server's omission): the answer is taken.
+    One answered 200 with an empty body and no type fails saying so.
+    (Before, both: "HTTP 200 and no answer", the answer dropped.)"""
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        if request.body["params"]["name"] == "empty":
+            return Reply(response(200, {}))
+        return Reply(response(200, {}, orjson.dumps(text_result(request.id, "ok"))))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            await call(link, 1)
+            assert answered_ok(await got.take(1))
+            await call(link, 2, "empty")
+            failed = await got.take(2)
+            assert isinstance(failed, Failed), failed
+            assert failed.detail == "HTTP 200 OK and an empty body: no answer", failed.detail

@@ -398,7 +398,7 @@ class HttpLink:
             elif outcome == rules.FAILED:
                 await self._failed(unit, await _status(response, self._name))
             elif unit.id is not None and self._mode != rules.SSE:
-                await self._failed(unit, f"HTTP {response.status_code} and no answer")
+                await self._untyped(response, unit)
 
     async def _modern_only(self, initialize: Unit, body: bytes) -> bytes | None:
         """An initialize refused with a 4xx whose JSON-RPC error is no modern
@@ -449,16 +449,10 @@ class HttpLink:
     async def _body(self, response: httpx2.Response, unit: Unit) -> list[LinkFrame]:
         """A JSON answer: its message (a batch's or JSON lines', each), unparsed
         if it is one; and the request's failure if it holds no answer to it."""
-        limit = self._max * HARD_LIMIT_FACTOR
-        chunks, size = [], 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > limit:
-                return (
-                    [] if unit.id is None else [Failed(unit.id, f"an answer of over {limit} bytes")]
-                )
-            chunks.append(chunk)
-        body = b"".join(chunks)
+        body = await self._read_body(response)
+        if body is None:
+            limit = self._max * HARD_LIMIT_FACTOR
+            return [] if unit.id is None else [Failed(unit.id, f"an answer of over {limit} bytes")]
         if initialize_version := self._version_of(unit, body):
             self._version = initialize_version
         messages, problem = rules.json_body(body, unit.id)
@@ -471,6 +465,41 @@ class HttpLink:
             for message in messages:
                 self._answered_elsewhere(message)
         return [self._frame(message) for message in messages] + failed
+
+    async def _read_body(self, response: httpx2.Response) -> bytes | None:
+        """A body whole; None if it is past the hard limit (not read on)."""
+        limit = self._max * HARD_LIMIT_FACTOR
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _untyped(self, response: httpx2.Response, unit: Unit) -> None:
+        """A request's POST answered 2xx with no body it says it has (no
+        ``Content-Type``, or a 202, 204): a body that is its JSON-RPC answer
+        is taken (a lenient server's omission, as the SDK's client takes
+        it); else the request fails, saying what came."""
+        status = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+        body = await self._read_body(response)
+        if body is None:
+            limit = self._max * HARD_LIMIT_FACTOR
+            await self._failed(unit, f"{status} and no Content-Type: a body of over {limit} bytes")
+            return
+        if not body.strip():
+            await self._failed(unit, f"{status} and an empty body: no answer")
+            return
+        messages, problem = rules.json_body(body, unit.id)
+        if problem is not None:
+            await self._failed(
+                unit, f"{status} and no Content-Type: no answer in its body ({problem})"
+            )
+            return
+        if initialize_version := self._version_of(unit, body):
+            self._version = initialize_version
+        await self._emit([self._frame(message) for message in messages])
 
     async def _stream(self, response: httpx2.Response, unit: Unit) -> None:
         """A POST's SSE stream: its messages, related to its request; if it
@@ -494,7 +523,10 @@ class HttpLink:
             async with self._client.stream("GET", self._endpoint, headers=headers) as again:
                 if again.status_code == 404 and rules.SESSION_HEADER in headers:
                     await self._renew(headers[rules.SESSION_HEADER])
-                    await self._failed(unit, "a session the server ended before its answer")
+                    await self._failed(
+                        unit,
+                        "HTTP 404 to a poll of its stream: the session ended before its answer",
+                    )
                     return
                 if not 200 <= again.status_code < 300:
                     status = await _status(again, self._name)
@@ -540,7 +572,7 @@ class HttpLink:
                 # good, and past MAX_STREAMS nothing was sent any more).
                 return True, last_id, retry
         except httpx2.SSEError as exc:  # (an event past the limit: this request's alone)
-            await self._failed(unit, f"its stream broke ({_describe(exc)})")
+            await self._failed(unit, self._broken(exc))
             return True, last_id, retry
         except httpx2.TransportError as exc:
             if last_id is None:
@@ -582,7 +614,7 @@ class HttpLink:
                 try:
                     frames = await self._body(response, unit)
                 except STREAM_ERRORS as exc:  # (this request's alone: there is no session)
-                    await self._failed(unit, f"its answer broke off ({_describe(exc)})")
+                    await self._failed(unit, f"an answer that broke off ({_describe(exc)})")
                     return
                 if unit.lists_tools is not None and len(frames) == 1 and type(frames[0]) is bytes:
                     frames = [self._learnt(frames[0], unit.lists_tools)]
@@ -686,9 +718,19 @@ class HttpLink:
                     await self._failed(unit, problem)
                 return  # (the answer ends the stream: closing it is no cancellation now)
         except STREAM_ERRORS as exc:  # (this request's alone: there is no session)
-            await self._failed(unit, f"its stream broke ({_describe(exc)})")
+            await self._failed(unit, self._broken(exc))
             return
         await self._failed(unit, "a stream that ended before its answer")
+
+    def _broken(self, exc: Exception) -> str:
+        """Why a request's SSE stream failed it, in words that follow
+        "answered with" (an SSEError: an event past the hard limit, the
+        content type being checked before the stream is read)."""
+        if isinstance(exc, httpx2.SSEError):
+            limit = self._max * HARD_LIMIT_FACTOR
+            factor = f"{HARD_LIMIT_FACTOR} x broker.maxMessageBytes"
+            return f"an SSE event of over {limit} bytes ({factor})"
+        return f"a stream that broke off ({_describe(exc)})"
 
     def _learnt(self, answer: bytes, first_page: bool) -> bytes:
         """A modern ``tools/list`` answer: its ``x-mcp-header`` marks learnt,
