@@ -22,7 +22,13 @@ import pytest
 import trio
 
 from actors.links import http as http_link
-from actors.links.http import HARD_LIMIT_FACTOR, MAX_STREAMS, HttpLink, launch_http
+from actors.links.http import (
+    BUDGET_FACTOR,
+    HARD_LIMIT_FACTOR,
+    MAX_STREAMS,
+    HttpLink,
+    launch_http,
+)
 from actors.links.link import LinkContext
 from broker.config import ServerConfig
 from broker.eras.probe import discover_request
@@ -831,3 +837,35 @@ async def test_a_json_answer_without_a_content_type_is_taken_and_an_empty_one_sa
             failed = await got.take(2)
             assert isinstance(failed, Failed), failed
             assert failed.detail == "HTTP 200 OK and an empty body: no answer", failed.detail
+
+
+async def test_unfinished_events_on_many_streams_are_bounded_for_the_link() -> None:
+    """Calls whose streams each hold an unfinished event under the per-event
+    limit (here 3/4 of it), held open: past the link's budget
+    (BUDGET_FACTOR x maxMessageBytes in all) the stream that crosses it fails
+    its call, saying so, and the link goes on. (Before, only each event was
+    bounded: with 65 streams a server could make the daemon hold some 4 GiB
+    at the defaults.)"""
+    part = b"data: " + b"x" * (LIMIT * HARD_LIMIT_FACTOR * 3 // 4)
+    streams = BUDGET_FACTOR * 2 // 3 + 1  # (their events, together, past the budget)
+    head = {"content-type": "text/event-stream"}
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return status_reply(405)
+        if request.body["params"]["name"] == "part":
+            return Reply(response(200, head, part, sized=False), hold=True)
+        return json_reply(text_result(request.id, "ok"))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, open_link(server.url) as (link, got):
+            calls = range(1, streams + 1)
+            for id in calls:
+                await call(link, id, "part")
+            await got.until(lambda: any(id in got.answers for id in calls))
+            failed = [got.answers[id] for id in calls if id in got.answers]
+            assert all(isinstance(answer, Failed) for answer in failed), failed
+            assert "of unfinished events at once" in failed[0].detail, failed[0]
+            await call(link, 100)
+            assert answered_ok(await got.take(100))
+            assert got.ended is None

@@ -53,7 +53,7 @@ server's sign has the link ask ``server/discover`` before it falls back
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -65,6 +65,7 @@ from actors.errors import TransportClosed
 from actors.links.http_pool import StackTransport
 from actors.links.http_redirects import SameOriginRedirects, redirect_note
 from actors.links.link import LaunchError, LinkContext, configured_headers
+from actors.links.sse_budget import OverBudget, StreamBudget
 from broker import oauth as oauth_rules
 from broker.config import ServerConfig
 from broker.eras.probe import discover_request
@@ -89,6 +90,10 @@ MIN_RETRY = 0.25
 MAX_GET_BACKOFF = 30.0  # the longest wait between polls of a GET stream refused (a 503)
 MAX_RESUMES = 100  # polls in a row that bring nothing new before a POST's stream is failed
 HARD_LIMIT_FACTOR = 4  # past this many times maxMessageBytes, a message is not read at all
+# What a link's SSE streams may hold in unfinished events at once, in all,
+# in maxMessageBytes (actors/links/sse_budget.py): two events at the hard
+# limit, eight at the message limit.
+BUDGET_FACTOR = 8
 ERROR_BODY = 200  # characters of an error answer's body kept for the message
 # What httpx2 raises when the server or the connection fails us (a bug of
 # ours, such as a closed client, is not among them).
@@ -133,6 +138,7 @@ class HttpLink:
         self._mode = mode  # rules.STREAMABLE, rules.SSE or rules.DETECT (until it is known)
         self._headers = headers
         self._max = context.max_message_bytes
+        self._budget = StreamBudget(self._max * BUDGET_FACTOR)
         self._log = context.log
         self._client: httpx2.AsyncClient | None = None
         self._endpoint = url  # where POSTs go (HTTP+SSE: the endpoint event's)
@@ -547,7 +553,7 @@ class HttpLink:
         event id (``last_id`` until one comes), the delay the server asked for
         before polling again."""
         try:
-            async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+            async for event in self._events(response):
                 if event.id:
                     last_id = event.id
                 if event.retry is not None:
@@ -690,7 +696,7 @@ class HttpLink:
                         return None
                 return body
             if media == "text/event-stream":
-                async for event in httpx2.EventSource(response, self._max):
+                async for event in self._events(response, self._max):
                     data = event.data.encode()
                     if event.event == "message" and data and modern_rules.is_answer(data):
                         return data
@@ -703,7 +709,7 @@ class HttpLink:
         breaks before its answer fails the request (the Upstream opens a
         listen again: broker/eras/subscriptions.py)."""
         try:
-            async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+            async for event in self._events(response):
                 if event.event != "message" or not event.data:
                     continue  # (a priming event, a keep-alive)
                 data = event.data.encode()
@@ -726,6 +732,12 @@ class HttpLink:
         """Why a request's SSE stream failed it, in words that follow
         "answered with" (an SSEError: an event past the hard limit, the
         content type being checked before the stream is read)."""
+        if isinstance(exc, OverBudget):
+            budget = f"{BUDGET_FACTOR} x broker.maxMessageBytes"
+            return (
+                f"an SSE event that took its streams past {self._budget.limit} bytes "
+                f"of unfinished events at once ({budget})"
+            )
         if isinstance(exc, httpx2.SSEError):
             limit = self._max * HARD_LIMIT_FACTOR
             factor = f"{HARD_LIMIT_FACTOR} x broker.maxMessageBytes"
@@ -795,7 +807,7 @@ class HttpLink:
             if outcome == rules.JSON:
                 return await response.aread(), session_id
             if outcome == rules.STREAM:
-                async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                async for event in self._events(response):
                     data = event.data.encode()
                     if event.event == "message" and data and not rules.may_be_request(data):
                         return data, session_id
@@ -862,7 +874,7 @@ class HttpLink:
         no id: the next poll is a plain GET."""
         retry = RECONNECT_DELAY
         brought = False  # (a message came on it)
-        async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+        async for event in self._events(response):
             if event.id:  # (one that cannot be sent back: poll afresh)
                 self._last_event_id = event.id if rules.header_safe(event.id) else None
             if event.retry is not None:
@@ -890,7 +902,7 @@ class HttpLink:
                 if not 200 <= response.status_code < 300:
                     status = await _status(response, self._name)
                     raise _Ended(f"GET {self.info['url']} was answered with {status}")
-                async for event in httpx2.EventSource(response, self._max * HARD_LIMIT_FACTOR):
+                async for event in self._events(response):
                     if not started:
                         if event.event != "endpoint":
                             continue  # (a `retry:`, a ping: skipped, as the SDK's client does)
@@ -915,6 +927,13 @@ class HttpLink:
         if self._version is not None and self._mode == rules.STREAMABLE:
             headers[rules.VERSION_HEADER] = self._version
         return headers
+
+    def _events(
+        self, response: httpx2.Response, limit: int | None = None
+    ) -> AsyncIterator[httpx2.ServerSentEvent]:
+        """A stream's events, each at most ``limit`` bytes (the hard limit if
+        None), within the link's budget (:data:`BUDGET_FACTOR`)."""
+        return self._budget.events(response, limit or self._max * HARD_LIMIT_FACTOR)
 
     def _endpoint_url(self) -> httpx2.URL:
         """Where POSTs go, parsed once (httpx2 parses a string on every request)."""
