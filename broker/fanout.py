@@ -4,7 +4,8 @@ Logging: each session sets its own level (``logging/setLevel``, answered by
 the broker). The server is asked for the most verbose level any of its
 sessions wants, and each session then receives ``notifications/message`` only
 at or above its own level. A session that never set a level receives what the
-server sends.
+server sends. A message without one of the eight levels or without ``data``
+goes to nobody (:func:`is_log_message`).
 
 Subscriptions: ``resources/subscribe`` is reference-counted per URI. Until the
 server has accepted a subscribe of the URI, each session's goes to it (and
@@ -31,6 +32,13 @@ def level_rank(level: Any) -> int | None:
     return _RANK.get(level) if isinstance(level, str) else None
 
 
+def is_log_message(params: Any) -> bool:
+    """Whether a ``notifications/message``'s params are what MCP allows: an
+    object with one of the eight levels (RFC 5424's) and ``data``. One that
+    is not has no level to filter it by, and is dropped (docs/rules/logging.md)."""
+    return type(params) is dict and level_rank(params.get("level")) is not None and "data" in params
+
+
 class Fanout:
     def __init__(self) -> None:
         self._levels: dict[Hashable, int] = {}
@@ -51,10 +59,11 @@ class Fanout:
         self._levels.pop(session, None)
         return self._upstream_level_change()
 
-    def admits(self, session: Hashable, level: Any) -> bool:
+    def admits(self, session: Hashable, level: str) -> bool:
+        """Whether a session gets a message of ``level`` (one of the eight:
+        :func:`is_log_message`)."""
         wanted = self._levels.get(session)
-        rank = level_rank(level)
-        return wanted is None or rank is None or rank >= wanted
+        return wanted is None or _RANK[level] >= wanted
 
     def level_of(self, session: Hashable) -> str | None:
         """The level a session set (None: it set none)."""

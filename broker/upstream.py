@@ -57,7 +57,7 @@ from broker.eras.upstream import (
     ModernServer,
     may_refuse_era,
 )
-from broker.fanout import Fanout
+from broker.fanout import Fanout, is_log_message
 from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
@@ -146,6 +146,7 @@ class UpstreamProtocol:
         # A modern server's refusals of the era on a call (kept across restarts).
         self.refusals = EraRefusals(name, era)
         self.back_channel_warned = False  # (_back_channel_refused)
+        self.log_message_warned = False  # (_invalid_log_message)
         # A pool's instance (PooledServer): the requestStates (their hashes)
         # of the input_required answers it gave modern clients, the latest
         # MAX_MINTED, so that a retry goes to the one instance that knows
@@ -1049,10 +1050,12 @@ class UpstreamProtocol:
             session = self.server_requests.elicitation_complete(params)
             return [] if session is None else [Deliver(session, message)]
         if method == "notifications/message":
+            if not is_log_message(message.get("params")):
+                return self._invalid_log_message(message)
             logger = params.get("logger")
             named = {**params, "logger": f"{self.name}/{logger}" if logger else self.name}
             note = {**message, "params": named}
-            level = params.get("level")
+            level = params["level"]  # (one of the eight: is_log_message)
             admitted = [s for s in self.sessions if self.fanout.admits(s, level)]
             if self.modern_server is not None:  # it logs for requests that asked
                 admitted = self.modern_server.logs_to(admitted)
@@ -1069,6 +1072,21 @@ class UpstreamProtocol:
                 return [ListChanged(message), self._list_tools()]
             return [ListChanged(message)]
         return [Broadcast(message)]
+
+    def _invalid_log_message(self, message: Message) -> list[Action]:
+        """A ``notifications/message`` MCP does not allow (no level of the
+        eight, or no ``data``): dropped, with a warning the first time."""
+        if self.log_message_warned:
+            return []
+        self.log_message_warned = True
+        return [
+            Warn(
+                "server.invalid_log_message",
+                "dropped a notifications/message without one of the eight levels or data "
+                f"({repr(message.get('params'))[:200]}); any more from this server are "
+                "dropped without a word",
+            )
+        ]
 
     def _server_request(
         self, message: Message, related: int | str | None = None, now: float = 0.0

@@ -181,6 +181,31 @@ def test_each_session_gets_log_messages_at_or_above_its_level() -> None:
     assert out[0][1]["params"]["logger"] == "srv/db"
 
 
+def test_a_log_message_mcp_does_not_allow_goes_to_nobody_with_one_warning() -> None:
+    """No level of RFC 5424's eight, no level, no data, or no params: there is
+    nothing to filter it by, and the broker does not make a message the
+    schema forbids of it (it used to pass them all, a null params rewritten
+    to ``{"logger": "srv"}``). Found by probing."""
+    proto = ready()
+    proto.client_log_level(A, "error")  # B set none: it would get everything
+    bad = [
+        {"level": "trace", "data": "x"},
+        {"data": "x"},
+        {"level": "error"},
+        None,
+        {"level": 3, "data": "x"},
+    ]
+    first, *rest = [
+        proto.server_message(jsonrpc.notification("notifications/message", params))
+        for params in bad
+    ]
+    assert delivered(first) == [] and [type(a).__name__ for a in first] == ["Warn"]
+    assert first[0].event == "server.invalid_log_message" and "'trace'" in first[0].detail
+    assert rest == [[]] * len(rest)  # dropped, without a word more
+    good = jsonrpc.notification("notifications/message", {"level": "error", "data": None})
+    assert [s for s, _ in delivered(proto.server_message(good))] == [A, B]
+
+
 def test_a_server_without_logging_is_not_asked_to_set_a_level() -> None:
     proto = ready({"tools": {}})
     assert sent(proto.client_log_level(A, "debug")) == []
