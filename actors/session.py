@@ -540,7 +540,8 @@ class Session:
 
     async def _wait_for_servers(self, request: Message) -> bool:
         """Wait (at most ``SETTLE_TIMEOUT``) for the view's servers to settle
-        before ``request`` is tried again. The session reads on meanwhile,
+        before ``request`` is tried again (those a request of the session
+        already waited for in vain are not waited for again). The session reads on meanwhile,
         keeping what it reads in order for after the wait (at most
         ``HELD_FRAMES``), but for what may not wait: a ping is answered, a
         cancel of a request in flight is passed on, and a cancel of this
@@ -548,11 +549,13 @@ class Session:
         False: it was cancelled."""
         waiting = _Waiting(request.get("id"))
         self._deferred.add(waiting.id)  # (stop() answers it, if it comes meanwhile)
-        with trio.move_on_after(SETTLE_TIMEOUT):
+        with trio.move_on_after(SETTLE_TIMEOUT) as timer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_while_waiting, waiting, nursery.cancel_scope)
-                await self._registry.wait_settled(self._protocol.view)
+                await self._registry.wait_settled(self._protocol.awaited())
                 nursery.cancel_scope.cancel()
+        if timer.cancelled_caught:  # (no request of the session waits for them again)
+            self._protocol.waited_in_vain(self._registry.current)
         self._deferred.discard(waiting.id)
         return not waiting.dropped
 

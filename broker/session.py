@@ -243,6 +243,33 @@ class SessionProtocol:
         # The methods forward_fast takes (a modern session takes fewer): the
         # session's own, so a subclass's fast path tests a method once.
         self.fast_methods: frozenset[str] = ROUTED_METHODS
+        # The servers of the view a request of this session already waited
+        # for the whole time (SETTLE_TIMEOUT) in vain: no request waits for
+        # them again (docs/protocol.md), it takes what the catalog has.
+        self.waited_out: frozenset[str] = frozenset()
+
+    # -- waiting for the view's servers --------------------------------------
+
+    def servers_settled(self, catalog: Catalog) -> bool:
+        """Whether a request needs the catalog of no server of the view that
+        it should wait for (a :class:`Defer`)."""
+        return catalog.settled(self.awaited())
+
+    def awaited(self) -> tuple[str, ...]:
+        """The servers of the view a request waits for, if they have not settled."""
+        if not self.waited_out:
+            return self.view
+        return tuple(name for name in self.view if name not in self.waited_out)
+
+    def waited_in_vain(self, catalog: Catalog) -> None:
+        """A request waited the whole time for the view's servers: those still
+        not settled in ``catalog`` are waited for no more by this session."""
+        unsettled = {
+            name
+            for name in self.view
+            if name in catalog.servers and not catalog.entry(name).settled
+        }
+        self.waited_out |= unsettled
 
     # -- the lifecycle ------------------------------------------------------
 
@@ -405,7 +432,7 @@ class SessionProtocol:
             raise JsonRpcError(INVALID_REQUEST, "Session already initialized")
         requested, capabilities, info = read_client_initialize(request.get("params"))
         catalog = self.catalogs.current
-        if not settled and not catalog.settled(self.view):
+        if not settled and not self.servers_settled(catalog):
             return [Defer(request)]
         version = negotiate_version(requested)
         result = initialize_for(catalog, self.view, self.transparent, version)
@@ -420,7 +447,7 @@ class SessionProtocol:
 
     def _list(self, request: Message, settled: bool) -> list[Action]:
         catalog = self.catalogs.current
-        if not settled and not catalog.settled(self.view):
+        if not settled and not self.servers_settled(catalog):
             return [Defer(request)]
         cursor = (request.get("params") or {}).get("cursor")
         result = catalog.page(LIST_METHODS[request["method"]], self.view, self.transparent, cursor)
@@ -432,7 +459,7 @@ class SessionProtocol:
         try:
             server, rewritten = route(catalog, self.view, self.transparent, request)
         except JsonRpcError:
-            if settled or catalog.settled(self.view):
+            if settled or self.servers_settled(catalog):
                 raise
             return [Defer(request)]  # it may be in a catalog still loading
         self.inflight.add(request["id"])

@@ -1195,6 +1195,31 @@ async def test_a_request_waiting_for_its_servers_holds_no_ping_up(
     assert {tool["name"] for tool in listed["result"]["tools"]} >= {"a__echo", "b__echo"}
 
 
+async def test_a_session_waits_in_vain_for_a_server_once_not_at_each_request(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """A server that does not settle within SETTLE_TIMEOUT held the session's
+    initialize 10 s, then its tools/list 10 s more, its prompts/list 10 s
+    more: a host's start-up took 30 s. Now the session waits for it once;
+    later requests take what the catalog has. Found by probing."""
+    from actors.session import SETTLE_TIMEOUT
+
+    scripts = {"a": ScriptedServer(nursery), "b": ScriptedServer(nursery, initialize_delay=25)}
+    client = await open_client(nursery, await start_broker(nursery, scripts))
+    start = trio.current_time()
+    await client.initialize()
+    assert trio.current_time() - start == pytest.approx(SETTLE_TIMEOUT, abs=0.5)
+    tools = await client.request("tools/list")
+    prompts = await client.request("prompts/list")
+    assert trio.current_time() - start == pytest.approx(SETTLE_TIMEOUT, abs=0.5)
+    names = [tool["name"] for tool in tools["result"]["tools"]]
+    assert names and all(name.startswith("a__") for name in names)  # (what there is)
+    assert [prompt["name"] for prompt in prompts["result"]["prompts"]] == ["a__greet"]
+    await trio.sleep(30)  # (b is serving now: its items are there, at once)
+    tools = await client.request("tools/list")
+    assert any(tool["name"].startswith("b__") for tool in tools["result"]["tools"])
+
+
 async def test_a_request_cancelled_while_it_waits_for_its_servers_is_dropped(
     nursery: trio.Nursery, autojump_clock: Any
 ) -> None:

@@ -311,7 +311,7 @@ class ModernSessionProtocol(SessionProtocol):
         method, id = request["method"], request["id"]
         if method == "server/discover":
             catalog = self.catalogs.current
-            if not settled and not catalog.settled(self.view):
+            if not settled and not self.servers_settled(catalog):
                 return [Defer(request)]
             result = discover_result(catalog, self.view, self.transparent)
             return [Reply(jsonrpc.result_response(id, result))]
