@@ -180,7 +180,7 @@ class Registry:
         elif status in DOWN:
             error = self._upstreams[server].statistics().last_error
             down = attrs.evolve(
-                entry, state=status, loading=False, lists={}, unread={}, error=error
+                entry, state=status, loading=False, lists={}, unread={}, cut={}, error=error
             )
             self._publish(down)
             self._notify(server, changed_kinds(entry, down, KINDS))
@@ -230,6 +230,7 @@ class Registry:
         capabilities = identity.capabilities if identity is not None else {}
         fetched: dict[str, tuple[dict[str, Any], ...]] = {}
         failed: dict[str, str] = {}
+        cut: dict[str, str] = {}
         for kind in kinds:
             if kind.capability not in capabilities:
                 fetched[kind.name] = ()  # it offers none now (a restart, a reload)
@@ -238,7 +239,9 @@ class Registry:
                 if isinstance(outcome, str):
                     failed[kind.name] = outcome
                 else:
-                    fetched[kind.name] = outcome
+                    fetched[kind.name], why = outcome
+                    if why is not None:
+                        cut[kind.name] = why
         if self._generation[server] != generation:
             return  # it restarted or went down meanwhile; a newer refresh follows
         old = self.current.entry(server)
@@ -246,7 +249,10 @@ class Registry:
         # again later): one failed refresh must not empty a running server.
         unread = {k: e for k, e in old.unread.items() if k not in fetched} | failed
         lists = {**old.lists, **fetched}
-        new = attrs.evolve(old, loading=False, identity=identity, lists=lists, unread=unread)
+        cut = {k: why for k, why in old.cut.items() if k not in fetched} | cut
+        new = attrs.evolve(
+            old, loading=False, identity=identity, lists=lists, unread=unread, cut=cut
+        )
         self._publish(new)
         self._notify(server, changed_kinds(old, new, kinds))
         if failed:
@@ -254,9 +260,13 @@ class Registry:
         elif not unread:
             self._failures.pop(server, None)
 
-    async def _fetch(self, upstream: ServerActor, kind: Kind) -> tuple[dict[str, Any], ...] | str:
-        """One list of a server, every page (the rules: broker/listing.py); or,
-        if it could not be read, why."""
+    async def _fetch(
+        self, upstream: ServerActor, kind: Kind
+    ) -> tuple[tuple[dict[str, Any], ...], str | None] | str:
+        """One list of a server, every page (the rules: broker/listing.py),
+        and why it was cut off before its end (None: it was not); or, if it
+        could not be read, why."""
+        cut: str | None = None
         lister = Lister(kind)
         # (every line of this fetch names its server and method)
         warn = functools.partial(self._log.warning, server=upstream.name, method=kind.method)
@@ -277,8 +287,9 @@ class Registry:
                 return read.error
             if read.cut is not None:
                 warn("catalog.list_cut", reason=read.cut, kept=len(lister.items()))
+                cut = read.cut
             params = read.next
-        return lister.items()
+        return lister.items(), cut
 
     def _retry_later(self, server: str, kinds: Iterable[Kind]) -> None:
         """Fetch lists that could not be read again, after a while (one timer

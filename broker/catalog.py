@@ -102,6 +102,9 @@ class ServerEntry:
     # Lists (by kind name) its last fetch could not read, and why: they keep
     # the last list read, and are fetched again later (actors/registry.py).
     unread: Mapping[str, str] = attrs.field(factory=dict)
+    # Lists (by kind name) the broker stopped reading before their end, and
+    # why (broker/listing.py): what the list holds past the cut is not served.
+    cut: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def serving(self) -> bool:
@@ -281,6 +284,16 @@ class Catalog:
                     INVALID_PARAMS,
                     f"Unknown {label}: {name} (the broker could not read the {kind.name} "
                     f"of MCP server {server!r}: {entry.unread[kind.name]}; it tries again)",
+                    data={"server": server},
+                )
+            if kind.name in entry.cut:  # it may be past the cut: say how to reach it
+                raise JsonRpcError(
+                    INVALID_PARAMS,
+                    f"Unknown {label}: {name} (the broker keeps only part of the "
+                    f"{kind.name} of MCP server {server!r}, whose list it cut off: "
+                    f"{entry.cut[kind.name]}; this may be one left out: a session of "
+                    f"that server alone, mcpbroker connect --server {server}, passes "
+                    "every name on to it)",
                     data={"server": server},
                 )
         raise JsonRpcError(INVALID_PARAMS, f"Unknown {label}: {name}")

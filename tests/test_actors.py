@@ -1095,6 +1095,33 @@ async def test_a_list_that_fails_again_after_a_restart_is_still_retried(
     assert "tools" not in broker.registry.current.entry("s").unread
 
 
+async def test_a_call_of_a_tool_past_a_cut_list_is_told_of_the_cut(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool the broker left out of a list too long was a bare "Unknown
+    tool" in an aggregated view (and worked in the server's own). The cut is
+    kept on the server's entry, and the call is told of it. Found by probing."""
+    import functools
+
+    import actors.registry
+    from broker.listing import Lister
+
+    monkeypatch.setattr(actors.registry, "Lister", functools.partial(Lister, max_items=2))
+    scripts = {"a": ScriptedServer(nursery), "b": ScriptedServer(nursery)}
+    broker = await start_broker(nursery, scripts)
+    client = await open_client(nursery, broker)  # (aggregated)
+    with trio.fail_after(10):
+        await client.initialize()
+        tools = await client.request("tools/list")
+        names = [tool["name"] for tool in tools["result"]["tools"]]
+        assert names == ["a__echo", "a__sleep", "b__echo", "b__sleep"]
+        answer = await client.request("tools/call", call("a__raw"))
+    assert broker.registry.current.entry("a").cut == {"tools": "more than 2 items"}
+    assert answer["error"]["code"] == -32602
+    assert "list it cut off: more than 2 items" in answer["error"]["message"]
+    assert "mcpbroker connect --server a" in answer["error"]["message"]
+
+
 async def test_what_a_server_never_sent_is_taken_in_order_less_what_was_withdrawn() -> None:
     """Upstream.take_unsent (a reload hands it to the server's new actor): the
     requests in its inbox, in order, without one its client cancelled and

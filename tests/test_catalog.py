@@ -283,6 +283,28 @@ def test_route_named_of_a_server_whose_list_could_not_be_read_says_so() -> None:
     )
 
 
+def test_route_named_of_a_server_whose_list_was_cut_says_so() -> None:
+    """A tool past the cut of a list too long exists: the call is told so,
+    and how to reach it (it was a bare "Unknown tool"). Found by probing."""
+    cut = attrs.evolve(GITHUB, cut={"tools": "more than 10000 items"})
+    snapshot = catalog(FILES, cut)
+    assert snapshot.route_named(TOOLS, ALL, "github__search") == ("github", "search")
+    error = error_of(snapshot.route_named, TOOLS, ALL, "github__echo")
+    assert (error.code, error.data) == (INVALID_PARAMS, {"server": "github"})
+    assert error.message == (
+        "Unknown tool: github__echo (the broker keeps only part of the tools of MCP "
+        "server 'github', whose list it cut off: more than 10000 items; this may be "
+        "one left out: a session of that server alone, mcpbroker connect --server "
+        "github, passes every name on to it)"
+    )
+    assert error_of(snapshot.route_named, PROMPTS, ALL, "github__x").message == (
+        "Unknown prompt: github__x"
+    )
+    assert error_of(snapshot.route_named, TOOLS, ALL, "files__echo").message == (
+        "Unknown tool: files__echo"
+    )
+
+
 @pytest.mark.parametrize(
     ("uri", "view", "owner"),
     [
