@@ -327,7 +327,7 @@ class Registry:
         a new page size holds for the next list request."""
         old = self.current
         self.current = Catalog(
-            old.servers.values(), settings.separator, settings.page_size, old.seniority
+            old.servers.values(), settings.separator, settings.page_size, old.seniority, old
         )
         if settings.separator != old.separator:  # (once a session, not once a server)
             for session, note in renamed((TOOLS, PROMPTS), self._subscribers, self._transparent):
@@ -394,7 +394,7 @@ class Registry:
         ]
         old = self.current
         seniority = old.seniority if seniority is None else seniority
-        self.current = Catalog(entries, old.separator, old.page_size, seniority)
+        self.current = Catalog(entries, old.separator, old.page_size, seniority, old)
         for clash in new_clashes(old, self.current):
             self._log.warning("catalog.clash", detail=clash)
         self._tell_renamed(old, cause)

@@ -31,7 +31,7 @@ import orjson
 from broker import jsonrpc
 from broker.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, JsonRpcError
 from broker.lifecycle import ServerIdentity
-from broker.naming import DEFAULT_SEPARATOR, assign_names, sanitize
+from broker.naming import DEFAULT_SEPARATOR, assign_names, qualify, sanitize
 from broker.states import DOWN, ServerState
 from broker.templates import Budget, BudgetSpent, match
 
@@ -129,16 +129,36 @@ class Catalog:
         separator: str = DEFAULT_SEPARATOR,
         page_size: int = 0,
         seniority: Sequence[str] = (),
+        before: Catalog | None = None,
     ) -> None:
         """``seniority``: which server keeps a name or URI two servers claim
         (the earlier; servers not in it come after, in config order): config
         order at start, then each server a reload adds after those there
-        before (actors/registry.py), so a reload never takes a name away."""
+        before (actors/registry.py), so a reload never takes a name away.
+        ``before``: the catalog this one follows. A name it gave stays with its
+        item while the item is listed (or its server is down, its lists
+        unknown), and a URI stays with the server that served it while that
+        server lists it: what a server lists later is the newcomer. (A
+        server's first lists since the daemon took it up go by seniority, so
+        that a daemon started afresh names as config order says.)"""
         self.servers = {entry.name: _well_formed(entry) for entry in servers}
         self.separator = separator
         self.page_size = page_size
         self.seniority = tuple(seniority)
         self.clashes: list[str] = []
+        if before is not None and before.separator != separator:
+            before = None  # (every name changes: none is held)
+        # The servers whose lists have been read (in this catalog or one
+        # before it): what any other lists is its first lists.
+        self._served: frozenset[str] = frozenset(
+            name
+            for name, entry in self.servers.items()
+            if entry.serving or entry.lists or (before is not None and name in before._served)
+        )
+        # The names given, by kind: those of the items listed, and those kept
+        # for the items of a server that is not serving (the next catalog's
+        # ``before._held``).
+        self._held: dict[str, dict[tuple[str, str], str]] = {}
         # The servers that speak the 2026-07-28 era (their identity's version
         # is not a legacy one): they ask a client nothing mid-call, so a
         # modern session keeps no record of a call to one (broker/eras/session.py).
@@ -151,9 +171,9 @@ class Catalog:
         self._routes: dict[str, dict[str, tuple[str, str]]] = {}
         self._renamed: dict[str, dict[str, tuple[dict[str, Any], ...]]] = {}
         for kind in (TOOLS, PROMPTS):
-            self._index_names(kind)
-        self._resource_owners = self._owners(RESOURCES)
-        self._template_owners = self._owners(TEMPLATES)
+            self._index_names(kind, before)
+        self._resource_owners = self._owners(RESOURCES, before)
+        self._template_owners = self._owners(TEMPLATES, before)
         # The servers that offer resources, each with the URI schemes it lists
         # ("file:"): a read nothing explains goes by them (_sole_resource_server),
         # found once here, not by a walk of every item at each such read.
@@ -171,7 +191,7 @@ class Catalog:
     def replace(self, entry: ServerEntry) -> Catalog:
         """A new snapshot with one server's entry replaced."""
         servers = [entry if name == entry.name else old for name, old in self.servers.items()]
-        return Catalog(servers, self.separator, self.page_size, self.seniority)
+        return Catalog(servers, self.separator, self.page_size, self.seniority, self)
 
     def renamed(self, before: Catalog, kind: Kind) -> set[str]:
         """The servers whose items of a named kind have other names here than
@@ -189,15 +209,26 @@ class Catalog:
 
     # -- building -------------------------------------------------------------
 
-    def _index_names(self, kind: Kind) -> None:
+    def _index_names(self, kind: Kind, before: Catalog | None) -> None:
         pairs = [
             (entry.name, item.get("name", ""))
             for entry in self.servers.values()
             for item in entry.items(kind)
         ]
-        names, clashes = assign_names(pairs, self.separator, self.seniority)
+        held: dict[tuple[str, str], str] = {}
+        if before is not None:
+            listed = set(pairs)
+            held = {
+                pair: name
+                for pair, name in before._held[kind.name].items()
+                if pair in listed
+                or ((entry := self.servers.get(pair[0])) is not None and not entry.serving)
+            }
+            self._yield_to_first_lists(kind, before, held)
+        names, clashes = assign_names(pairs, self.separator, self.seniority, held)
         self.clashes += [f"{kind.name}: {clash}" for clash in clashes]
         self._names[kind.name] = names
+        self._held[kind.name] = held | names
         self._routes[kind.name] = {q: pair for pair, q in names.items()}
         self._renamed[kind.name] = {
             entry.name: tuple(
@@ -207,7 +238,29 @@ class Catalog:
             for entry in self.servers.values()
         }
 
-    def _owners(self, kind: Kind) -> dict[str, list[str]]:
+    def _yield_to_first_lists(
+        self, kind: Kind, before: Catalog, held: dict[tuple[str, str], str]
+    ) -> None:
+        """Drop from ``held`` the names a senior server's first lists claim
+        (its items and a junior's, loaded before it at start, are named as
+        config order says; the junior's sessions are told of the rename)."""
+        first = [
+            entry
+            for name, entry in self.servers.items()
+            if name not in before._served and entry.items(kind)
+        ]
+        if not first or not held:
+            return
+        order = [*self.seniority, *(s for s in self.servers if s not in self.seniority)]
+        rank = {name: index for index, name in enumerate(order)}
+        holders = {name: pair for pair, name in held.items()}
+        for entry in first:
+            for item in entry.items(kind):
+                pair = holders.get(qualify(entry.name, item.get("name", ""), self.separator))
+                if pair is not None and rank.get(pair[0], len(rank)) > rank[entry.name]:
+                    del held[pair]
+
+    def _owners(self, kind: Kind, before: Catalog | None) -> dict[str, list[str]]:
         owners: dict[str, list[str]] = {}
         rank = {name: index for index, name in enumerate(self.seniority)}
         by_seniority = sorted(self.servers.values(), key=lambda e: rank.get(e.name, len(rank)))
@@ -216,13 +269,25 @@ class Catalog:
                 key = item.get(kind.id_field)
                 if isinstance(key, str) and entry.name not in owners.setdefault(key, []):
                     owners[key].append(entry.name)
+        previous = {} if before is None else before._owners_of(kind)
         for key, names in owners.items():
             if len(names) > 1:
+                # The server that served it keeps serving it, unless a senior
+                # server's first lists claim it too (as for names).
+                served = previous.get(key)
+                if served and served[0] in names and before is not None:
+                    seniors = names[: names.index(served[0])]
+                    if seniors and all(name in before._served for name in seniors):
+                        names.remove(served[0])
+                        names.insert(0, served[0])
                 self.clashes.append(
                     f"{kind.name}: {key!r} is listed by servers "
                     f"{', '.join(names)}; {names[0]!r} (which came first) serves it"
                 )
         return owners
+
+    def _owners_of(self, kind: Kind) -> dict[str, list[str]]:
+        return self._resource_owners if kind is RESOURCES else self._template_owners
 
     # -- listing --------------------------------------------------------------
 

@@ -18,13 +18,16 @@ Rules (docs/naming-and-routing.md has the reasoning):
   reported. Nothing is dropped. Seniority is config order at start; a server
   a reload adds is junior to every server already there, so that a name a
   client already knows never moves to another server's item.
+- A name already given keeps its item (``held``): an item a server lists
+  later (a ``list_changed``) that would clash with it is the one renamed,
+  whatever the servers' seniority.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 VALID_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # (use fullmatch: "$" admits a final newline)
 MAX_NAME = 128
@@ -66,19 +69,25 @@ def assign_names(
     items: Iterable[tuple[str, str]],
     separator: str = DEFAULT_SEPARATOR,
     seniority: Sequence[str] = (),
+    held: Mapping[tuple[str, str], str] = {},
 ) -> tuple[dict[tuple[str, str], str], list[str]]:
     """Qualified names for (server, name) pairs given in config order.
 
-    On a clash the item of the server earlier in ``seniority`` keeps the
+    ``held``: names given before (to items there or not; each name once),
+    which no other item gets: an item of ``items`` in it keeps its name. On
+    any other clash the item of the server earlier in ``seniority`` keeps the
     name (servers not in it come after, in the order given). Returns the names
     and a description of every clash that was resolved.
     """
     names: dict[tuple[str, str], str] = {}
-    taken: dict[str, tuple[str, str]] = {}
+    taken: dict[str, tuple[str, str]] = {name: pair for pair, name in held.items()}
     clashes: list[str] = []
     for server, name in _by_seniority(items, seniority):
         if (server, name) in names:
             continue  # a server listing the same name twice: one entry
+        if (server, name) in held:
+            names[(server, name)] = held[(server, name)]
+            continue
         qualified = qualify(server, name, separator)
         if qualified in taken:
             other = taken[qualified]

@@ -848,27 +848,56 @@ async def test_a_server_back_without_a_capability_has_no_such_list_left(
 
 
 async def test_a_server_outside_a_view_that_renames_a_tool_inside_it_tells_the_session(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, autojump_clock: Any
 ) -> None:
-    """Names are given over the whole catalog: server a's new b__c clashes with
-    a__b's c, which a session seeing [a__b, x] listed as a__b__c. It was
-    renamed under the session without a list_changed (its calls to a__b__c:
-    "Unknown tool")."""
-    a, a_b, x = ScriptedServer(nursery), ScriptedServer(nursery), ScriptedServer(nursery)
+    """Names are given over the whole catalog: server a's b__c, in its first
+    lists (it came up after a__b), clashes with a__b's c, which a session
+    seeing [a__b, x] listed as a__b__c; a is senior (config order at start),
+    so c is renamed. It was renamed under the session without a list_changed
+    (its calls to a__b__c: "Unknown tool")."""
+    a, a_b, x = (
+        ScriptedServer(nursery, initialize_delay=5),
+        ScriptedServer(nursery),
+        ScriptedServer(nursery),
+    )
+    a.tools = [{"name": "b__c", "inputSchema": {"type": "object"}}]
     a_b.tools = [{"name": "c", "inputSchema": {"type": "object"}}]
     broker = await start_broker(nursery, {"a": a, "a__b": a_b, "x": x})
     client = await open_client(nursery, broker, servers=("a__b", "x"))
     await client.initialize()
-    await client.request("ping")
-    await trio.testing.wait_all_tasks_blocked()
     names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
     assert "a__b__c" in names
+    with trio.fail_after(30):
+        assert (await client.receive())["method"] == "notifications/tools/list_changed"
+    names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
+    assert "a__b__c" not in names and "a__b__c-3a400f" in names
+
+
+async def test_a_tool_a_server_lists_later_takes_no_name_in_use(
+    nursery: trio.Nursery,
+) -> None:
+    """Server a (senior) registers b__c at run time (tools/list_changed):
+    a__b__c, which a client calls and which reaches a__b's c, still does; a's
+    new tool is the one with the suffix. It took the name: the client's next
+    call ran a's tool with arguments meant for a__b's."""
+    a, a_b = ScriptedServer(nursery, label="a"), ScriptedServer(nursery, label="a__b")
+    a_b.tools = [{"name": "c", "inputSchema": {"type": "object"}}]
+    broker = await start_broker(nursery, {"a": a, "a__b": a_b})
+    client = await open_client(nursery, broker)
+    await client.initialize()
+    call = {"name": "a__b__c", "arguments": {}}
+    assert (await client.request("tools/call", call))["result"]["server"] == "a__b"
     a.tools.append({"name": "b__c", "inputSchema": {"type": "object"}})
     await a.links[0].send(jsonrpc.notification("notifications/tools/list_changed"))
     with trio.fail_after(5):
         assert (await client.receive())["method"] == "notifications/tools/list_changed"
-    names = [t["name"] for t in (await client.request("tools/list"))["result"]["tools"]]
-    assert "a__b__c" not in names and "a__b__c-3a400f" in names
+    tools = (await client.request("tools/list"))["result"]["tools"]
+    names = [t["name"] for t in tools if t["name"].startswith("a__b__c")]
+    [newcomer] = [name for name in names if name.startswith("a__b__c-")]
+    assert names == [newcomer, "a__b__c"]
+    assert (await client.request("tools/call", call))["result"]["server"] == "a__b"
+    called = {"name": newcomer, "arguments": {}}
+    assert (await client.request("tools/call", called))["result"]["server"] == "a"
 
 
 async def test_a_401_the_tokens_cannot_cure_shows_in_status_and_the_log() -> None:

@@ -176,6 +176,60 @@ def test_the_senior_server_keeps_a_clashing_name_and_uri() -> None:
     assert replaced.route_named(TOOLS, view, "files__gh__read") == ("files__gh", "read")
 
 
+def test_a_name_in_use_stays_with_its_item_whatever_a_server_lists_later() -> None:
+    """``a`` (senior) lists ``b__c`` at run time (a list_changed): ``a__b__c``,
+    which reached ``a__b``'s ``c``, still does; the newcomer gets the suffix
+    and keeps it (a name stays with its item); so does ``a__b``'s while ``a__b``
+    is down, and it gets its name back when it is listed again. A URI a senior
+    server starts listing stays with the server that served it."""
+    view = ("a", "a__b")
+    start = Catalog([server("a", tools=["x"]), server("a__b", tools=["c"], resources=["b://own"])])
+    later = start.replace(server("a", tools=["x", "b__c"], resources=["b://own"]))
+    assert later.route_named(TOOLS, view, "a__b__c") == ("a__b", "c")
+    newcomer = ids(later, TOOLS, view)[1]
+    assert newcomer.startswith("a__b__c-")
+    assert later.route_named(TOOLS, view, newcomer) == ("a", "b__c")
+    assert later.route_resource(view, "b://own") == "a__b"
+    assert later.items(RESOURCES, view, False)[0]["description"] == "b://own of a__b"
+    assert later.renamed(start, TOOLS) == set()
+    down = later.replace(server("a__b", DOWN, "exited"))
+    assert ids(down, TOOLS, view) == ["a__x", newcomer]  # (not given a__b__c)
+    error = error_of(down.route_named, TOOLS, view, "a__b__c")
+    assert error.code == CONNECTION_CLOSED  # (fails loudly, reaches nothing else)
+    back = down.replace(server("a__b", tools=["c"], resources=["b://own"]))
+    assert ids(back, TOOLS, view) == ["a__x", newcomer, "a__b__c"]
+    assert back.route_named(TOOLS, view, "a__b__c") == ("a__b", "c")
+    assert back.route_resource(view, "b://own") == "a"  # (a__b came back to a taken URI)
+    again = Catalog(back.servers.values(), before=back)  # (a rebuild: the same names)
+    assert ids(again, TOOLS, view) == ids(back, TOOLS, view)
+    gone = back.replace(server("a", tools=["x"]))  # the newcomer goes: its name is free
+    regained = gone.replace(server("a", tools=["x", "b__c"]))
+    assert regained.route_named(TOOLS, view, "a__b__c") == ("a__b", "c")
+    renamed = Catalog(back.servers.values(), separator=".", before=back)
+    assert ids(renamed, TOOLS, view) == ["a.x", "a.b__c", "a__b.c"]  # (none held)
+
+
+def test_a_senior_servers_first_lists_go_by_config_order() -> None:
+    """At start ``a__b`` is read before ``a``: ``a``'s first lists take
+    ``a__b__c`` (config order, as a daemon started afresh names it) and
+    ``a__b``'s sessions are told of the rename; a later list of ``a``'s does not."""
+    view = ("a", "a__b")
+    start = Catalog(
+        [server("a", LOADING), server("a__b", tools=["c"], resources=["b://own"])],
+        seniority=view,
+    )
+    assert ids(start, TOOLS, view) == ["a__b__c"]
+    first = start.replace(server("a", tools=["b__c"], resources=["b://own"]))
+    assert first.route_named(TOOLS, view, "a__b__c") == ("a", "b__c")
+    assert first.renamed(start, TOOLS) == {"a__b"}
+    assert first.route_resource(view, "b://own") == "a"
+    later = Catalog([server("a__b", LOADING), server("a", tools=["b__c"])], seniority=view)
+    assert later.replace(server("a__b", tools=["c"])).route_named(TOOLS, view, "a__b__c") == (
+        "a",
+        "b__c",
+    )
+
+
 def test_no_clashes() -> None:
     assert catalog(FILES).clashes == []
 

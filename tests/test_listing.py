@@ -259,7 +259,8 @@ def test_new_clashes_are_those_not_there_before() -> None:
 
 
 def test_sessions_whose_names_a_change_elsewhere_renamed_are_told() -> None:
-    before = Catalog([entry("a", tools=["x"]), entry("a__b", tools=["c"]), entry("z")])
+    """``a``'s first lists (it came up after ``a__b``) take ``a__b__c``."""
+    before = Catalog([entry("a"), entry("a__b", tools=["c"]), entry("z")])
     after = before.replace(entry("a", tools=["x", "b__c"]))
     assert after.renamed(before, TOOLS) == {"a__b"}
     subscribers = {
@@ -292,7 +293,7 @@ def test_a_new_separator_is_said_once_a_session_and_not_to_a_transparent_one() -
 def test_a_transparent_session_is_not_told_of_renames_in_the_merged_catalog() -> None:
     """It sees its server's own names, which no clash renames (it was told,
     prompts too, which its initialize may not have offered). (Found by review.)"""
-    before = Catalog([entry("a", tools=["x"]), entry("a__b", tools=["c"])])
+    before = Catalog([entry("a"), entry("a__b", tools=["c"])])
     after = before.replace(entry("a", tools=["x", "b__c"]))
     subscribers = {"one": frozenset({"a__b"}), "merged": frozenset({"a__b", "z"})}
     told = renamed_elsewhere(before, after, "a", subscribers, transparent={"one"})

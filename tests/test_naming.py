@@ -122,6 +122,20 @@ def test_on_a_clash_the_senior_server_keeps_the_name() -> None:
     assert list(names) == [("a", "b__c"), ("a__b", "c"), ("z", "t")]
 
 
+def test_a_name_held_stays_with_its_item() -> None:
+    """``a__b``'s ``c`` holds ``a__b__c``: ``a``'s ``b__c``, senior but new, is
+    renamed; a name held for an item not listed now is given to no other."""
+    items = [("a", "b__c"), ("a__b", "c")]
+    names, clashes = assign_names(items, held={("a__b", "c"): "a__b__c"})
+    assert names[("a__b", "c")] == "a__b__c"
+    assert names[("a", "b__c")].startswith("a__b__c-")
+    assert clashes[0].startswith("'b__c' of server 'a' is named")
+    names, _ = assign_names([("a", "b__c")], held={("a__b", "c"): "a__b__c"})
+    assert names == {("a", "b__c"): disambiguate("a", "b__c", "a__b__c")}
+    names, _ = assign_names([("s", "t")], held={("s", "t"): "s__t-123456"})
+    assert names == {("s", "t"): "s__t-123456"}  # (a suffix given stays too)
+
+
 def test_same_item_listed_twice_is_one_entry() -> None:
     names, clashes = assign_names([("s", "t"), ("s", "t")])
     assert names == {("s", "t"): "s__t"} and clashes == []

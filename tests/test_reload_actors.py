@@ -287,7 +287,9 @@ async def test_a_server_a_reload_adds_takes_no_name_a_client_knows(
     """``a``'s tool ``b__echo`` is ``a__b__echo``; a reload adds server ``a__b``
     (whose ``echo`` would be named so too) before ``a`` in the file: the name
     keeps reaching ``a``'s tool, and the newcomer's gets the suffix. The same
-    after ``a`` is restarted; a server removed and added again is the newcomer."""
+    after ``a`` is restarted. Names stay with their items: once ``a`` is
+    removed, ``a__b__echo`` goes to no other item (``a__b``'s keeps its
+    suffix), and ``a`` added again has it back, a clash with nothing."""
     scripts["a"] = ScriptedServer(nursery, label="a")
     scripts["a"].tools.append({"name": "b__echo", "inputSchema": {"type": "object"}})
     daemon = await start(nursery, scripts.config("a"))
@@ -309,11 +311,16 @@ async def test_a_server_a_reload_adds_takes_no_name_a_client_knows(
     daemon.reload(scripts.config("a__b", "a", a="a2"))  # (a restart: still ``a``)
     await settle()
     assert await tool_of(3, "a__b__echo") == ("a", "b__echo")
+    kept = await suffixed("list2")
     daemon.reload(scripts.config("a__b"))
-    daemon.reload(scripts.config("a__b", "a"))  # (``a`` is the newcomer now)
     await settle()
-    assert await tool_of(4, "a__b__echo") == ("a__b", "echo")
-    assert await tool_of(5, await suffixed("list2")) == ("a", "b__echo")
+    gone = await every.request(4, "tools/call", {"name": "a__b__echo", "arguments": {}})
+    assert gone["error"]["code"] == jsonrpc.INVALID_PARAMS  # (not a__b's echo)
+    assert await tool_of(5, kept) == ("a__b", "echo")
+    daemon.reload(scripts.config("a__b", "a"))
+    await settle()
+    assert await tool_of(6, "a__b__echo") == ("a", "b__echo")
+    assert await tool_of(7, kept) == ("a__b", "echo")
 
 
 async def test_a_server_a_session_named_rejoins_its_view_when_configured_again(
