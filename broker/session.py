@@ -77,6 +77,8 @@ ROUTED_METHODS: Final = frozenset(
         "tasks/list",
     }
 )
+# Routed by where the session's subscription of the URI is (SessionProtocol.subscribed).
+SUBSCRIPTION_METHODS: Final = frozenset({"resources/subscribe", "resources/unsubscribe"})
 
 
 class CatalogSource(Protocol):
@@ -241,8 +243,14 @@ class SessionProtocol:
         # when the daemon keeps metrics or an audit log.
         self.calls: CallTracker | None = None
         # The methods forward_fast takes (a modern session takes fewer): the
-        # session's own, so a subclass's fast path tests a method once.
-        self.fast_methods: frozenset[str] = ROUTED_METHODS
+        # session's own, so a subclass's fast path tests a method once. Not
+        # the (rare) subscriptions, which _forward routes by ``subscribed``.
+        self.fast_methods: frozenset[str] = ROUTED_METHODS - SUBSCRIPTION_METHODS
+        # The URIs this (aggregated) session subscribed to, each with the
+        # server it went to: the unsubscribe goes there, and so does a repeat
+        # subscribe, whichever server the catalog routes the URI to now
+        # (docs/rules/subscriptions.md).
+        self.subscribed: dict[str, str] = {}
         # The servers of the view a request of this session already waited
         # for the whole time (SETTLE_TIMEOUT) in vain: no request waits for
         # them again (docs/protocol.md), it takes what the catalog has.
@@ -457,7 +465,10 @@ class SessionProtocol:
         self._admit(request["id"])
         catalog = self.catalogs.current
         try:
-            server, rewritten = route(catalog, self.view, self.transparent, request)
+            if request["method"] in SUBSCRIPTION_METHODS and not self.transparent:
+                server, rewritten = self._route_subscription(catalog, request)
+            else:
+                server, rewritten = route(catalog, self.view, self.transparent, request)
         except JsonRpcError:
             if settled or self.servers_settled(catalog):
                 raise
@@ -466,6 +477,21 @@ class SessionProtocol:
         if self.calls is not None:
             self.calls.routed(request["id"], server, rewritten)
         return [Forward(server, rewritten)]
+
+    def _route_subscription(self, catalog: Catalog, request: Message) -> tuple[str, Message]:
+        """A subscribe or unsubscribe goes to the server that holds the
+        session's subscription of the URI, if any (still in the view), else
+        where a read would go; the URI is noted as held there, or not held."""
+        uri = (request.get("params") or {}).get("uri")
+        held = self.subscribed.get(uri) if isinstance(uri, str) else None
+        if held is None or held not in self.view:
+            held, request = route(catalog, self.view, False, request)
+        assert isinstance(uri, str)  # (route takes no other)
+        if request["method"] == "resources/subscribe":
+            self.subscribed[uri] = held
+        else:
+            self.subscribed.pop(uri, None)
+        return held, request
 
     def end_streams(self) -> list[Message]:
         """The daemon ends the session: the graceful end of each request it

@@ -546,6 +546,34 @@ def test_read_routed_by_uri(uri: str, owner: str) -> None:
     assert session().receive(read(1, uri)) == [Forward(owner, read(1, uri))]
 
 
+def test_an_unsubscribe_goes_where_the_subscription_is() -> None:
+    """c1 subscribes to b://own, which only ``b`` lists (``a`` is down); then
+    ``a`` comes back listing it too, and serves its reads. The unsubscribe,
+    and a repeat subscribe, go to ``b``, which holds the subscription; after
+    it, the URI goes where the catalog says. It went to ``a``: answered "never
+    subscribed", while ``b`` kept sending the session updates. (Neither takes
+    the fast path.)"""
+    own = ({"uri": "b://own", "name": "own"},)
+    b = server("b", capabilities=SUBSCRIBABLE, resources=own)
+    catalogs = Catalogs(Catalog([server("a", DOWN), b]))
+    proto = SessionProtocol(("a", "b"), catalogs)
+    proto.receive(initialize(), settled=True)
+    subscribe = req(1, "resources/subscribe", {"uri": "b://own"})
+    assert proto.forward_fast(subscribe) is None
+    assert proto.receive(subscribe) == [Forward("b", subscribe)]
+    back = server("a", capabilities=SUBSCRIBABLE, resources=own)
+    catalogs.current = catalogs.current.replace(back)
+    assert proto.receive(read(2, "b://own")) == [Forward("a", read(2, "b://own"))]
+    again = req(3, "resources/subscribe", {"uri": "b://own"})
+    assert proto.receive(again) == [Forward("b", again)]
+    unsubscribe = req(4, "resources/unsubscribe", {"uri": "b://own"})
+    assert proto.forward_fast(unsubscribe) is None
+    assert proto.receive(unsubscribe) == [Forward("b", unsubscribe)]
+    later = req(5, "resources/unsubscribe", {"uri": "b://own"})
+    assert proto.receive(later) == [Forward("a", later)]
+    assert proto.subscribed == {}
+
+
 def test_unknown_resource() -> None:
     assert error_object(session().receive(read(2, "nope://x"))) == {
         "id": 2,
