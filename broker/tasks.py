@@ -5,15 +5,18 @@ of its own making. Two servers may make the same id, and one server's tasks
 belong to whichever sessions created them, so the broker:
 
 - gives the client ``SERVER:ID`` instead of ``ID`` (never the same for two
-  servers), everywhere a task id appears: the ``CreateTaskResult``, ``tasks/get``
-  and ``tasks/cancel`` results, ``tasks/result``'s related-task ``_meta``,
-  ``tasks/list`` and ``notifications/tasks/status``;
+  servers: a ``:`` or ``%`` in the server's name is written ``%3A`` or
+  ``%25``, so the id's first ``:`` ends the server's name), everywhere a task
+  id appears: the ``CreateTaskResult``, ``tasks/get`` and ``tasks/cancel``
+  results, ``tasks/result``'s related-task ``_meta``, ``tasks/list`` and
+  ``notifications/tasks/status``;
 - remembers which session created each task, and lets only that session
   get, cancel, list or hear about it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable
 from typing import Any, Final
 
@@ -23,19 +26,27 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 TASK_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/cancel"})
 
 
+_ESCAPED = re.compile("%3A|%25")
+
+
+def _escape(server: str) -> str:
+    """The server's name in its task ids: with no ``:``, so the first ends it."""
+    return server.replace("%", "%25").replace(":", "%3A")
+
+
 def outer_id(server: str, task_id: str) -> str:
-    return f"{server}:{task_id}"
+    return f"{_escape(server)}:{task_id}"
 
 
 def split_task_id(task_id: Any, servers: Iterable[str]) -> tuple[str, str] | None:
     """(server, the server's own id) for a task id the broker gave out."""
     if not isinstance(task_id, str):
         return None
-    owners = [s for s in servers if task_id.startswith(s + ":")]
-    if not owners:
+    head, colon, own = task_id.partition(":")
+    server = _ESCAPED.sub(lambda m: ":" if m[0] == "%3A" else "%", head)
+    if not colon or server not in servers or _escape(server) != head:
         return None
-    server = max(owners, key=len)
-    return server, task_id[len(server) + 1 :]
+    return server, own
 
 
 class TaskTable:

@@ -60,8 +60,24 @@ def test_task_ids_are_named_after_their_server() -> None:
     assert create_task(a, A, "t1") == "a:t1"
     assert create_task(b, A, "t1") == "b:t1"
     assert split_task_id("a:t1", ["a", "b"]) == ("a", "t1")
-    assert split_task_id("a:b:t1", ["a", "a:b"]) == ("a:b", "t1")  # the longest name wins
+    assert split_task_id("a%3Ab:t1", ["a", "a:b"]) == ("a:b", "t1")
+    assert split_task_id("a:b:t1", ["a", "a:b"]) == ("a", "b:t1")  # (the first ":" ends it)
     assert split_task_id("c:t1", ["a", "b"]) is None
+
+
+def test_a_colon_in_a_server_name_makes_no_two_task_ids_alike() -> None:
+    """Servers ``a`` and ``a:b``: ``a``'s task ``b:t1`` was ``a:b:t1``, which
+    a tasks/get routed to ``a:b`` (or to its own task ``t1``); each id now
+    goes back to the server and task it came from."""
+    servers, made = ["a", "a:b", "%", "50%:"], {}
+    for server, task in [("a", "b:t1"), ("a:b", "t1"), ("%", "t1"), ("50%:", "%3A:t1")]:
+        made[server, task] = create_task(ready(server), A, task)
+    assert made["a", "b:t1"] == "a:b:t1" and made["a:b", "t1"] == "a%3Ab:t1"
+    assert len(set(made.values())) == len(made)
+    for (server, task), given in made.items():
+        assert split_task_id(given, servers) == (server, task)
+    assert split_task_id("a%3ab:t1", servers) is None  # (not an id the broker gave)
+    assert split_task_id("a%3Ab:t1", ["a"]) is None and split_task_id("a", servers) is None
 
 
 def test_only_the_creating_session_may_use_a_task() -> None:
