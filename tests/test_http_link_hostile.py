@@ -30,6 +30,7 @@ from actors.links.http import (
     launch_http,
 )
 from actors.links.link import LinkContext
+from actors.links.sse_budget import StreamBudget
 from broker.config import ServerConfig
 from broker.eras.probe import discover_request
 from broker.eras.versions import LATEST_MODERN_VERSION
@@ -869,3 +870,77 @@ async def test_unfinished_events_on_many_streams_are_bounded_for_the_link() -> N
             await call(link, 100)
             assert answered_ok(await got.take(100))
             assert got.ended is None
+
+
+async def test_keep_alive_comments_on_an_idle_stream_are_never_held_against_the_budget() -> None:
+    """An HTTP+SSE server whose one stream, after its ``endpoint``, sends
+    nothing but keep-alive comments (``: ping - <time>``, as the official
+    SDK's servers do every 15 s), more of them than the link's budget, then
+    a message: the message comes and the link goes on. (Before, a comment
+    completed no event, so its bytes were held until the next message: a
+    quiet server's link ended, "of unfinished events at once", after some
+    hours at a small maxMessageBytes.)"""
+    ping = b": ping - 2026-11-27 22:00:00.000000+00:00\r\n\r\n"
+    pings = ping * (2 * LIMIT * BUDGET_FACTOR // len(ping))  # (twice the budget)
+    endpoint = b"event: endpoint\ndata: /messages?session_id=abc\n\n"
+    message = b"event: message\ndata: " + orjson.dumps(text_result("x", "ok")) + b"\n\n"
+    head = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return Reply(response(200, head, endpoint + pings + message, sized=False), hold=True)
+        return status_reply(202)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            got = Received()
+            config = ServerConfig(url=server.url, type="sse")
+            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
+            nursery.start_soon(got.read, link)
+            await got.until(lambda: "x" in got.answers or got.ended is not None)
+            assert got.ended is None, f"the link ended{got.ended}"
+            assert answered_ok(got.answers["x"])
+            await link.close()
+            nursery.cancel_scope.cancel()
+
+
+class _Chunks(httpx2.AsyncByteStream):
+    def __init__(self, chunks: list[bytes], budget: StreamBudget) -> None:
+        self._chunks = chunks
+        self._budget = budget
+        self.held: list[int] = []  # the budget's bytes held after each chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+            self.held.append(self._budget.held)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "held"),
+    [
+        ([b": ping\n", b"\n", b"data: 1"], [7, 0, 7]),  # (a blank line split LF | LF)
+        ([b": ping\r\n", b"\r\n", b"data: 1"], [8, 0, 7]),  # (CRLF | CRLF)
+        ([b": ping\r", b"\n", b"\n"], [7, 8, 0]),  # (CR | LF is one line end, then LF)
+        ([b": ping\r", b"\r"], [7, 0]),  # (CR | CR)
+        ([b"data: 1\n\ndata: 2", b"2\n", b"\r\ndata"], [7, 9, 4]),  # (LF | CRLF: blank)
+        ([b"\n\n", b": a\n\n: b\n"], [0, 4]),
+        ([b"data: 1\n\r\ndata: 2\r\r\n: c"], [3]),  # (LF CRLF, CR CRLF)
+    ],
+)
+async def test_a_streams_bytes_are_held_until_the_blank_line_that_ends_their_event(
+    chunks: list[bytes], held: list[int]
+) -> None:
+    """What a stream holds against its link's budget: the bytes read since
+    its last blank line (LF, CR or CRLF line ends, split across chunks
+    anywhere), comments included, the events the parser gives aside."""
+    budget = StreamBudget(1000)
+    request = httpx2.Request("GET", "http://x/")
+    head = {"content-type": "text/event-stream"}
+    feed = _Chunks(chunks, budget)
+    answer = httpx2.Response(200, headers=head, stream=feed, request=request)
+    async for _ in budget.events(answer, 1000):
+        pass
+    assert feed.held == held
+    await answer.aclose()
+    assert budget.held == 0
