@@ -29,6 +29,7 @@ from actors.links.http import (
     HttpLink,
     launch_http,
 )
+from actors.links.http_redirects import MAX_MOVED, SameOriginRedirects, final_url
 from actors.links.link import LinkContext
 from actors.links.sse_budget import StreamBudget
 from broker.config import ServerConfig
@@ -720,12 +721,19 @@ async def test_an_http_sse_stream_may_send_a_retry_and_a_ping_before_its_endpoin
             nursery.cancel_scope.cancel()
 
 
-async def test_a_same_origin_redirect_is_followed_with_its_method_body_and_headers() -> None:
-    """A server mounted at ``/mcp/`` that answers ``/mcp`` with ``307`` to
-    ``/mcp/`` (Starlette's ``redirect_slashes``): every request goes again
-    there, a POST with its body, with the configured headers (the origin is
-    the same), and the link works. (Before, the initialize's 307 ended the
-    link, "initialize was answered with HTTP 307", naming no location.)"""
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_same_origin_redirect_is_followed_with_its_method_body_and_headers(
+    status: int,
+) -> None:
+    """A server mounted at ``/mcp/`` that answers ``/mcp`` with ``307`` (or
+    ``308``) to ``/mcp/`` (Starlette's ``redirect_slashes``): every request
+    goes there, a POST with its body, with the configured headers (the
+    origin is the same), and the link works. A ``307`` is temporary: each
+    request asks ``/mcp`` first. A ``308`` is permanent: only the first
+    does, the others go to ``/mcp/`` at once. (Before, the initialize's 307
+    ended the link, "initialize was answered with HTTP 307", naming no
+    location; and, later, a 308 was asked through again at every call, two
+    round trips each.)"""
 
     def script(request: Request) -> Reply:
         if request.method == "GET":
@@ -735,7 +743,7 @@ async def test_a_same_origin_redirect_is_followed_with_its_method_body_and_heade
     def moved(request: Request) -> Reply | None:
         if request.path != "/mcp":
             return None
-        return Reply(response(307, {"location": server.url + "/"}))
+        return Reply(response(status, {"location": server.url + "/"}))
 
     with trio.fail_after(15):
         async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
@@ -756,6 +764,45 @@ async def test_a_same_origin_redirect_is_followed_with_its_method_body_and_heade
     posted = [request.rpc_method for request in followed if request.method == "POST"]
     assert posted == ["initialize", "notifications/initialized", "tools/call"], posted
     assert all(request.headers.get("authorization") == "Bearer T" for request in followed)
+    asked = [(request.method, request.rpc_method) for request in server.requests
+             if request.path == "/mcp"]  # fmt: skip
+    if status == 307:
+        assert [rpc for method, rpc in asked if method == "POST"] == posted, asked
+    else:
+        assert asked == [("POST", "initialize")], asked
+
+
+async def test_an_http_sse_endpoint_is_resolved_against_the_url_its_stream_came_from() -> None:
+    """An HTTP+SSE server whose stream is at ``/mcp/`` (the configured
+    ``/mcp`` redirected there) and whose ``endpoint`` event is relative,
+    ``messages?session_id=abc``: POSTs go to ``/mcp/messages?...``, the url
+    relative to the stream's own, as a browser's EventSource resolves it.
+    (Before, it was resolved against the configured url: ``/messages?...``,
+    where the server has nothing.)"""
+    endpoint = b"event: endpoint\ndata: messages?session_id=abc\n\n"
+    head = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+    def script(request: Request) -> Reply:
+        if request.method == "GET":
+            return Reply(response(200, head, endpoint, sized=False), hold=True)
+        return status_reply(202)
+
+    def moved(request: Request) -> Reply | None:
+        if request.path != "/mcp":
+            return None
+        return Reply(response(307, {"location": server.url + "/"}))
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            server.before = moved
+            got = Received()
+            config = ServerConfig(url=server.url, type="sse")
+            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
+            await link.send(link.encode([initialize_request("init")]))
+            posted = await server.wait_for(lambda request: request.method == "POST")
+            assert posted.path == "/mcp/messages?session_id=abc", posted.path
+            await link.close()
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_redirect_to_another_origin_is_not_followed_and_the_error_names_it() -> None:
@@ -944,3 +991,24 @@ async def test_a_streams_bytes_are_held_until_the_blank_line_that_ends_their_eve
     assert feed.held == held
     await answer.aclose()
     assert budget.held == 0
+
+
+async def test_the_permanent_redirects_remembered_are_bounded() -> None:
+    """Each url's ``308`` is remembered (later requests go where it led at
+    once), but only the last :data:`MAX_MOVED` urls': the oldest is asked
+    again (an HTTP+SSE server may move each session's endpoint)."""
+    asked: list[str] = []
+
+    def server(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request.url.path)
+        if request.url.path.endswith("/"):
+            return httpx2.Response(200)
+        return httpx2.Response(308, headers={"location": request.url.path + "/"})
+
+    redirects = SameOriginRedirects(httpx2.MockTransport(server))
+    urls = [f"http://x/{n}" for n in range(MAX_MOVED + 1)]
+    for url in [*urls, urls[-1], urls[0]]:
+        answer = await redirects.handle_async_request(httpx2.Request("GET", url))
+        assert answer.status_code == 200
+        assert final_url(answer) == httpx2.URL(url + "/")
+    assert asked[-3:] == [f"/{MAX_MOVED}/", "/0", "/0/"], asked[-3:]

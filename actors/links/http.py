@@ -63,7 +63,7 @@ import trio
 
 from actors.errors import TransportClosed
 from actors.links.http_pool import StackTransport
-from actors.links.http_redirects import SameOriginRedirects, redirect_note
+from actors.links.http_redirects import SameOriginRedirects, final_url, redirect_note
 from actors.links.link import LaunchError, LinkContext, configured_headers
 from actors.links.sse_budget import OverBudget, StreamBudget
 from broker import oauth as oauth_rules
@@ -906,7 +906,8 @@ class HttpLink:
                     if not started:
                         if event.event != "endpoint":
                             continue  # (a `retry:`, a ping: skipped, as the SDK's client does)
-                        self._endpoint = urljoin(self._url, event.data.strip())
+                        came_from = str(final_url(response))  # (a redirect's target)
+                        self._endpoint = urljoin(came_from, event.data.strip())
                         if urlsplit(self._endpoint)[:2] != urlsplit(self._url)[:2]:
                             elsewhere = shown_url(self._endpoint)
                             raise _Ended(f"its endpoint {elsewhere} is on another origin")
