@@ -9,8 +9,9 @@ the daemon hold 65 such events, some 4 GiB at the defaults.
 :class:`StreamBudget` bounds their sum for the link: the bytes each stream
 has read since the end of its last event are counted (as they come over
 the wire), and the stream whose bytes take the sum past the budget fails
-with :class:`OverBudget` (an ``SSEError``: its request's failure, never
-the link's, as for an event past its own limit).
+with :class:`OverBudget` (an ``SSEError``: its request's failure, as for
+an event past its own limit; on an HTTP+SSE link, whose one stream carries
+every answer, the link's end).
 
 An event ends at a blank line, whether or not the parser makes anything of
 it: the bytes of a comment (``: ping``, a keep-alive sent every 15 s by the
