@@ -508,6 +508,9 @@ class Daemon:
             old[name].events = None
             fresh, before = actors[name], old[name]
             fresh.inherit(before)  # (what sessions asked of it: docs/configuration.md)
+            # (what never reached its process: the new one's first, at once, so
+            # that a client's later cancellation or departure reaches it there)
+            fresh.take_over(before.take_unsent())
             self.registry.replace_server(name)
             for session in self._sessions:
                 session.replace_server(name)
@@ -547,7 +550,9 @@ class Daemon:
         finish, what is left is answered with an error, its server stops; then
         the transparent sessions it leaves without a server are closed. A
         restarted server's (``retryable``) requests that never reached its
-        process go to the new actor instead (:meth:`_hand_over`)."""
+        process went to the new actor at the reload (:meth:`reload`); those
+        that reached it later (a session that raced the reload) go to the new
+        actor instead (:meth:`_hand_over`)."""
         _no_session()
         with trio.move_on_after(self.config.broker.shutdown_timeout):
             # (polled: a server's in-flight table has no event, and reloads are rare)
@@ -569,10 +574,11 @@ class Daemon:
             session.stop(f"MCP server {actor.name!r} {reason}")
 
     async def _hand_over(self, old: ServerActor, unsent: list[ClientRequest]) -> None:
-        """Requests a reload's restart caught before they reached the old process
-        (it was still starting: docs/configuration.md) go, in order, to the
-        actor that has the server's name now, as if sent to it; if a later
-        reload removed the name, the retired ``old`` answers them with its error."""
+        """Requests that reached a restarted server's old actor after the reload
+        (their session's send waited for room in its inbox) and never reached
+        its process go, in order, to the actor that has the server's name now,
+        as if sent to it; if a later reload removed the name, the retired
+        ``old`` answers them with its error."""
         for item in unsent:
             await self.upstreams.get(old.name, old).send(item)
 

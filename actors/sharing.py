@@ -49,7 +49,7 @@ the server and the tool.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -290,6 +290,13 @@ class ServerGroup:
         """What no instance has sent to its server yet (see Upstream.take_unsent)."""
         return [item for instance in self._all_instances() for item in instance.take_unsent()]
 
+    def take_over(self, unsent: list[ClientRequest]) -> None:
+        """A reload put this group (not running yet) in the place of one that
+        never sent ``unsent`` to a server: each goes now, in order, to the
+        instance it would go to if sent (Upstream.take_over), ahead of what
+        sessions send from now on."""
+        raise NotImplementedError
+
     def asked(self) -> Fanout:
         """What the sessions asked of every instance (log levels, subscriptions)."""
         asked = self._catalog.asked()
@@ -332,6 +339,7 @@ class PerSessionServer(ServerGroup):
     ) -> None:
         super().__init__(name, config, settings, ids)
         self._mine: dict[SessionHandle, Upstream] = {}
+        self._taken_over: list[SessionHandle] = []  # (their instances start with the group)
         self._waiting: dict[SessionHandle, list[InboxItem]] = {}  # (attached, no instance yet)
         self._inherited = Fanout()  # what sessions asked of the server a reload replaced
 
@@ -389,14 +397,51 @@ class PerSessionServer(ServerGroup):
                 return
         await instance.send(item)
 
-    async def _start_for(self, session: SessionHandle) -> Upstream | None:
-        """Start ``session``'s instance and tell it what was kept for the
-        session; None if every instance allowed (maxInstances) runs."""
+    def take_over(self, unsent: list[ClientRequest]) -> None:
+        """Each session's requests go to an instance of its own, made now and
+        started with the group (:meth:`_started`); one whose session leaves
+        first is never started (its Detach comes here: see :meth:`send`)."""
+        for item in unsent:
+            session = item.session
+            if session.internal:
+                self._catalog.take_over([item])
+                continue
+            instance = self._mine.get(session) or self._new_instance(session)
+            if instance is None:
+                self._refuse(item)
+                continue
+            if session not in self._taken_over:
+                self._taken_over.append(session)
+            instance.take_over([item])
+
+    async def _started(self) -> None:
+        for session in self._taken_over:
+            instance = self._mine.get(session)
+            if instance is None:  # (its session left before: nothing to start)
+                continue
+            await self._start(instance)
+            if self._mine.get(session) is not instance:  # (it left meanwhile)
+                self._stop(instance)
+                continue
+            self._log.info("server.instance_started", session=session.id)
+        self._taken_over.clear()
+
+    def _new_instance(self, session: SessionHandle) -> Upstream | None:
+        """``session``'s instance, not started; None if every instance allowed
+        (maxInstances) runs."""
         if len(self._mine) >= self.config.max_instances:
             return None
         instance = self._mine[session] = self._instance(len(self._mine) + 1)
         session.owns_instance = True
         instance.adopt(self._inherited.only({session}))
+        return instance
+
+    async def _start_for(self, session: SessionHandle) -> Upstream | None:
+        """Start ``session``'s instance and tell it what was kept for the
+        session; None if every instance allowed (maxInstances) runs."""
+        instance = self._new_instance(session)
+        if instance is None:
+            return None
         try:
             await self._start(instance)
         except BaseException:  # (cancelled: the session is closing)
@@ -493,6 +538,7 @@ class EraServer(ServerGroup):
         self._modern: Upstream | None = None  # (started by the first modern client)
         self._modern_sessions: set[SessionHandle] = set()
         self._inherited_modern = Fanout()  # (what they asked of the server a reload replaced)
+        self._modern_before: set[Any] = set()  # (the sessions that were modern there)
 
     def _instance(self, index: int) -> Upstream:
         """The catalog instance (0), opened legacy; the modern one (1), opened
@@ -526,9 +572,29 @@ class EraServer(ServerGroup):
         modern client's listen URIs are subscribed once, and not again)."""
         super().inherit(old)
         asked = old.asked()
-        modern = old.modern_sessions()
+        modern = self._modern_before = old.modern_sessions()
         self._catalog.adopt(asked.without(modern))
         self._inherited_modern = asked.only(modern)
+
+    def take_over(self, unsent: list[ClientRequest]) -> None:
+        """A modern session's requests go to the modern instance, made now (and
+        started with the group) if none is; the rest to the catalog instance.
+        (A modern session's Attach comes later: it finds its instance made.)"""
+        for item in unsent:
+            session = item.session
+            if session not in self._modern_before:
+                self._catalog.take_over([item])
+                continue
+            if self._modern is None:
+                self._modern = self._instance(1)
+                self._modern.adopt(self._inherited_modern)
+            self._modern_sessions.add(session)
+            self._modern.take_over([item])
+
+    async def _started(self) -> None:
+        if self._modern is not None and self._modern not in self._scopes:  # (take_over's)
+            await self._start(self._modern)
+            self._log.info("server.instance_started", era="modern")
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
@@ -619,12 +685,8 @@ class PooledServer(ServerGroup):
 
     async def send(self, item: InboxItem) -> None:
         if isinstance(item, ClientRequest):
-            size = item.size // max(1, len(item.messages))
-            for message in item.messages:  # each to the least busy instance
-                route = self._routing.route(item.session, message, self._facts(), self._pool)
-                if route.left is not None:  # (moved off a failed instance)
-                    self._pool[route.left].forget_subscriptions(item.session)
-                await self._pool[route.index].send(ClientRequest(item.session, [message], size))
+            for instance, one in self._routed(item):
+                await instance.send(one)
             return
         if isinstance(item, Attach):
             self._routing.attach(item.session, self._facts())
@@ -632,6 +694,22 @@ class PooledServer(ServerGroup):
             self._routing.detach(item.session)
         for instance in self._pool:
             await instance.send(item)
+
+    def take_over(self, unsent: list[ClientRequest]) -> None:
+        for item in unsent:
+            for instance, one in self._routed(item):
+                instance.take_over([one])
+
+    def _routed(self, item: ClientRequest) -> Iterator[tuple[Upstream, ClientRequest]]:
+        """Each request of ``item`` to the least busy instance (as busy as it is
+        when the one before has been sent), or to the one its session or its
+        task sticks to (broker/pooling.py)."""
+        size = item.size // max(1, len(item.messages))
+        for message in item.messages:
+            route = self._routing.route(item.session, message, self._facts(), self._pool)
+            if route.left is not None:  # (moved off a failed instance)
+                self._pool[route.left].forget_subscriptions(item.session)
+            yield self._pool[route.index], ClientRequest(item.session, [message], size)
 
     def inherit(self, old: ServerActor) -> None:
         """Every instance hears every session's log level; a session's

@@ -336,6 +336,16 @@ class Upstream:
         self._requests, self._timeouts_count = last.requests, last.timeouts
         self._errors, self._restarts = last.errors - last.timeouts, last.restarts
 
+    def take_over(self, unsent: list[ClientRequest]) -> None:
+        """A reload restarted the server with this actor in the place of one
+        that never wrote ``unsent`` to its process (before this one runs: it
+        is coming up): they are parked for its start, in order, ahead of
+        whatever sessions send it from now on; so a client's later
+        cancellation or departure, which comes here, reaches them."""
+        assert self._protocol.state in COMING_UP, "a new actor, not running yet"
+        for item in unsent:
+            self._park(item)
+
     def asked(self) -> Fanout:
         """What its sessions asked of the server (log levels, subscriptions)."""
         return self._protocol.fanout
@@ -403,21 +413,32 @@ class Upstream:
     def take_unsent(self) -> list[ClientRequest]:
         """Take away, in order, the requests never written to the server (parked
         while it started, or still in the inbox): a reload that restarts the
-        server hands them to the new actor instead of failing them
-        (Daemon._retire). Cancellations and departures in the inbox are
-        applied to them; the inbox's other items are dropped, as retire()
-        drops them. Call it right before retire()."""
+        server gives them to the new actor at once instead of failing them
+        (Daemon.reload, take_over; what reaches this one later, when its drain
+        ends: Daemon._retire). Cancellations and departures in the inbox are
+        applied to them; every item but the requests stays in the inbox, in
+        order, for this actor (it drains: an answer to what its process asked
+        a client must reach it; retire() drops them)."""
         unsent, self._parked, self._parked_bytes = self._parked, [], 0
+        rest: list[InboxItem] = []
         for item in self._drain_inbox():
             if isinstance(item, ClientRequest):
                 unsent.append(item)
-            elif isinstance(item, ClientCancelled):
+                continue
+            if isinstance(item, ClientCancelled):
                 gone = item.params.get("requestId")
                 for kept in unsent:
                     if kept.session is item.session:
                         kept.messages = [m for m in kept.messages if m.get("id") != gone]
             elif isinstance(item, Detach):
                 unsent = [kept for kept in unsent if kept.session is not item.session]
+            rest.append(item)
+        for item in rest:
+            try:
+                self._inbox_send.send_nowait(item)  # (room: they were just taken out)
+            except trio.WouldBlock:  # (unless senders waited for room: those came in)
+                break
+            self._queued += 1
         return [item for item in unsent if item.messages]
 
     def _drain_inbox(self) -> list[InboxItem]:

@@ -24,6 +24,7 @@ from broker.config import Config, parse_config
 from broker.eras.versions import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from broker.states import ServerState
 from broker.wire import ndjson
+from broker.wire.envelope import Answer
 from broker.wire.ndjson import LineFramer
 from tests.scripted import ScriptedServer
 
@@ -209,6 +210,51 @@ async def test_calls_waiting_for_a_start_a_reload_restarts_go_to_the_new_process
     calls = scripts["b3"].requests("tools/call")
     assert [call["params"]["arguments"]["n"] for call in calls] == [1, 2, 3]
     assert not scripts["b2"].requests("tools/call")
+
+
+@pytest.mark.parametrize("then", ["waits", "cancels", "leaves"])
+async def test_a_call_waiting_for_a_start_a_reload_restarts_goes_with_its_session(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, then: str
+) -> None:
+    """Per-session ``b`` (handshakes take 20 s, then 8 s): A's call runs on
+    A's instance, so the old group drains for all of shutdownTimeout (15 s);
+    B's waits for B's instance to start when a reload restarts ``b``. B's
+    call goes to the new process when it is ready, not when the drain ends;
+    B's cancellation, or B's leaving, after the reload reaches it there: it
+    is never sent, and no instance is started for B once B has left."""
+
+    def config(command: str) -> Config:
+        servers = {"a": {"command": "a"}, "b": {"command": command, "share": "per-session"}}
+        return parse_config({"mcpServers": servers, "broker": {"shutdownTimeout": 15}})
+
+    scripts["b1"] = ScriptedServer(nursery, label="b1", initialize_delay=20)
+    scripts["b3"] = ScriptedServer(nursery, label="b3", initialize_delay=8)
+    daemon = await start(nursery, config("b1"))
+    a, b = await connect(nursery, daemon), await connect(nursery, daemon)
+    await a.call(1, "b__sleep", seconds=100)
+    await trio.sleep(21)  # (A's instance is ready, its call in flight)
+    await b.call(7, "b__echo", n=7)  # (B's instance starts: the call waits)
+    await trio.sleep(1)
+    reloaded = trio.current_time()
+    daemon.reload(config("b3"))
+    await trio.sleep(1)
+    if then == "waits":
+        assert (await b.answer(7))["result"]["server"] == "b3"
+        assert trio.current_time() - reloaded < 12  # (the drain ends at 15)
+    elif then == "cancels":
+        await b.send(jsonrpc.notification("notifications/cancelled", {"requestId": 7}))
+    else:
+        await b.stream.send_stream.aclose()
+    await trio.sleep(40)
+    calls = [
+        (script, call["params"]["arguments"]["n"])
+        for script in ("b1", "b3")
+        for call in scripts[script].requests("tools/call")
+        if "n" in call["params"]["arguments"]
+    ]
+    assert calls == ([("b3", 7)] if then == "waits" else [])
+    if then == "leaves":
+        assert not daemon.upstreams["b"]._mine  # type: ignore[attr-defined]
 
 
 async def test_a_removed_server_answers_in_flight_then_is_gone(
@@ -1189,6 +1235,48 @@ async def test_a_reload_hands_a_per_client_servers_modern_sessions_to_its_modern
     assert (catalog.subscribed_uris(), other.subscribed_uris()) == (["mem://l"], ["mem://m"])
     assert (catalog.level_of(legacy), catalog.level_of(modern)) == ("error", None)
     assert other.level_of(modern) == "error"
+
+
+async def test_a_reload_gives_a_per_client_servers_new_instances_what_never_was_sent(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
+) -> None:
+    """What the server a reload replaced never sent (Daemon.reload: take_over)
+    goes to the instance of the session's era: a modern session's to the
+    modern instance, made for it and started with the group; a legacy one's
+    to the catalog instance. Both are answered."""
+    config = scripts.config("b")
+    group = EraServer("b", attrs.evolve(config.servers["b"], era="per-client"), config.broker)
+    outbox, delivered = trio.open_memory_channel[Any](10)
+    legacy, modern = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
+
+    class Old:
+        def asked(self) -> Any:
+            from broker.fanout import Fanout
+
+            return Fanout()
+
+        def modern_sessions(self) -> set[Any]:
+            return {modern}
+
+        def statistics(self) -> UpstreamStatistics:
+            return UpstreamStatistics("b", "ready", "ready", None, 0, 2, 0, 0, None)
+
+    def echo(id: int) -> Any:
+        params = {"name": "echo", "arguments": {"n": id}}
+        return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
+
+    group.inherit(Old())  # type: ignore[arg-type]
+    group.take_over([ClientRequest(legacy, [echo(1)], 10), ClientRequest(modern, [echo(2)], 10)])
+    assert group._modern is not None
+    assert (group._catalog.statistics().parked, group._modern.statistics().parked) == (1, 1)
+    await nursery.start(group.run)
+    assert set(group.instances()) == {group._catalog, group._modern}
+    answered = set()
+    with trio.fail_after(60):
+        while len(answered) < 2:
+            messages, _ = await delivered.receive()
+            answered |= {m.id for m in messages if isinstance(m, Answer) and not m.is_error()}
+    assert answered == {1, 2}
 
 
 async def test_a_per_client_servers_modern_start_cut_short_leaves_no_dead_instance(
