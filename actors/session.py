@@ -307,9 +307,7 @@ class Session:
                     if self._daemon_stopping is not None:
                         self.daemon_stopping(self._daemon_stopping)  # (decided now)
                     if opening is not None:
-                        self._open(
-                            opening.view, opening.transparent, opening.refusal, opening.every
-                        )
+                        self._open(opening)
                         continue
                 if forwards:
                     await self._send_forwards(forwards, size)
@@ -352,14 +350,17 @@ class Session:
                 continue
             await upstream.send(ClientRequest(self._handle, messages, size))
 
-    def _open(
-        self, view: tuple[str, ...], transparent: bool, refusal: str | None, every: bool
-    ) -> None:
-        if refusal is not None:
-            self._log.warning("session.bad_hello", error=refusal)
-        self._every = every
-        self._named = frozenset(() if every else view)
-        self._protocol = self._new_protocol(view, transparent=transparent, refusal=refusal)
+    def _open(self, opening: Opening) -> None:
+        if opening.refusal is not None:
+            self._log.warning("session.bad_hello", error=opening.refusal)
+        self._every = every = opening.every
+        self._named = frozenset(() if every else opening.view)
+        self._protocol = self._new_protocol(
+            opening.view,
+            transparent=opening.transparent,
+            refusal=opening.refusal,
+            refusal_data=opening.refusal_data,
+        )
 
     def _new_protocol(self, view: tuple[str, ...], **options: Any) -> SessionProtocol:
         protocol = SessionProtocol(

@@ -36,7 +36,12 @@ HELLO_KEY = "mcpbroker"
 
 
 class HelloError(Exception):
-    """A hello the daemon cannot honour; the message is meant for the user."""
+    """A hello the daemon cannot honour; the message is meant for the user,
+    ``data`` for the error answer's ``data`` (a program's to act on)."""
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.data = data
 
 
 # ``tokens``: the stored OAuth tokens of the servers it names changed
@@ -101,8 +106,11 @@ def resolve_view(hello: Hello | None, configured: Iterable[str]) -> tuple[str, .
     unknown = [name for name in hello.servers if name not in configured]
     if unknown:
         listed = ", ".join(configured) or "none"
+        # (retryable false: the same hello is refused until a reload configures
+        # them; the resuming shim ends on it, and on nothing less: cli/reconnect.py)
         raise HelloError(
-            f"unknown server {', '.join(map(repr, unknown))} (configured servers: {listed})"
+            f"unknown server {', '.join(map(repr, unknown))} (configured servers: {listed})",
+            data={"unknown": unknown, "retryable": False},
         )
     return hello.servers
 
@@ -117,6 +125,7 @@ class Opening:
     transparent: bool = False
     command: str | None = None
     refusal: str | None = None
+    refusal_data: dict[str, Any] | None = None  # (that error's data: HelloError.data)
     # The view is every configured server (the hello named none): a reload that
     # adds or removes servers changes it.
     every: bool = False
@@ -138,4 +147,4 @@ def open_session(first: Any, configured: Iterable[str]) -> Opening | None:
             view, transparent=hello.transparent, every=hello.servers is None, notices=hello.notices
         )
     except HelloError as exc:
-        return Opening(refusal=str(exc))
+        return Opening(refusal=str(exc), refusal_data=exc.data)

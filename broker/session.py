@@ -212,6 +212,7 @@ class SessionProtocol:
         *,
         transparent: bool = False,
         refusal: str | None = None,
+        refusal_data: dict[str, Any] | None = None,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.view = view
@@ -225,7 +226,8 @@ class SessionProtocol:
         # served; -32000 when the daemon is stopping or the session's server
         # was removed (actors/session.py, ``Session.refuse``).
         self.refusal_code = INVALID_PARAMS
-        self.refusal_data: dict[str, Any] | None = None  # (that error's data: a removed server's)
+        # (that error's data: a removed server's; unknown servers' for a hello)
+        self.refusal_data = refusal_data
         self.state = SessionState.CONNECTING
         # Ids of requests forwarded and not yet answered (the session's in-flight
         # table). Only valid ids (int, str) enter it, so the ids themselves are

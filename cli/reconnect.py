@@ -56,12 +56,20 @@ MAX_QUICK_GAPS = 5
 
 
 class SessionRefused(DaemonUnavailable):
-    """The new daemon answered the replayed ``initialize`` with an error: it
-    cannot serve this session (a reload removed its server: the daemon closed
-    it, and a hello naming it is refused). The shim ends, so that the host
-    sees its server end, as docs/configuration.md says, and may start it
-    again once it is configured; it does not sit on a session that refuses
-    every request."""
+    """The new daemon refused the replayed session for good: its answer to
+    ``initialize`` is an error with ``data.retryable`` false (a hello naming
+    a server that is not configured, broker/hello.py: a reload removed it,
+    and closed the session). The shim ends, so that the host sees its server
+    end, as docs/configuration.md says, and may start it again once it is
+    configured; it does not sit on a session that refuses every request."""
+
+
+class NotTakenBack(OSError):
+    """The new daemon answered the replayed ``initialize`` with an error that
+    may pass (the server is still starting, or restarting): the replay is
+    tried again, as for a daemon not up yet, until RECONNECT_TIMEOUT. (A
+    session whose ``initialize`` failed is not initialized: relaying it would
+    leave every request of the host refused.)"""
 
 
 class _Lines:
@@ -317,6 +325,7 @@ class ResumingRelay(CopyRelay):
         deadline = time.monotonic() + RECONNECT_TIMEOUT
         delay, started = RETRY_MIN, time.monotonic()
         reported: str | None = None
+        failed: str | None = None  # (why the last daemon that answered did not take it)
         while True:
             sock = connect(self.socket_path)
             if sock is None and time.monotonic() - started >= WAIT_BEFORE_START:
@@ -334,6 +343,7 @@ class ResumingRelay(CopyRelay):
                         sock.close()
                     raise
                 except (OSError, TimeoutError) as exc:
+                    failed = str(exc)
                     said = f"the new daemon did not take the session back ({exc}); retrying"
                     if said != reported:  # (once while it says the same: a stopping one)
                         say(said)
@@ -350,6 +360,9 @@ class ResumingRelay(CopyRelay):
             if time.monotonic() >= deadline:
                 raise DaemonUnavailable(
                     f"no daemon came back on {self.socket_path} within {RECONNECT_TIMEOUT:g} s"
+                    if failed is None
+                    else f"the daemon did not take the session back within "
+                    f"{RECONNECT_TIMEOUT:g} s ({failed}); giving up"
                 )
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
@@ -390,22 +403,28 @@ def _read_answer(sock: _socket.socket, id: bytes | None) -> tuple[bytes, bytes]:
             method, got = scan(line + b"\n")
             if method is None and got == id:
                 if b'"error"' in line and b'"result"' not in line:
-                    raise SessionRefused(
-                        f"the daemon refused the session ({_error_message(line)}); "
-                        "ending it: the host sees this server end"
-                    )
+                    message, for_good = _error_of(line)
+                    if for_good:
+                        raise SessionRefused(
+                            f"the daemon refused the session ({message}); "
+                            "ending it: the host sees this server end"
+                        )
+                    raise NotTakenBack(f"it answered initialize: {message}")
                 return line, buffer
 
 
-def _error_message(line: bytes) -> str:
-    """An error answer's message (the line itself if it has none)."""
+def _error_of(line: bytes) -> tuple[str, bool]:
+    """An error answer's message (the line itself if it has none), and
+    whether the daemon says it is for good (``data.retryable`` false)."""
     import json
 
     try:
-        message = json.loads(line)["error"]["message"]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        message = None
-    return message if isinstance(message, str) else line.decode(errors="replace")
+        error = json.loads(line)["error"]
+        message, data = error.get("message"), error.get("data")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        message = data = None
+    for_good = isinstance(data, dict) and data.get("retryable") is False
+    return message if isinstance(message, str) else line.decode(errors="replace"), for_good
 
 
 def list_changed(answer: bytes) -> bytes:

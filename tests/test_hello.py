@@ -79,6 +79,11 @@ def test_unknown_servers() -> None:
     assert "'nope', 'gone'" in message
     assert "github, files, db" in message
     assert "'files'" not in message
+    # (marked as for good: the resuming shim ends on it, and on no other
+    # error, such as a server still starting: cli/reconnect.py)
+    assert info.value.data == {"unknown": ["nope", "gone"], "retryable": False}
+    refused = open_session({"mcpbroker": {"servers": ["nope"]}}, CONFIGURED)
+    assert refused is not None and refused.refusal_data == {"unknown": ["nope"], "retryable": False}
 
 
 def test_unknown_server_with_nothing_configured() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 from hypothesis import given
@@ -439,7 +440,8 @@ def test_a_session_the_new_daemon_refuses_ends_the_shim(
     state.down(b'{"jsonrpc":"2.0","id":0,"result":{"capabilities":{}}}\n')
     refusal = (
         b'{"jsonrpc":"2.0","id":"mcpbroker-resume-1","error":{"code":-32602,'
-        b'"message":"mcpbroker: unknown server \'a\' (configured servers: b)"}}\n'
+        b'"message":"mcpbroker: unknown server \'a\' (configured servers: b)",'
+        b'"data":{"unknown":["a"],"retryable":false}}}\n'
     )
     new_daemon.sendall(refusal)
     with old, old_daemon, ours, new_daemon:
@@ -452,6 +454,96 @@ def test_a_session_the_new_daemon_refuses_ends_the_shim(
         "(configured servers: b)); ending it: the host sees this server end"
     )
     assert "reconnected" not in capsys.readouterr().err
+
+
+INITIALIZE = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}\n'
+STILL_STARTING = (
+    b'{"jsonrpc":"2.0","id":"mcpbroker-resume-%d","error":{"code":-32000,'
+    b'"message":"MCP server \'b\' is still starting","data":{"server":"b"}}}\n'
+)
+
+
+def _daemons(
+    monkeypatch: pytest.MonkeyPatch, answers: list[bytes]
+) -> tuple[list[socket.socket], list[socket.socket]]:
+    """New daemons, one per connect, each answering the replayed initialize
+    with its line of ``answers``: (the shim's ends, the daemons' ends)."""
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay
+
+    pairs = [socket.socketpair() for _ in answers]
+    for (_ours, daemon), answer in zip(pairs, answers, strict=True):
+        daemon.sendall(answer)
+    left = [ours for ours, _daemon in pairs]
+    monkeypatch.setattr(cli.reconnect, "connect", lambda path: left.pop(0))
+    monkeypatch.setattr(cli.reconnect.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(ResumingRelay, "_flush_to_host", lambda self: None)
+    return [ours for ours, _ in pairs], [daemon for _, daemon in pairs]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        STILL_STARTING,
+        b'{"jsonrpc":"2.0","id":"mcpbroker-resume-%d","error":{"code":-32000,'
+        b'"message":"MCP server \'b\' is not running (restarting)","data":{"server":"b"}}}\n',
+    ],
+    ids=["still-starting", "restarting"],
+)
+def test_a_new_daemon_whose_server_is_not_up_yet_is_retried_not_taken_for_a_refusal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: bytes
+) -> None:
+    """A new daemon answers the replayed initialize with an error while the
+    server is still starting (at its 10 s settle bound: `npx -y`, JVM
+    servers) or restarting: the shim took any error for "this server is no
+    longer configured" and ended, so a daemon restart ended the host's
+    server for good. Now only an error the daemon marks as for good
+    (data.retryable false) ends it; this one is retried, and the session is
+    restored once the server is up. (Found by review.)"""
+    from cli.reconnect import ResumingRelay
+
+    answer = b'{"jsonrpc":"2.0","id":"mcpbroker-resume-3","result":{"capabilities":{}}}\n'
+    ours, daemons = _daemons(monkeypatch, [error % 1, error % 2, answer])
+    state = HostState()
+    state.up(INITIALIZE)
+    state.down(b'{"jsonrpc":"2.0","id":0,"result":{"capabilities":{}}}\n')
+    old, old_daemon = socket.socketpair()
+    with old, old_daemon:
+        relay = ResumingRelay(old, state, "/nowhere", None, b"")
+        relay._gap()  # (the daemon restarted)
+        assert relay.sock is ours[2]
+    for sock in (*ours, *daemons):
+        sock.close()
+    said = capsys.readouterr().err.splitlines()
+    assert said[-1] == "mcpbroker connect: reconnected", said
+    assert "the new daemon did not take the session back (it answered initialize: " in said[1]
+    assert not any("refused" in line for line in said), said
+
+
+def test_a_server_that_never_comes_up_ends_the_shim_at_the_reconnect_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Retried up to RECONNECT_TIMEOUT, then the shim ends, saying why."""
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay, SessionRefused
+
+    ours, daemons = _daemons(monkeypatch, [STILL_STARTING % 1])
+    monkeypatch.setattr(cli.reconnect, "RECONNECT_TIMEOUT", 0.0)
+    state = HostState()
+    state.up(INITIALIZE)
+    state.down(b'{"jsonrpc":"2.0","id":0,"result":{"capabilities":{}}}\n')
+    old, old_daemon = socket.socketpair()
+    with old, old_daemon:
+        relay = ResumingRelay(old, state, "/nowhere", None, b"")
+        with pytest.raises(cli.reconnect.DaemonUnavailable) as gave_up:
+            relay._gap()
+    for sock in (*ours, *daemons):
+        sock.close()
+    assert not isinstance(gave_up.value, SessionRefused)
+    assert str(gave_up.value) == (
+        "the daemon did not take the session back within 0 s (it answered initialize: "
+        "MCP server 'b' is still starting); giving up"
+    )
 
 
 def test_a_daemon_still_stopping_is_retried_with_one_line_to_the_hosts_log(

@@ -726,6 +726,14 @@ def test_refusal_answers_every_request(message: dict[str, Any]) -> None:
     assert proto.state is SessionState.CONNECTING
 
 
+def test_a_refusal_carries_its_data() -> None:
+    """A hello naming an unknown server is refused with data the shim reads
+    (retryable false: it ends, and on no other error: cli/reconnect.py)."""
+    data = {"unknown": ["nope"], "retryable": False}
+    proto = SessionProtocol((), Catalogs(Catalog(())), refusal="x", refusal_data=data)
+    assert error_object(proto.receive(initialize(1)))["data"] == data
+
+
 # -- batches -----------------------------------------------------------------
 
 
