@@ -75,13 +75,16 @@ class NotTakenBack(OSError):
 class _Lines:
     """Cuts one direction's bytes into whole lines for ``note`` (True: send it on).
 
-    A line longer than :data:`LONG_LINE` is sent on in pieces, unseen."""
+    A line longer than :data:`LONG_LINE` is sent on in pieces, unseen
+    (unless ``hold_long``: then it stays in ``partial``, and the caller stops
+    reading until it may go)."""
 
     def __init__(self, note: Callable[[bytes], bool]) -> None:
         self.note = note
         self.partial = bytearray()
         self.long = False  # inside a line too long to hold: pass it through
         self.skipping = False  # inside a line to drop (skip_rest)
+        self.hold_long = False
 
     def feed(self, data: bytes) -> bytes:
         if self.skipping:
@@ -95,7 +98,7 @@ class _Lines:
             if self.long:
                 return data
             self.partial += data
-            if len(self.partial) > LONG_LINE:
+            if len(self.partial) > LONG_LINE and not self.hold_long:
                 self.long = True
                 out = bytes(self.partial)
                 self.partial.clear()
@@ -203,6 +206,10 @@ class ResumingRelay(CopyRelay):
             self.up.reset()
         else:
             send_to_daemon(self.sock, self.to_daemon, self.up.feed(data))
+            if self.up.hold_long and len(self.up.partial) > LONG_LINE:
+                # (a line too long to hold, begun during a drain: it waits in
+                # the host's pipe, behind the lines held, for the next daemon)
+                self.paused, self._steady = True, False
         self._write_socket()
 
     # (_write_socket: if the daemon is gone, what it wrote before may still be
@@ -220,6 +227,7 @@ class ResumingRelay(CopyRelay):
         for the next daemon (what it wrote before is still served), as they
         do during a gap; its answers still go to this one (:meth:`_up_line`)."""
         self.held_until, self._steady = time.monotonic() + HOLD_TIMEOUT, False
+        self.up.hold_long = True
 
     def _up_line(self, line: bytes) -> bool:
         """A whole line from the host: noted and sent on (True), or, while
@@ -275,6 +283,7 @@ class ResumingRelay(CopyRelay):
     def _release_stdin(self) -> None:
         self.state.stopping = False
         self.held_until, self._steady = None, False
+        self.up.hold_long = False
 
     def _lost(self, exc: OSError) -> None:
         """(Said by the gap that follows.)"""

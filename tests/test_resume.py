@@ -417,6 +417,43 @@ def test_what_was_held_during_a_drain_goes_to_the_next_daemon(
         assert old_daemon.recv(4096) == b""
 
 
+def test_a_line_too_long_to_hold_begun_during_a_drain_waits_for_the_next_daemon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """During a drain a line over LONG_LINE went to the stopping daemon in
+    pieces, ahead of the lines held before it, and was cut at the gap (its
+    request lost, no answer). Now it waits in the host's pipe, stdin not
+    read, and goes to the next daemon after them, whole. (Found by review.)"""
+    import cli.reconnect
+    from cli.reconnect import ResumingRelay
+
+    monkeypatch.setattr(cli.reconnect, "LONG_LINE", 10)
+    old, old_daemon = socket.socketpair()
+    ours, next_daemon = socket.socketpair()
+    monkeypatch.setattr(cli.reconnect, "connect", lambda path: ours)
+    monkeypatch.setattr(ResumingRelay, "_flush_to_host", lambda self: None)
+    new = b'{"jsonrpc":"2.0","id":3,"method":"tools/list"}\n'
+    reads = [new, b"x" * 8, b"x" * 8, b"y\n"]
+    monkeypatch.setattr(cli.reconnect.os, "read", lambda fd, n: reads.pop(0))
+    with old, old_daemon, ours, next_daemon:
+        relay = ResumingRelay(old, HostState(), "/nowhere", None, b"")
+        relay._from_daemon(b'{"mcpbroker":{"notice":"stopping"}}\n')
+        for _ in range(3):
+            relay._read_stdin()
+        assert relay.held == [new] and relay.paused  # (the long line waits)
+        old_daemon.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            old_daemon.recv(4096)  # (nothing went to the stopping daemon)
+        relay._gap()
+        assert not relay.paused
+        relay._read_stdin()
+        next_daemon.settimeout(5)
+        got = b""
+        while got.count(b"\n") < 2 and (chunk := next_daemon.recv(4096)):
+            got += chunk
+        assert got == new + b"x" * 16 + b"y\n"
+
+
 def test_a_session_the_new_daemon_refuses_ends_the_shim(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
