@@ -285,3 +285,37 @@ async def test_a_call_made_while_the_daemon_drains_is_served_by_the_next_one(
                 assert not results["during"].is_error, results["during"]
                 assert int(text_of(results["during"])) != old_pid  # the next daemon's server
                 assert daemon_pid(socket_path) == second.pid
+
+
+async def test_a_server_that_fails_its_first_start_at_the_new_daemon_does_not_end_the_host(
+    socket_path: str,
+) -> None:
+    """At the next daemon the session's server crashed on its first start
+    (it is restarting): the daemon answered the replayed initialize with
+    -32000 "... is not running", and the shim took that for "no longer
+    configured" and ended: the host lost its server for good at a plain
+    restart. Now the shim tries the replay again, and the session goes on
+    once the server is up. (Found by review.)"""
+    marker = os.path.join(os.path.dirname(socket_path), "up-once")
+    script = (
+        f'if [ -e "{marker}" ]; then exec "{sys.executable}" -m tests.servers.subscribable; fi; '
+        f'touch "{marker}"; exit 1'
+    )
+    config = os.path.join(os.path.dirname(socket_path), "flaky.json")
+    with open(config, "w") as f:
+        server = {"command": "sh", "args": ["-c", script], "cwd": str(REPO), "restartDelay": 3}
+        json.dump({"mcpServers": {"sub": server}}, f)
+    open(marker, "w").close()  # (the first daemon's server starts at once)
+    with trio.fail_after(60):
+        async with daemons_by_hand(socket_path, config) as daemons:
+            first = await daemons.start(listening=True)
+            async with host_session(socket_path, Host(), None) as session:
+                old_pid = int(text_of(await session.call_tool("pid", {})))
+                first.send_signal(signal.SIGTERM)
+                await first.wait()
+                os.unlink(marker)  # (the next one's fails once, then starts 1.5 to 3 s later)
+                await daemons.start()
+                with trio.fail_after(30):
+                    result = await session.call_tool("pid", {})
+                assert not result.is_error, result
+                assert int(text_of(result)) != old_pid
