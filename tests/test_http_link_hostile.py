@@ -12,6 +12,7 @@ wait for an event, bounded by :data:`WITHIN` per answer.
 from __future__ import annotations
 
 import socket
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -937,6 +938,42 @@ async def test_keep_alive_comments_on_an_idle_stream_are_never_held_against_the_
         if request.method == "GET":
             return Reply(response(200, head, endpoint + pings + message, sized=False), hold=True)
         return status_reply(202)
+
+    with trio.fail_after(15):
+        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
+            got = Received()
+            config = ServerConfig(url=server.url, type="sse")
+            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
+            nursery.start_soon(got.read, link)
+            await got.until(lambda: "x" in got.answers or got.ended is not None)
+            assert got.ended is None, f"the link ended{got.ended}"
+            assert answered_ok(got.answers["x"])
+            await link.close()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_proxy_that_gzips_event_streams_is_asked_not_to() -> None:
+    """An HTTP+SSE server behind a proxy that gzips event streams for the
+    clients that accept it (nginx's ``gzip_types text/event-stream``), each
+    event flushed as it goes: the link asks for bodies as they are, so its
+    budget sees the blank lines of the keep-alive comments, which are let go
+    (before, it counted the compressed bytes and saw no blank line in them:
+    the link ended, "of unfinished events at once"). Found by probing."""
+    ping = b": ping - 2026-11-27 22:00:00.000000+00:00\r\n\r\n"
+    pings = [ping] * (3 * LIMIT * BUDGET_FACTOR // 16)  # (8 bytes each, gzipped: 1.5 budgets)
+    endpoint = b"event: endpoint\ndata: /messages?session_id=abc\n\n"
+    message = b"event: message\ndata: " + orjson.dumps(text_result("x", "ok")) + b"\n\n"
+    head = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+    def script(request: Request) -> Reply:
+        if request.method == "POST":
+            return status_reply(202)
+        body = [endpoint, *pings, message]
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            gzip = zlib.compressobj(wbits=31)
+            body = [gzip.compress(part) + gzip.flush(zlib.Z_SYNC_FLUSH) for part in body]
+            head["content-encoding"] = "gzip"
+        return Reply(response(200, head, b"".join(body), sized=False), hold=True)
 
     with trio.fail_after(15):
         async with open_hostile_server(script) as server, trio.open_nursery() as nursery:

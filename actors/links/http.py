@@ -248,8 +248,13 @@ class HttpLink:
         started = False
         try:
             transport = SameOriginRedirects(StackTransport())
+            # Bodies uncompressed: the SSE budget sees an event's end in the
+            # bytes as they come (actors/links/sse_budget.py), and in a gzip
+            # stream (a proxy's gzip_types text/event-stream) it never would.
+            headers = httpx2.Headers(self._headers)
+            headers["accept-encoding"] = "identity"
             async with httpx2.AsyncClient(
-                headers=self._headers, timeout=timeout, transport=transport, auth=auth
+                headers=headers, timeout=timeout, transport=transport, auth=auth
             ) as client:
                 self._client = client
                 try:

@@ -17,6 +17,8 @@ An event ends at a blank line, whether or not the parser makes anything of
 it: the bytes of a comment (``: ping``, a keep-alive sent every 15 s by the
 official SDK's servers) or a data-less event are let go at their blank
 line too, so an idle stream holds nothing however long it stays open.
+The blank lines are looked for in the body as it comes over the wire: the
+link asks for it uncompressed (actors/links/http.py, ``accept-encoding``).
 """
 
 from __future__ import annotations
