@@ -60,6 +60,9 @@ from broker.wire.envelope import Answer
 from broker.wire.frames import Frame
 
 DEFAULT_MAX_IN_FLIGHT = 4096
+# The URIs one (aggregated) session may hold subscriptions of at once
+# (docs/rules/subscriptions.md).
+MAX_SUBSCRIPTIONS = 4096
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
 LIST_METHODS = KIND_BY_METHOD
@@ -251,8 +254,11 @@ class SessionProtocol:
         # The URIs this (aggregated) session subscribed to, each with the
         # server it went to: the unsubscribe goes there, and so does a repeat
         # subscribe, whichever server the catalog routes the URI to now
-        # (docs/rules/subscriptions.md).
+        # (docs/rules/subscriptions.md). At most MAX_SUBSCRIPTIONS.
         self.subscribed: dict[str, str] = {}
+        # The subscribes on their way, by id: the URI, the server, and the
+        # URI's note before (put back if the server refuses it).
+        self.subscribing: dict[RequestId, tuple[str, str, str | None]] = {}
         # The servers of the view a request of this session already waited
         # for the whole time (SETTLE_TIMEOUT) in vain: no request waits for
         # them again (docs/protocol.md), it takes what the catalog has.
@@ -465,6 +471,8 @@ class SessionProtocol:
 
     def _forward(self, request: Message, settled: bool) -> list[Action]:
         self._admit(request["id"])
+        if request["method"] == "resources/subscribe" and not self.transparent:
+            self._room_for(request)  # (before the try: no wait for the view changes it)
         catalog = self.catalogs.current
         try:
             if request["method"] in SUBSCRIPTION_METHODS and not self.transparent:
@@ -483,17 +491,50 @@ class SessionProtocol:
     def _route_subscription(self, catalog: Catalog, request: Message) -> tuple[str, Message]:
         """A subscribe or unsubscribe goes to the server that holds the
         session's subscription of the URI, if any (still in the view), else
-        where a read would go; the URI is noted as held there, or not held."""
+        where a read would go; the URI is noted as held there, or not held
+        (a subscribe's note is undone if the server refuses it)."""
         uri = (request.get("params") or {}).get("uri")
         held = self.subscribed.get(uri) if isinstance(uri, str) else None
         if held is None or held not in self.view:
             held, request = route(catalog, self.view, False, request)
         assert isinstance(uri, str)  # (route takes no other)
         if request["method"] == "resources/subscribe":
+            self.subscribing[request["id"]] = (uri, held, self.subscribed.get(uri))
             self.subscribed[uri] = held
         else:
             self.subscribed.pop(uri, None)
         return held, request
+
+    def _room_for(self, request: Message) -> None:
+        """Refuse a subscribe of a new URI past MAX_SUBSCRIPTIONS (the notes
+        of servers that left the view are let go first)."""
+        uri = (request.get("params") or {}).get("uri")
+        if (
+            not isinstance(uri, str)
+            or uri in self.subscribed
+            or len(self.subscribed) < MAX_SUBSCRIPTIONS
+        ):
+            return
+        view, inflight = self.view, self.inflight
+        self.subscribed = {u: server for u, server in self.subscribed.items() if server in view}
+        self.subscribing = {id: note for id, note in self.subscribing.items() if id in inflight}
+        if len(self.subscribed) >= MAX_SUBSCRIPTIONS:
+            raise JsonRpcError(
+                LIMIT_REACHED,
+                f"mcpbroker: this session already holds subscriptions of {MAX_SUBSCRIPTIONS} "
+                "resources (the limit): unsubscribe from some first",
+            )
+
+    def _subscribe_answered(self, id: RequestId, answer: Message) -> None:
+        """A subscribe's answer: refused, the URI's note is what it was before
+        (unless something since changed it), so the URI is not pinned to a
+        server that holds nothing of it."""
+        uri, server, before = self.subscribing.pop(id)
+        if "error" in answer and self.subscribed.get(uri) == server:
+            if before is None:
+                del self.subscribed[uri]
+            else:
+                self.subscribed[uri] = before
 
     def end_streams(self) -> list[Message]:
         """The daemon ends the session: the graceful end of each request it
@@ -526,6 +567,8 @@ class SessionProtocol:
             if not jsonrpc.is_valid_id(request_id):
                 return []
             self.inflight.discard(request_id)
+            if self.subscribing:
+                self.subscribing.pop(request_id, None)  # (it may have been taken: noted)
             if self.calls is not None:
                 self.calls.cancelled(request_id)
             actions: list[Action] = [CancelUpstream(params)]
@@ -581,6 +624,8 @@ class SessionProtocol:
                 id = message.get("id")
                 if type(id) is int or type(id) is str:
                     self.inflight.discard(id)
+                    if self.subscribing and id in self.subscribing:  # (parsed: broker/upstream.py)
+                        self._subscribe_answered(id, message)
             if self.calls is not None:
                 self.calls.answered(message.get("id"), message)
             if self.batches.pending:

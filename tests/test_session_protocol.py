@@ -14,6 +14,7 @@ from broker.jsonrpc import (
     CONNECTION_CLOSED,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    LIMIT_REACHED,
     METHOD_NOT_FOUND,
 )
 from broker.lifecycle import LATEST_LEGACY_VERSION, LEGACY_VERSIONS, ServerIdentity
@@ -561,6 +562,7 @@ def test_an_unsubscribe_goes_where_the_subscription_is() -> None:
     subscribe = req(1, "resources/subscribe", {"uri": "b://own"})
     assert proto.forward_fast(subscribe) is None
     assert proto.receive(subscribe) == [Forward("b", subscribe)]
+    proto.outgoing(jsonrpc.result_response(1, {}))  # (b took it)
     back = server("a", capabilities=SUBSCRIBABLE, resources=own)
     catalogs.current = catalogs.current.replace(back)
     assert proto.receive(read(2, "b://own")) == [Forward("a", read(2, "b://own"))]
@@ -572,6 +574,69 @@ def test_an_unsubscribe_goes_where_the_subscription_is() -> None:
     later = req(5, "resources/unsubscribe", {"uri": "b://own"})
     assert proto.receive(later) == [Forward("a", later)]
     assert proto.subscribed == {}
+
+
+def test_a_refused_subscribe_leaves_the_uri_where_the_catalog_routes_it() -> None:
+    """``b`` refuses c1's subscribe of b://own; then ``b`` no longer lists it
+    and ``a`` does: a repeat subscribe goes to ``a``, as a read does. (The
+    note was written when the subscribe was sent and kept when refused: the
+    URI was pinned to ``b`` while ``b`` was in the view.) A refused repeat
+    subscribe leaves the subscription where it is. Found by probing."""
+    own = ({"uri": "b://own", "name": "own"},)
+    b = server("b", capabilities=SUBSCRIBABLE, resources=own)
+    catalogs = Catalogs(Catalog([server("a", capabilities=SUBSCRIBABLE), b]))
+    proto = SessionProtocol(("a", "b"), catalogs)
+    proto.receive(initialize(), settled=True)
+    subscribe = req(1, "resources/subscribe", {"uri": "b://own"})
+    assert proto.receive(subscribe) == [Forward("b", subscribe)]
+    assert proto.outgoing(error(1)) == error(1)
+    assert proto.subscribed == {}
+    catalogs.current = catalogs.current.replace(server("b", capabilities=SUBSCRIBABLE))
+    catalogs.current = catalogs.current.replace(
+        server("a", capabilities=SUBSCRIBABLE, resources=own)
+    )
+    again = req(2, "resources/subscribe", {"uri": "b://own"})
+    assert proto.receive(again) == [Forward("a", again)]
+    proto.outgoing(jsonrpc.result_response(2, {}))
+    repeat = req(3, "resources/subscribe", {"uri": "b://own"})
+    assert proto.receive(repeat) == [Forward("a", repeat)]
+    proto.outgoing(error(3))  # (say, the broker's maxServerInFlight)
+    assert proto.subscribed == {"b://own": "a"} and proto.subscribing == {}
+
+
+def error(id: Any) -> dict[str, Any]:
+    return jsonrpc.error_response(id, INVALID_PARAMS, "no such resource")
+
+
+def test_a_sessions_subscriptions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each URI a session subscribed to was noted for the whole session, with
+    no limit: past MAX_SUBSCRIPTIONS a subscribe of another URI is refused,
+    saying so (a repeat one is not); the notes of a server that left the
+    view are let go first, and an unsubscribe makes room. Found by probing."""
+    monkeypatch.setattr("broker.session.MAX_SUBSCRIPTIONS", 3)
+    files = server("files", capabilities=SUBSCRIBABLE, resources=({"uri": "file:///x"},))
+    b = server("b", capabilities=SUBSCRIBABLE, resources=({"uri": "b://z"},))
+    catalogs = Catalogs(Catalog([files, b]))
+    proto = SessionProtocol(("files", "b"), catalogs)
+    proto.receive(initialize(), settled=True)
+
+    def subscribe(id: int, uri: str, method: str = "resources/subscribe") -> list[Any]:
+        actions = proto.receive(req(id, method, {"uri": uri}))
+        if actions and isinstance(actions[0], Forward):
+            proto.outgoing(jsonrpc.result_response(id, {}))
+        return actions
+
+    for id, uri in enumerate(("file:///x", "file:///y", "b://z"), 1):
+        assert isinstance(subscribe(id, uri)[0], Forward)
+    refused = error_object(subscribe(4, "file:///w"))
+    assert refused["code"] == LIMIT_REACHED and "unsubscribe from some first" in refused["message"]
+    assert isinstance(subscribe(5, "file:///x")[0], Forward)  # (held already)
+    assert isinstance(subscribe(6, "file:///y", "resources/unsubscribe")[0], Forward)
+    assert isinstance(subscribe(7, "file:///w")[0], Forward)
+    assert error_object(subscribe(8, "file:///v"))["code"] == LIMIT_REACHED
+    proto.view = ("files",)  # (a reload removed b)
+    assert isinstance(subscribe(9, "file:///v")[0], Forward)
+    assert proto.subscribed == {"file:///x": "files", "file:///w": "files", "file:///v": "files"}
 
 
 def test_unknown_resource() -> None:
