@@ -431,6 +431,7 @@ class Session:
         (in ``order``, the configuration's), and hears from it once initialized;
         so does one whose hello named it (a reload removed or disabled it, and
         now it is back). Returns whether it joined this session's view."""
+        self._protocol.wait_again(name)
         joins = self._every or name in self._named
         if not joins or name in self._protocol.view or self._protocol.transparent:
             return False
@@ -443,6 +444,7 @@ class Session:
         """A reload removed ``name``: it leaves the view. Returns True for a
         transparent session on it, which cannot go on: it is refused from now on,
         and the daemon stops it once the server's requests in flight are answered."""
+        self._protocol.wait_again(name)
         if name not in self._protocol.view:
             return False
         if self._protocol.transparent:
@@ -456,7 +458,9 @@ class Session:
         return False
 
     def replace_server(self, name: str) -> None:
-        """A reload restarted ``name`` with a new actor: hear from that one."""
+        """A reload restarted ``name`` with a new actor: hear from that one
+        (and wait for it again, if a request of this session waited it out)."""
+        self._protocol.wait_again(name)
         if name in self._protocol.view and self._attached is not None:
             self._attached = [up for up in self._attached if up.name != name]
             self._attach_later(name)

@@ -287,6 +287,12 @@ class SessionProtocol:
         }
         self.waited_out |= unsettled
 
+    def wait_again(self, name: str) -> None:
+        """A reload restarted, added or removed ``name``: a request waits for
+        it again, as for a server it never waited for (while in the view)."""
+        if name in self.waited_out:
+            self.waited_out = self.waited_out - {name}
+
     # -- the lifecycle ------------------------------------------------------
 
     def move(self, trigger: SessionTrigger) -> SessionState:

@@ -257,6 +257,35 @@ async def test_a_call_waiting_for_a_start_a_reload_restarts_goes_with_its_sessio
         assert not daemon.upstreams["b"]._mine  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("then", ["restarts", "re-adds"])
+async def test_a_server_a_reload_starts_over_is_waited_for_again(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, then: str
+) -> None:
+    """A session waited 10 s in vain for ``b`` (b2's handshake never ends in
+    time), so it waits for it no more; a reload then restarts ``b`` (or
+    removes it and adds it back) with b3, which starts in 5 s: the session's
+    next list waits for it and has its tools, as a new session's does. (It
+    answered at once without them: the session never waited for ``b`` again,
+    and kept the name of a removed server.) Found by probing."""
+    scripts["b2"] = ScriptedServer(nursery, label="b2", initialize_delay=1000)
+    scripts["b3"] = ScriptedServer(nursery, label="b3", initialize_delay=5)
+    daemon = await start(nursery, scripts.config("a", "b", b="b1"))
+    daemon.reload(scripts.config("a", "b", b="b2"))
+    client = await connect(nursery, daemon)  # (its initialize waits 10 s for b, in vain)
+    tools = await client.request(1, "tools/list")
+    assert not [tool for tool in tools["result"]["tools"] if tool["name"].startswith("b__")]
+    if then == "re-adds":
+        daemon.reload(scripts.config("a"))
+        await settle()
+        sessions = daemon._sessions
+        assert all(not session._protocol.waited_out for session in sessions)  # (none left)
+    daemon.reload(scripts.config("a", "b", b="b3"))
+    started = trio.current_time()
+    tools = await client.request(2, "tools/list")
+    assert trio.current_time() - started == pytest.approx(5, abs=0.5)
+    assert [tool for tool in tools["result"]["tools"] if tool["name"].startswith("b__")]
+
+
 async def test_a_removed_server_answers_in_flight_then_is_gone(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
