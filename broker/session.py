@@ -170,9 +170,11 @@ def while_waiting(message: Any, waiting: Any, inflight: set[Any]) -> str:
     ``waiting`` (an id) waits for the view's servers: :data:`NOW`, receive
     it at once (a ping, or a cancel of a request in ``inflight``: answered,
     or passed on); :data:`DROP`, a cancel of the waiting request (the wait
-    ends; it is never tried, and no answer is due); :data:`HOLD`, anything
-    else, received after the wait in the order it came (a cancel of a
-    request read but not taken yet too: it must follow its request)."""
+    ends; it is never tried, and no answer is due: its id leaves
+    ``inflight``, where :meth:`SessionProtocol.receive` put it when it
+    deferred it); :data:`HOLD`, anything else, received after the wait in
+    the order it came (a cancel of a request read but not taken yet too: it
+    must follow its request)."""
     method = message.get("method") if isinstance(message, dict) else None
     if method == "ping":
         return NOW if "id" in message else HOLD
@@ -181,6 +183,7 @@ def while_waiting(message: Any, waiting: Any, inflight: set[Any]) -> str:
     params = message.get("params")
     target = params.get("requestId") if isinstance(params, dict) else None
     if type(target) is type(waiting) and target == waiting:
+        inflight.discard(waiting)  # (in flight no more)
         return DROP
     return NOW if jsonrpc.is_valid_id(target) and target in inflight else HOLD
 
@@ -312,9 +315,16 @@ class SessionProtocol:
         starting comes back as :class:`Defer`; the actor waits for the view to
         settle and hands it in again with ``settled=True``. An exception other
         than the JSON-RPC errors it answers moves the session to ``ERROR``.
+        A deferred request's id is in flight until it is received again (or
+        its wait is cancelled: :func:`while_waiting`), so no other request
+        takes it meanwhile.
         """
         if self.state in _OVER:
             self._refuse()
+        if settled and type(message) is dict:
+            id = message.get("id")
+            if type(id) is int or type(id) is str:
+                self.inflight.discard(id)  # (its _defer's: it is taken now)
         try:
             return self._receive(message, settled)
         except Exception:
@@ -408,6 +418,8 @@ class SessionProtocol:
             if self.calls is not None and (type(id) is int or len(id) <= MAX_ID_LENGTH):
                 self.calls.start(id, message)
             try:
+                if id in self.inflight or id in self.streams:
+                    self._in_use(id)  # (whoever answers it: the broker or a server)
                 return self._request(message, settled)
             except AnonymousError:
                 raise
@@ -455,7 +467,7 @@ class SessionProtocol:
         requested, capabilities, info = read_client_initialize(request.get("params"))
         catalog = self.catalogs.current
         if not settled and not self.servers_settled(catalog):
-            return [Defer(request)]
+            return self._defer(request)
         version = negotiate_version(requested)
         result = initialize_for(catalog, self.view, self.transparent, version)
         self.move(SessionTrigger.INITIALIZED)
@@ -470,7 +482,7 @@ class SessionProtocol:
     def _list(self, request: Message, settled: bool) -> list[Action]:
         catalog = self.catalogs.current
         if not settled and not self.servers_settled(catalog):
-            return [Defer(request)]
+            return self._defer(request)
         cursor = (request.get("params") or {}).get("cursor")
         result = catalog.page(LIST_METHODS[request["method"]], self.view, self.transparent, cursor)
         return [Reply(jsonrpc.result_response(request["id"], result))]
@@ -488,7 +500,7 @@ class SessionProtocol:
         except JsonRpcError:
             if settled or self.servers_settled(catalog):
                 raise
-            return [Defer(request)]  # it may be in a catalog still loading
+            return self._defer(request)  # it may be in a catalog still loading
         self.inflight.add(request["id"])
         if self.calls is not None:
             self.calls.routed(request["id"], server, rewritten)
@@ -547,14 +559,24 @@ class SessionProtocol:
         holds open with no server (none in the legacy era)."""
         return []
 
+    def _defer(self, request: Message) -> list[Action]:
+        """Wait for the view's servers, then take ``request`` again; its id
+        is in flight meanwhile (:meth:`receive`)."""
+        self.inflight.add(request["id"])
+        return [Defer(request)]
+
+    def _in_use(self, id: RequestId) -> NoReturn:
+        """Refuse a request whose id belongs to a request in flight."""
+        raise AnonymousError(
+            INVALID_REQUEST,
+            f"Invalid Request: id {id!r} is already in use by a request in flight",
+            data={"id": id},
+        )
+
     def _admit(self, id: RequestId) -> None:
         """Refuse a request the session's in-flight table cannot take."""
         if id in self.inflight or id in self.streams:
-            raise AnonymousError(
-                INVALID_REQUEST,
-                f"Invalid Request: id {id!r} is already in use by a request in flight",
-                data={"id": id},
-            )
+            self._in_use(id)
         too_long = jsonrpc.long_id(id)
         if too_long is not None:
             raise AnonymousError(too_long.code, too_long.message)

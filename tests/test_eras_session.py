@@ -654,6 +654,43 @@ def test_a_listen_streams_id_is_in_use_while_it_is_open() -> None:
 
 
 @pytest.mark.parametrize(
+    "again",
+    [
+        request(10, "tools/list"),
+        request(10, "resources/templates/list"),
+        request(10, "server/discover"),
+        request(10, "ping"),
+        request(10, "initialize"),
+    ],
+)
+@pytest.mark.parametrize("holder", ["listen", "call", "deferred"])
+def test_an_id_in_use_is_refused_also_by_a_request_the_broker_answers(
+    again: dict[str, Any], holder: str
+) -> None:
+    """docs/eras.md: a request with the id of a stream, a call or a request
+    waiting for its servers is refused -32600 with id null, also one the
+    broker answers itself (the client got two answers with one id)."""
+    proto = opened(session(FILES, server("github", LOADING)))
+    if holder == "listen":
+        notifications = {"toolsListChanged": True}
+        proto.receive(request(10, "subscriptions/listen", notifications=notifications))
+    elif holder == "call":
+        (forward,) = proto.receive(request(10, "tools/call", name="files__read"))
+        assert isinstance(forward, Forward)
+    else:
+        discover = request(10, "server/discover")
+        assert proto.receive(discover) == [Defer(discover)]
+    (refused,) = proto.receive(again)
+    assert isinstance(refused, Reply) and isinstance(refused.message, dict)
+    assert refused.message["id"] is None and refused.message["error"]["code"] == -32600
+    assert refused.message["error"]["data"] == {"id": 10}
+    if holder == "deferred":
+        (answer,) = proto.receive(discover, settled=True)
+        assert isinstance(answer, Reply) and answer.message["id"] == 10  # type: ignore[index]
+        assert 10 not in proto.inflight  # (0: opened()'s tools/list, deferred too)
+
+
+@pytest.mark.parametrize(
     "first",
     [
         request(1, "ping"),

@@ -366,7 +366,7 @@ def test_unknown_name_deferred_until_settled(state: ServerState) -> None:
     proto = session(loading_github(state))
     message = call(4, "github__search")
     assert proto.receive(message) == [Defer(message)]
-    assert proto.inflight == set()
+    assert proto.inflight == {4}  # (while it waits: no other request takes its id)
     settle(proto)
     assert proto.receive(message, settled=True) == [forwarded(4, "github", "search")]
     assert proto.inflight == {4}
@@ -705,6 +705,64 @@ def test_notification_before_initialize_ignored() -> None:
 
 
 # -- local answers and errors ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        req(20, "ping"),
+        req(20, "tools/list"),
+        req(20, "prompts/list"),
+        req(20, "resources/list"),
+        req(20, "resources/templates/list"),
+        req(20, "logging/setLevel", {"level": "debug"}),
+        req(20, "initialize"),
+        req(20, "no/such/method"),
+        call(20, "github__search"),
+    ],
+)
+def test_a_request_reusing_an_id_in_flight_is_refused_whoever_answers_it(
+    again: dict[str, Any],
+) -> None:
+    """docs/eras.md: a request with an id in use is refused -32600 with id
+    null, also one the broker answers itself, so the call's answer stays
+    the only one with that id."""
+    proto = session()
+    assert proto.receive(call(20)) == [forwarded(20)]
+    actions = proto.receive(again)
+    assert error_of(actions) == (
+        None,
+        INVALID_REQUEST,
+        "Invalid Request: id 20 is already in use by a request in flight",
+    )
+    assert proto.inflight == {20}
+    assert proto.receive(req("20", "ping")) == [ok("20")]  # ("20" is another id)
+    proto.outgoing(upstream_answer(20))
+    assert proto.receive(req(20, "ping")) == [ok(20)]  # (answered: free again)
+
+
+def test_a_deferred_requests_id_is_in_flight_while_it_waits() -> None:
+    """A request waiting for its servers (Defer) holds its id: a ping read
+    meanwhile (answered at once: broker.session.while_waiting) is refused;
+    the id is free once the request is taken again, or its wait cancelled."""
+    from broker.session import DROP, NOW, while_waiting
+
+    proto = session(loading_github(LOADING))
+    waiting = req(2, "tools/list")
+    assert proto.receive(waiting) == [Defer(waiting)]
+    assert while_waiting(req(2, "ping"), 2, proto.inflight) == NOW
+    assert error_of(proto.receive(req(2, "ping")))[:2] == (None, INVALID_REQUEST)
+    settle(proto)
+    assert result_of(proto.receive(waiting, settled=True))["tools"]
+    assert proto.inflight == set()
+    assert proto.receive(req(2, "ping")) == [ok(2)]
+
+    proto = session(loading_github(LOADING))
+    assert proto.receive(waiting) == [Defer(waiting)]
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+    assert while_waiting(cancel, 2, proto.inflight) == DROP  # (never taken again)
+    assert proto.inflight == set()
+    assert proto.receive(req(2, "ping")) == [ok(2)]
 
 
 @pytest.mark.parametrize("initialized", [False, True])

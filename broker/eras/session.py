@@ -312,7 +312,7 @@ class ModernSessionProtocol(SessionProtocol):
         if method == "server/discover":
             catalog = self.catalogs.current
             if not settled and not self.servers_settled(catalog):
-                return [Defer(request)]
+                return self._defer(request)
             result = discover_result(catalog, self.view, self.transparent)
             return [Reply(jsonrpc.result_response(id, result))]
         if method in GONE:
