@@ -227,3 +227,55 @@ async def test_connections_past_the_cap_are_refused_503_and_the_rest_go_on(
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     assert sessions == 3
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        b"Host: xn--zz-\r\n",  # (ASCII, but not a valid IDNA name)
+        b"Host: l\xe9calhost\r\n",
+        b"Host: localhost\r\nConnection: Upgrade, \xe9\r\n",
+        b"Host: localhost\r\nSec-WebSocket-Protocol: mcp, \xe9\r\n",
+        b"Host: localhost\r\nSec-WebSocket-Extensions: \xe9\r\n",
+    ],
+)
+async def test_a_handshake_wsproto_cannot_decode_is_refused_400_and_the_listener_goes_on(
+    field: bytes,
+) -> None:
+    """A header field wsproto cannot decode raised out of trio-websocket's
+    reader and ended the daemon, before any check (token included): now that
+    client alone gets 400 saying why, and the next client is served."""
+    from actors.downstream import websocket as listener
+    from broker.wire.websocket import Policy
+
+    sessions = 0
+
+    async def open_session(connection: Any, view: Any, transparent: bool) -> None:
+        nonlocal sessions
+        sessions += 1
+
+    policy = Policy(frozenset(), frozenset(), "s3cret")
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
+                open_session,
+            )  # fmt: skip
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(
+                b"GET /mcp HTTP/1.1\r\n" + field + b"Upgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            answer = b""
+            while chunk := await stream.receive_some():
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 400 ")
+            assert b"cannot be decoded" in answer
+            url = f"ws://127.0.0.1:{port}/mcp"
+            async with trio_websocket.open_websocket_url(
+                url, subprotocols=["mcp"], extra_headers=[(b"authorization", b"Bearer s3cret")]
+            ):
+                pass
+            nursery.cancel_scope.cancel()
+    assert sessions == 1

@@ -173,21 +173,93 @@ async def serve_websocket(
         await open_session(WebSocketConnection(ws), decision.view, decision.transparent)
 
     async def serve(*, task_status: trio.TaskStatus[Any]) -> None:
-        await trio_websocket.serve_websocket(
+        server = _GuardedServer(
             handle,
-            host,
-            port,
-            None,
+            await trio.open_tcp_listeners(port, host=host),
             max_message_size=max_message_bytes,
             receive_buffer_size=RECEIVE_BUFFER,
             connect_timeout=HANDSHAKE_TIMEOUT,
             disconnect_timeout=CLOSE_TIMEOUT,
-            task_status=task_status,
         )
+        await server.run(task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(serve)
         task_status.started(server.port)
+
+
+class _GuardedServer(trio_websocket.WebSocketServer):
+    """trio-websocket's server, with each connection guarded: an exception
+    from reading one client's handshake or frames ends that connection only.
+
+    wsproto decodes some fields strictly (Host as IDNA; Connection, Upgrade,
+    Sec-WebSocket-Protocol and -Extensions as ASCII) and raises a plain
+    ``UnicodeError``, which trio-websocket's reader does not catch: unguarded,
+    one request with ``Host: xn--zz-`` ended the daemon, before the Host,
+    Origin or token checks ran."""
+
+    def __init__(self, handler: Callable[[Any], Awaitable[None]], *args: Any, **kw: Any) -> None:
+        # The connections (by their task: trio-websocket calls the handler in
+        # the connection's) whose handshake reached the handler: their answer
+        # is sent or being sent, so no HTTP status can be written any more.
+        self._answering: set[trio.lowlevel.Task] = set()
+
+        async def answer(request: Any) -> None:
+            self._answering.add(trio.lowlevel.current_task())
+            await handler(request)
+
+        super().__init__(answer, *args, **kw)
+
+    async def _handle_connection(self, stream: trio.abc.Stream) -> None:
+        task = trio.lowlevel.current_task()
+        try:
+            await super()._handle_connection(stream)
+        except Exception as exc:  # (trio.Cancelled is not an Exception)
+            await _refuse_unreadable(stream, exc, answered=task in self._answering)
+        finally:
+            self._answering.discard(task)
+
+
+async def _refuse_unreadable(stream: trio.abc.Stream, exc: Exception, *, answered: bool) -> None:
+    """End a connection whose bytes trio-websocket could not read: a 400 saying
+    why if no answer went out yet, then close; logged either way."""
+    log = get_logger()
+    cause = _leaf(exc)
+    if isinstance(cause, UnicodeError):
+        reason = "a header field cannot be decoded (not ASCII, or a Host that is not a valid name)"
+    else:
+        reason = "a malformed request"
+    peer = _peer_of(stream)
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            if not answered:
+                log.warning(
+                    "websocket.refused", status=400, reason=reason, error=repr(cause), peer=peer
+                )
+                body = reason.encode() + b"\n"
+                await stream.send_all(
+                    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+                )
+            else:
+                log.warning("websocket.failed", reason=reason, error=repr(cause), peer=peer)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.aclose()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception an exception group holds (the group is the nursery's)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _peer_of(stream: trio.abc.Stream) -> str:
+    try:
+        address = stream.socket.getpeername()  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return "?"
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 def _host_of(request: Any) -> str:
