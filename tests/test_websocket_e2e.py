@@ -279,3 +279,61 @@ async def test_a_handshake_wsproto_cannot_decode_is_refused_400_and_the_listener
                 pass
             nursery.cancel_scope.cancel()
     assert sessions == 1
+
+
+def _frame(opcode: int, payload: bytes, *, mask: bool = True, rsv: int = 0) -> bytes:
+    """One client frame, built by hand (short payloads only)."""
+    head = bytes([0x80 | rsv << 4 | opcode, (0x80 if mask else 0) | len(payload)])
+    if not mask:
+        return head + payload
+    key = b"\x01\x02\x03\x04"
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (_frame(1, b'{"x":"\xff"}'), 1007),  # a text that is not UTF-8
+        (_frame(1, b"{}", mask=False), 1002),
+        (_frame(1, b"{}", rsv=4), 1002),
+        (_frame(0, b"{}"), 1002),  # a continuation with nothing to continue
+    ],
+)
+async def test_a_client_breaking_the_protocol_gets_a_close_frame_saying_why(
+    frame: bytes, code: int
+) -> None:
+    """RFC 6455 7.1.7: the endpoint failing the connection sends a Close frame
+    with a status code (1007 for bad UTF-8, 1002 for a protocol error). Before,
+    the TCP connection was cut with no Close frame, and nothing said why."""
+    from actors.downstream import websocket as listener
+    from broker.wire.websocket import Policy
+
+    async def open_session(connection: Any, view: Any, transparent: bool) -> None:
+        while (await connection.receive())[0]:
+            pass
+
+    policy = Policy(frozenset(), frozenset(), None)
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
+                open_session,
+            )  # fmt: skip
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(
+                b"GET /mcp HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\n\r\n"
+            )
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += await stream.receive_some()
+            assert received.startswith(b"HTTP/1.1 101 ")
+            await stream.send_all(frame)
+            received = received.partition(b"\r\n\r\n")[2]
+            while chunk := await stream.receive_some():
+                received += chunk
+            assert received[:1] == b"\x88", received  # a Close frame
+            assert int.from_bytes(received[2:4], "big") == code
+            assert received[4:]  # (with a reason)
+            nursery.cancel_scope.cancel()

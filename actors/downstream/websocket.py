@@ -22,6 +22,9 @@ from typing import Any
 
 import trio
 import trio_websocket
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import CloseConnection
 
 from actors.errors import TransportClosed
 from actors.logs import get_logger
@@ -196,28 +199,56 @@ class _GuardedServer(trio_websocket.WebSocketServer):
     Sec-WebSocket-Protocol and -Extensions as ASCII) and raises a plain
     ``UnicodeError``, which trio-websocket's reader does not catch: unguarded,
     one request with ``Host: xn--zz-`` ended the daemon, before the Host,
-    Origin or token checks ran."""
-
-    def __init__(self, handler: Callable[[Any], Awaitable[None]], *args: Any, **kw: Any) -> None:
-        # The connections (by their task: trio-websocket calls the handler in
-        # the connection's) whose handshake reached the handler: their answer
-        # is sent or being sent, so no HTTP status can be written any more.
-        self._answering: set[trio.lowlevel.Task] = set()
-
-        async def answer(request: Any) -> None:
-            self._answering.add(trio.lowlevel.current_task())
-            await handler(request)
-
-        super().__init__(answer, *args, **kw)
+    Origin or token checks ran. Its connections are :class:`_Connection`."""
 
     async def _handle_connection(self, stream: trio.abc.Stream) -> None:
-        task = trio.lowlevel.current_task()
+        # (trio-websocket's own, with _Connection, and the guard around it)
+        answered = False
         try:
-            await super()._handle_connection(stream)
+            async with trio.open_nursery() as nursery:
+                connection = _Connection(
+                    stream,
+                    WSConnection(ConnectionType.SERVER),
+                    message_queue_size=self._message_queue_size,
+                    max_message_size=self._max_message_size,
+                    receive_buffer_size=self._receive_buffer_size,
+                )
+                nursery.start_soon(connection._reader_task)
+                with trio.move_on_after(self._connect_timeout) as connect_scope:
+                    request = await connection._get_request()
+                if connect_scope.cancelled_caught:
+                    nursery.cancel_scope.cancel()
+                    await stream.aclose()
+                    return
+                answered = True  # (from here on, an HTTP status can no longer be written)
+                try:
+                    await self._handler(request)
+                finally:
+                    with trio.move_on_after(self._disconnect_timeout):
+                        await connection.aclose()
         except Exception as exc:  # (trio.Cancelled is not an Exception)
-            await _refuse_unreadable(stream, exc, answered=task in self._answering)
-        finally:
-            self._answering.discard(task)
+            await _refuse_unreadable(stream, exc, answered=answered)
+
+
+class _Connection(trio_websocket.WebSocketConnection):
+    """trio-websocket's connection, failing a broken one as RFC 6455 says.
+
+    wsproto reports a frame it cannot parse (a text that is not UTF-8, an
+    unmasked frame, RSV bits, a continuation with no start, a bad control
+    frame) as a ``CloseConnection`` with the code to fail the connection with
+    (1007, 1002), its state still ``OPEN``; trio-websocket answers a close
+    only in ``REMOTE_CLOSING`` (the peer's), so it cut the TCP connection
+    with no Close frame. Here the Close frame is sent first (section 7.1.7),
+    and the failure logged with its reason."""
+
+    async def _handle_close_connection_event(self, event: CloseConnection) -> None:
+        if self._wsproto.state is ConnectionState.OPEN:  # (not the peer's close: ours)
+            get_logger().warning(
+                "websocket.failed", code=event.code, reason=event.reason, peer=str(self.remote)
+            )
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                await self._send(CloseConnection(code=event.code, reason=event.reason))
+        await super()._handle_close_connection_event(event)
 
 
 async def _refuse_unreadable(stream: trio.abc.Stream, exc: Exception, *, answered: bool) -> None:
