@@ -306,3 +306,54 @@ async def test_a_url_that_leads_nowhere_is_said_once_and_not_retried(url: str, w
             assert why in (statistics.last_error or ""), statistics
             assert statistics.restarts == 0
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"Sec-WebSocket-Accept: AAAA\r\nSec-WebSocket-Protocol: mcp\r\n", "Bad accept token"),
+        (b"Sec-WebSocket-Accept: ACCEPT\r\nSec-WebSocket-Protocol: graphql-ws\r\n", "subprotocol"),
+        (
+            b"Sec-WebSocket-Accept: ACCEPT\r\nSec-WebSocket-Extensions: \xe9\r\n",
+            "cannot be decoded",
+        ),
+    ],
+)
+async def test_a_bad_handshake_answer_is_said_for_what_it_is(answer: bytes, why: str) -> None:
+    """A 101 with a wrong accept token, a subprotocol not asked for, or a field
+    that is not ASCII was said as h11's internal complaint ("can't handle
+    event type Response when role=CLIENT ...") or a codec error."""
+    import base64
+    import functools
+    import hashlib
+
+    from actors.links.link import LinkContext
+    from actors.links.websocket import launch_websocket
+    from actors.logs import get_logger
+
+    async def serve(stream: trio.SocketStream) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += await stream.receive_some()
+        key = request.split(b"Sec-WebSocket-Key: ", 1)[1].split(b"\r\n", 1)[0]
+        digest = hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+        await stream.send_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + answer.replace(b"ACCEPT", base64.b64encode(digest))
+            + b"\r\n"
+        )
+        await trio.sleep(1)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, serve, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            context = LinkContext(nursery, 1 << 20, get_logger())
+            with pytest.raises(OSError) as failure:
+                await launch_websocket(ServerConfig(url=f"ws://127.0.0.1:{port}/"), context)
+            message = str(failure.value)
+            assert why in message, message
+            assert "role=CLIENT" not in message and "codec" not in message
+            nursery.cancel_scope.cancel()

@@ -33,6 +33,7 @@ import attrs
 import orjson
 import trio
 import trio_websocket
+from wsproto.utilities import RemoteProtocolError
 
 from actors.errors import TransportClosed
 from actors.links.link import LaunchError, LinkContext, configured_headers
@@ -205,7 +206,26 @@ async def _connect(address: _Address) -> trio.abc.Stream:
 
 
 def _describe(exc: BaseException) -> str:
+    """What went wrong, said for a user. trio-websocket answers a bad handshake
+    answer (a wrong ``Sec-WebSocket-Accept``, a subprotocol not asked for) by
+    sending a server-only event, so what comes out is h11's complaint about
+    that ("can't handle event type Response when role=CLIENT"), with wsproto's
+    real reason as its context: that reason is said instead."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     status = getattr(exc, "status_code", None)
-    return f"HTTP {status}" if status is not None else str(exc) or type(exc).__name__
+    if status is not None:
+        return f"HTTP {status}"
+    cause: BaseException | None = exc
+    for _ in range(8):  # (a chain is short; a cycle must not loop)
+        if cause is None:
+            break
+        if isinstance(cause, RemoteProtocolError):
+            return f"the server's answer is not a valid WebSocket handshake: {cause}"
+        if isinstance(cause, UnicodeError):
+            detail = str(cause)
+            if isinstance(cause, UnicodeDecodeError):
+                detail = f"byte 0x{cause.object[cause.start : cause.start + 1].hex()}"
+            return f"the server's handshake answer has a field that cannot be decoded ({detail})"
+        cause = cause.__cause__ or cause.__context__
+    return str(exc) or type(exc).__name__
