@@ -337,3 +337,33 @@ async def test_a_client_breaking_the_protocol_gets_a_close_frame_saying_why(
             assert int.from_bytes(received[2:4], "big") == code
             assert received[4:]  # (with a reason)
             nursery.cancel_scope.cancel()
+
+
+async def test_an_error_after_the_handshake_ends_that_connection_only() -> None:
+    """The guard holds after the handshake too: an exception out of one
+    connection's session closes it, and the listener serves the next."""
+    from actors.downstream import websocket as listener
+    from broker.wire.websocket import Policy
+
+    sessions = 0
+
+    async def open_session(connection: Any, view: Any, transparent: bool) -> None:
+        nonlocal sessions
+        sessions += 1
+        if sessions == 1:
+            raise RuntimeError("a bug")
+
+    policy = Policy(frozenset(), frozenset(), None)
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
+                open_session,
+            )  # fmt: skip
+            url = f"ws://127.0.0.1:{port}/mcp"
+            for _ in range(2):
+                async with trio_websocket.open_websocket_url(url, subprotocols=["mcp"]) as ws:
+                    with pytest.raises(trio_websocket.ConnectionClosed):
+                        await ws.get_message()
+            nursery.cancel_scope.cancel()
+    assert sessions == 2

@@ -252,8 +252,9 @@ class _Connection(trio_websocket.WebSocketConnection):
 
 
 async def _refuse_unreadable(stream: trio.abc.Stream, exc: Exception, *, answered: bool) -> None:
-    """End a connection whose bytes trio-websocket could not read: a 400 saying
-    why if no answer went out yet, then close; logged either way."""
+    """End a connection an exception came out of (called in its ``except``):
+    before any answer, a request trio-websocket could not read, refused 400
+    saying why; after, logged with the traceback. Then close."""
     log = get_logger()
     cause = _leaf(exc)
     if isinstance(cause, UnicodeError):
@@ -272,8 +273,8 @@ async def _refuse_unreadable(stream: trio.abc.Stream, exc: Exception, *, answere
                     b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n"
                     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
                 )
-            else:
-                log.warning("websocket.failed", reason=reason, error=repr(cause), peer=peer)
+            else:  # (the session's, or a frame's: a bug of the broker's or a library's)
+                log.exception("websocket.failed", reason="the connection failed", peer=peer)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.aclose()
 
