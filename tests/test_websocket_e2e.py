@@ -19,6 +19,7 @@ import trio
 import trio_websocket
 
 from tests.conftest import running_daemon, sdk_server, shim_client, text_of
+from tests.servers.ws_server import WsServer
 
 INITIALIZE = {
     "protocolVersion": "2025-06-18",
@@ -184,6 +185,35 @@ async def test_a_message_over_the_limit_closes_with_1009(socket_path: str) -> No
                 assert caught.value.reason.code == 1009
                 assert caught.value.reason.reason
                 assert text(await small.call("sdk__echo", text="fine")) == "fine"
+
+
+async def test_a_burst_of_notifications_reaches_reading_clients_whole(socket_path: str) -> None:
+    """A ``ws://`` server's 3,000 progress notifications, sent at once, to two
+    WebSocket clients that read: each is written as it comes (a batch per
+    write), so neither is cut off as not reading, and the call is answered."""
+    server = WsServer()
+    count = 3000
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(server.run)
+            entry = {"url": f"ws://127.0.0.1:{port}/"}
+            broker = {"websocket": "127.0.0.1:0"}
+            async with running_daemon({"ws": entry}, socket_path, broker=broker) as d:
+                assert d.websocket_url is not None
+                url = d.websocket_url + "/ws"
+                async with ws_client(url) as caller, ws_client(url) as other:
+                    await caller.initialize()
+                    await other.initialize()
+                    meta = {"progressToken": "tok"}
+                    params = {"name": "burst", "arguments": {"count": count}, "_meta": meta}
+                    answer = await caller.request("tools/call", params)
+                    assert text(answer) == "burst"
+                    progress = [
+                        m for m in caller.others if m.get("method") == "notifications/progress"
+                    ]
+                    assert len(progress) == count
+                    assert (await other.request("ping"))["result"] == {}
+            server.stop()
 
 
 async def test_connections_past_the_cap_are_refused_503_and_the_rest_go_on(

@@ -22,9 +22,10 @@ from typing import Any
 
 import trio
 import trio_websocket
+import wsproto.utilities
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import CloseConnection
+from wsproto.events import CloseConnection, TextMessage
 
 from actors.errors import TransportClosed
 from actors.logs import get_logger
@@ -61,11 +62,24 @@ class WebSocketConnection:
         return [data], len(data)
 
     async def send(self, messages: list[Outgoing]) -> None:
+        """Write the messages as one ``send_all``: a frame each, encoded by the
+        connection's wsproto, written under trio-websocket's lock as its own
+        ``send_message`` does. One write per wake-up, not one per message (two
+        checkpoints each): a server's burst is delivered faster than that, and
+        a client that reads would be cut off as not reading."""
+        ws = self._ws
+        if ws.closed is not None:
+            raise TransportClosed
         try:
-            for message in messages:
-                await self._ws.send_message(wire.text_of(message))
-        except trio_websocket.ConnectionClosed as exc:
+            data = b"".join([ws._wsproto.send(TextMessage(wire.text_of(m))) for m in messages])
+        except wsproto.utilities.LocalProtocolError as exc:  # (closing meanwhile)
             raise TransportClosed from exc
+        async with ws._stream_lock:
+            try:
+                await ws._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                await ws._abort_web_socket()  # (what trio-websocket's own write does)
+                raise TransportClosed from exc
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):

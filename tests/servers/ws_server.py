@@ -11,7 +11,8 @@ connection that answered); ``slow {seconds}`` (sleeps, with
 ``notifications/progress`` every 0.1 s when the call has a progress token;
 a cancelled call is recorded and never answered); ``whoami`` (the
 ``Authorization`` header of the connection's handshake); ``payload {size}``
-(a text of ``size`` x's); ``crash`` (drops the TCP connection at once, no
+(a text of ``size`` x's, or of ``char``'s); ``burst {count}`` (``count``
+progress notifications at once, then the answer); ``crash`` (drops the TCP connection at once, no
 close frame, as a dying server would).
 
 With ``token`` set, a handshake without ``Authorization: Bearer TOKEN`` is
@@ -29,6 +30,7 @@ from typing import Any
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+from wsproto.events import TextMessage
 
 # As the SDKs write JSON (the broker reads the id of an answer too large to
 # take from its ends only in this shape: broker/wire/envelope.py).
@@ -36,7 +38,7 @@ COMPACT = (",", ":")
 VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 TOOLS = [
     {"name": name, "description": f"The {name} tool.", "inputSchema": {"type": "object"}}
-    for name in ("echo", "slow", "whoami", "payload", "crash")
+    for name in ("echo", "slow", "whoami", "payload", "burst", "crash")
 ]
 
 
@@ -115,7 +117,7 @@ class Connection:
     async def send(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(ConnectionClosed):  # (the answer's caller is gone)
             await self.ws.send_message(
-                json.dumps({"jsonrpc": "2.0", **message}, separators=COMPACT)
+                json.dumps({"jsonrpc": "2.0", **message}, separators=COMPACT, ensure_ascii=False)
             )
 
     async def answer(self, request: dict[str, Any]) -> None:
@@ -154,7 +156,10 @@ class Connection:
         if name == "whoami":
             return text(self.authorization or "")
         if name == "payload":
-            return text("x" * int(arguments["size"]))
+            return text(arguments.get("char", "x") * int(arguments["size"]))
+        if name == "burst":
+            await self.burst(int(arguments["count"]), params.get("_meta", {}).get("progressToken"))
+            return text("burst")
         if name == "slow":
             await self.slow(float(arguments["seconds"]), params.get("_meta", {}))
             return text(f"slept {arguments['seconds']}")
@@ -162,6 +167,27 @@ class Connection:
             await self.ws._stream.aclose()  # (no close frame: the peer sees the TCP end)
             return None
         return {"error": {"code": -32602, "message": f"Unknown tool: {name}"}}
+
+    async def burst(self, count: int, token: Any) -> None:
+        """``count`` progress notifications written at once (one ``send_all``, as
+        a server in another process writes them: faster than frame by frame)."""
+        frames = b"".join(
+            self.ws._wsproto.send(
+                TextMessage(
+                    json.dumps(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "notifications/progress",
+                            "params": {"progressToken": token, "progress": step},
+                        },
+                        separators=COMPACT,
+                    )
+                )
+            )
+            for step in range(1, count + 1)
+        )
+        async with self.ws._stream_lock:
+            await self.ws._stream.send_all(frames)
 
     async def slow(self, seconds: float, meta: dict[str, Any]) -> None:
         if "progressToken" in meta:
