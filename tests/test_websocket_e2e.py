@@ -187,6 +187,25 @@ async def test_a_message_over_the_limit_closes_with_1009(socket_path: str) -> No
                 assert text(await small.call("sdk__echo", text="fine")) == "fine"
 
 
+async def test_a_message_over_the_limit_in_bytes_not_characters_closes_with_1009(
+    socket_path: str,
+) -> None:
+    """The limit counts bytes (UTF-8): 10,000 four-byte characters are 40,000
+    bytes, over 32,768, though trio-websocket counts them as 10,000."""
+    broker = {"websocket": "127.0.0.1:0", "maxMessageBytes": 32768}
+    with trio.fail_after(60):
+        async with running_daemon({"sdk": sdk_server()}, socket_path, broker=broker) as d:
+            assert d.websocket_url is not None
+            async with ws_client(d.websocket_url) as big, ws_client(d.websocket_url) as small:
+                await big.initialize()
+                await small.initialize()
+                with pytest.raises(trio_websocket.ConnectionClosed) as caught:
+                    await big.call("sdk__echo", text="\U0001f600" * 10_000)
+                assert caught.value.reason.code == 1009
+                assert caught.value.reason.reason == "Exceeded maximum message size: 32768 bytes"
+                assert text(await small.call("sdk__echo", text="\u00e9" * 1000)) == "\u00e9" * 1000
+
+
 async def test_a_burst_of_notifications_reaches_reading_clients_whole(socket_path: str) -> None:
     """A ``ws://`` server's 3,000 progress notifications, sent at once, to two
     WebSocket clients that read: each is written as it comes (a batch per

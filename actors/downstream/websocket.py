@@ -8,8 +8,10 @@ subprotocol ``mcp``. Who may connect is decided by the handshake's rules
 session exists; a refused client gets an HTTP status and a one-line reason.
 
 A message over ``broker.maxMessageBytes`` closes that connection with 1009
-(Message Too Big) and a reason: trio-websocket enforces the limit while it
-reads, so the message is never held whole.
+(Message Too Big) and a reason. trio-websocket enforces the limit while it
+reads, but counts a text message in characters: one over it in characters is
+never held whole; one within it in characters but over it in bytes (UTF-8,
+at most four times the limit) is refused the same way once read.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class WebSocketConnection:
 
     transport = "websocket"
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, max_message_bytes: int) -> None:
         self._ws = ws
+        self._max = max_message_bytes
 
     async def receive(self) -> tuple[list[Frame], int]:
         try:
@@ -59,6 +62,11 @@ class WebSocketConnection:
         except trio_websocket.ConnectionClosed:
             return [], 0
         data = message.encode() if isinstance(message, str) else bytes(message)
+        if len(data) > self._max:  # (within the limit in characters: see the module's docstring)
+            reason = f"Exceeded maximum message size: {self._max} bytes"  # (trio-websocket's words)
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._ws.aclose(wire.MESSAGE_TOO_BIG, reason)
+            return [], 0
         return [data], len(data)
 
     async def send(self, messages: list[Outgoing]) -> None:
@@ -187,7 +195,9 @@ async def serve_websocket(
             with contextlib.suppress(trio_websocket.ConnectionClosed, trio.BrokenResourceError):
                 await request.reject(500, body=b"mcpbroker: internal error\n")
             return
-        await open_session(WebSocketConnection(ws), decision.view, decision.transparent)
+        await open_session(
+            WebSocketConnection(ws, max_message_bytes), decision.view, decision.transparent
+        )
 
     async def serve(*, task_status: trio.TaskStatus[Any]) -> None:
         server = _GuardedServer(

@@ -15,11 +15,13 @@ asks that task to close the connection (a close handshake, bounded) and
 waits for it; a daemon being cancelled cancels it, and the socket is closed
 at once, with no handshake to wait for.
 
-Size: a message over ``broker.maxMessageBytes`` is handed on as an
-:class:`~broker.wire.frames.Oversize` (its caller is answered with an error,
-as for a stdio server); one over :data:`HARD_LIMIT_FACTOR` times the limit
-is refused by trio-websocket itself, which closes the connection (1009) and
-the Upstream reconnects.
+Size, in bytes (UTF-8): a message over ``broker.maxMessageBytes`` is handed
+on as an :class:`~broker.wire.frames.Oversize` (its caller is answered with
+an error, as for a stdio server); one over :data:`HARD_LIMIT_FACTOR` times
+the limit closes the connection (1009) and the Upstream reconnects.
+trio-websocket refuses such a message while it reads, but counts a text
+message in characters; one within the hard limit in characters and over it
+in bytes is refused the same way once read.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from broker.config import ServerConfig
 from broker.jsonrpc import Message
 from broker.redact import shown_url
 from broker.wire import websocket as wire
-from broker.wire.frames import Frame
+from broker.wire.frames import Frame, Oversize
 
 CONNECT_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0
@@ -56,6 +58,7 @@ class WebSocketLink:
         self.info: Mapping[str, Any] = {"url": shown_url(url)}
         self._closing = trio.Event()  # close() asks _run to end the connection
         self._closed = trio.Event()  # _run has ended it
+        self._too_big: str | None = None  # why receive() closed the connection (1009)
 
     def speak(self, version: str | None) -> None:
         pass  # (the era is in the messages alone)
@@ -80,9 +83,18 @@ class WebSocketLink:
             message = await self._ws.get_message()
         except trio_websocket.ConnectionClosed:
             return []
-        return [wire.frame_of(message, self._max)]
+        frame = wire.frame_of(message, self._max)
+        if type(frame) is Oversize and frame.size > self._max * HARD_LIMIT_FACTOR:
+            # (Within trio-websocket's limit in characters: see the module's docstring.)
+            self._too_big = f"Exceeded maximum message size: {self._max * HARD_LIMIT_FACTOR} bytes"
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._ws.aclose(wire.MESSAGE_TOO_BIG, self._too_big)
+            return []
+        return [frame]
 
     async def ended(self) -> str:
+        if self._too_big is not None:
+            return f" (WebSocket closed: {wire.MESSAGE_TOO_BIG} MESSAGE_TOO_BIG ({self._too_big}))"
         closed = self._ws.closed
         if closed is None:
             return ""
