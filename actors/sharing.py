@@ -351,6 +351,13 @@ class PerSessionServer(ServerGroup):
         super().inherit(old)
         self._inherited = old.asked().for_new_server()  # (a copy: old may be draining)
 
+    def _every_instance(self) -> list[Upstream]:
+        """The running instances, and those a reload's take_over made that have
+        not started yet: what they hold goes with a second reload (take_unsent)
+        or is answered (retire), as for any instance."""
+        running = self.instances()
+        return running + [i for i in self._mine.values() if i not in self._scopes]
+
     def asked(self) -> Fanout:
         """What the sessions asked of every instance, and of the group for
         those that have none yet: their log level (kept with their Attach)
@@ -418,6 +425,8 @@ class PerSessionServer(ServerGroup):
         for session in self._taken_over:
             instance = self._mine.get(session)
             if instance is None:  # (its session left before: nothing to start)
+                continue
+            if self._retired:  # (a second reload took what it held, or answered it)
                 continue
             await self._start(instance)
             if self._mine.get(session) is not instance:  # (it left meanwhile)

@@ -286,6 +286,40 @@ async def test_a_server_a_reload_starts_over_is_waited_for_again(
     assert [tool for tool in tools["result"]["tools"] if tool["name"].startswith("b__")]
 
 
+@pytest.mark.parametrize("second", ["removes", "restarts"])
+async def test_a_call_taken_over_by_an_instance_not_started_goes_on_with_a_second_reload(
+    nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any, second: str
+) -> None:
+    """Per-session ``b``: B's call waits for B's instance (its handshake takes
+    20 s) when a reload restarts ``b``; the new group parks it in an
+    instance of B's own, which starts only with the group. A second reload
+    right then (before the group runs) finds it there all the same: it
+    goes on to the next process, or is answered with the removal's error;
+    no call is left unanswered."""
+
+    def config(command: str | None) -> Config:
+        servers: dict[str, Any] = {"a": {"command": "a"}}
+        if command is not None:
+            servers["b"] = {"command": command, "share": "per-session"}
+        return parse_config({"mcpServers": servers, "broker": {"shutdownTimeout": 15}})
+
+    scripts["b1"] = ScriptedServer(nursery, label="b1", initialize_delay=20)
+    daemon = await start(nursery, config("b1"))
+    b = await connect(nursery, daemon)
+    await b.call(7, "b__echo", n=7)  # (B's instance starts: the call waits)
+    await trio.sleep(1)
+    daemon.reload(config("b3"))  # (B's call: in B's instance of the new group, not started)
+    daemon.reload(config("b4" if second == "restarts" else None))
+    with trio.fail_after(60):
+        answer = await b.answer(7)
+    if second == "restarts":
+        assert answer["result"]["server"] == "b4"
+    else:
+        assert "removed" in answer["error"]["message"]
+    await trio.sleep(30)
+    assert not scripts.get("b3") or not scripts["b3"].requests("tools/call")
+
+
 async def test_a_removed_server_answers_in_flight_then_is_gone(
     nursery: trio.Nursery, scripts: Scripts, autojump_clock: Any
 ) -> None:
