@@ -159,6 +159,7 @@ class Upstream:
         self._inbox_room.set()
         # Requests that came while the server was starting, handled once it is ready.
         self._parked: list[ClientRequest] = []
+        self._front: list[InboxItem] = []  # (handled before the inbox: take_unsent)
         self._parked_bytes = 0
         # What the link did not take yet (its units), drained by the writer task.
         self._backlog: list[bytes] = []
@@ -268,7 +269,7 @@ class Upstream:
             sessions=len(self._protocol.sessions),
             in_flight=len(self._protocol.requests) - waiting,
             waiting=waiting,
-            inbox=self._inbox.statistics().current_buffer_used,
+            inbox=self._inbox.statistics().current_buffer_used + len(self._front),
             last_error=self._protocol.last_error,
             requests=self._requests,
             timeouts=self._timeouts_count,
@@ -407,6 +408,9 @@ class Upstream:
         waiting: list[InboxItem] = [*self._parked]
         self._parked, self._parked_bytes = [], 0
         waiting += self._drain_inbox()
+        for item in self._front:
+            self._taken(item)
+        self._front = []
         for item in waiting:
             self._refuse_retired(item)
 
@@ -416,9 +420,10 @@ class Upstream:
         server gives them to the new actor at once instead of failing them
         (Daemon.reload, take_over; what reaches this one later, when its drain
         ends: Daemon._retire). Cancellations and departures in the inbox are
-        applied to them; every item but the requests stays in the inbox, in
-        order, for this actor (it drains: an answer to what its process asked
-        a client must reach it; retire() drops them)."""
+        applied to them; every item but the requests stays, in order, for this
+        actor, handled ahead of its inbox, none dropped (it drains: an answer
+        to what its process asked a client must reach it; retire() drops
+        them)."""
         unsent, self._parked, self._parked_bytes = self._parked, [], 0
         rest: list[InboxItem] = []
         for item in self._drain_inbox():
@@ -433,12 +438,13 @@ class Upstream:
             elif isinstance(item, Detach):
                 unsent = [kept for kept in unsent if kept.session is not item.session]
             rest.append(item)
+        # Not back into the inbox, which may not hold them all (the senders
+        # that waited for room came in as it was drained): ahead of it,
+        # counted in again. (No need to wake the dispatcher: it waits only on
+        # an empty inbox, and this one had them.)
         for item in rest:
-            try:
-                self._inbox_send.send_nowait(item)  # (room: they were just taken out)
-            except trio.WouldBlock:  # (unless senders waited for room: those came in)
-                break
-            self._queued += 1
+            self._queued += _count(item)
+        self._front += rest
         return [item for item in unsent if item.messages]
 
     def _drain_inbox(self) -> list[InboxItem]:
@@ -470,8 +476,18 @@ class Upstream:
     # -- dispatcher ---------------------------------------------------------
 
     async def _dispatch(self) -> None:
-        async for first in self._inbox:
-            batch = [first]
+        while True:
+            if self._front:  # (take_unsent's, before the dispatcher began)
+                batch, self._front = self._front, []
+            else:
+                try:
+                    first = await self._inbox.receive()
+                except trio.EndOfChannel:
+                    return
+                batch = [first]
+                if self._front:  # (take_unsent's, after that one came)
+                    batch += self._front
+                    self._front = []
             while len(batch) < DISPATCH_BATCH:
                 try:
                     batch.append(self._inbox.receive_nowait())

@@ -17,9 +17,9 @@ from actors.downstream.stream import StreamConnection
 from actors.internal import InternalClient
 from actors.mailbox import OUTBOX_SIZE, SessionHandle
 from actors.registry import Registry
-from actors.server_actor import ClientCancelled, ClientRequest, Detach
+from actors.server_actor import Attach, ClientCancelled, ClientRequest, Detach
 from actors.session import Session
-from actors.upstream import Upstream
+from actors.upstream import INBOX_SIZE, Upstream
 from broker import jsonrpc
 from broker.config import BrokerSettings, ServerConfig
 from broker.upstream import UpstreamProtocol
@@ -1176,6 +1176,34 @@ async def test_what_a_server_never_sent_is_taken_in_order_less_what_was_withdraw
     upstream.retire("was restarted by a reload of the configuration", retryable=True)
     with pytest.raises(trio.WouldBlock):
         delivered.receive_nowait()  # (nothing answered with an error)
+
+
+async def test_what_take_unsent_leaves_the_old_actor_is_all_handled_in_order(
+    nursery: trio.Nursery, autojump_clock: Any
+) -> None:
+    """The inbox is full and sessions wait for room when a reload takes what
+    was never sent (Upstream.take_unsent): taking it out lets those waiting
+    in, more than the inbox holds. Every item but the requests is still
+    handled by the old actor (none dropped: an answer, a cancellation, a
+    departure), in order, before what comes after."""
+    script = ScriptedServer(nursery)
+    upstream = Upstream("s", ServerConfig(command="scripted"), SETTINGS, launch=script.launch)
+    outbox, _ = trio.open_memory_channel[Any](10)
+    sessions = [SessionHandle(outbox, trio.CancelScope()) for _ in range(INBOX_SIZE + 20)]
+    for session in sessions[:INBOX_SIZE]:
+        await upstream.send(Attach(session, {}))
+    for session in sessions[INBOX_SIZE:]:
+        nursery.start_soon(upstream.send, Attach(session, {}))  # (they wait for room)
+    await trio.testing.wait_all_tasks_blocked()
+    assert upstream.take_unsent() == []
+    with trio.fail_after(30):
+        nursery.start_soon(upstream.send, Detach(sessions[-1]))  # (after them, once in)
+        await trio.testing.wait_all_tasks_blocked()
+        await nursery.start(upstream.run)
+        await upstream.wait_ready()
+        await trio.sleep(1)
+    assert upstream.statistics().sessions == len(sessions) - 1
+    assert (upstream.load, upstream.statistics().inbox) == (0, 0)
 
 
 async def test_requests_held_for_their_turn_are_waiting_not_in_flight(
