@@ -548,6 +548,7 @@ class EraServer(ServerGroup):
         self._modern_sessions: set[SessionHandle] = set()
         self._inherited_modern = Fanout()  # (what they asked of the server a reload replaced)
         self._modern_before: set[Any] = set()  # (the sessions that were modern there)
+        self._shared_before = False  # (the group a reload replaced was modern-only)
 
     def _instance(self, index: int) -> Upstream:
         """The catalog instance (0), opened legacy; the modern one (1), opened
@@ -582,8 +583,21 @@ class EraServer(ServerGroup):
         super().inherit(old)
         asked = old.asked()
         modern = self._modern_before = old.modern_sessions()
+        identity = old.identity  # (a per-client group's catalog came up modern: modern-only)
+        per_era = old.statistics().share == self.share
+        self._shared_before = per_era and identity is not None and identity.modern
+        if self._shared_before:  # (its modern sessions shared the catalog instance: they do)
+            self._catalog.adopt(asked)
+            return
         self._catalog.adopt(asked.without(modern))
         self._inherited_modern = asked.only(modern)
+
+    def _shares_catalog(self) -> bool:
+        """Modern clients share the catalog instance: it came up modern (a
+        modern-only server), or, while it opens after a reload, the one it
+        replaced did (docs/eras.md)."""
+        identity = self._catalog.identity
+        return identity.modern if identity is not None else self._shared_before
 
     def take_over(self, unsent: list[ClientRequest]) -> None:
         """A modern session's requests go to the modern instance, made now (and
@@ -591,7 +605,7 @@ class EraServer(ServerGroup):
         (A modern session's Attach comes later: it finds its instance made.)"""
         for item in unsent:
             session = item.session
-            if session not in self._modern_before:
+            if session not in self._modern_before or self._shared_before:
                 self._catalog.take_over([item])
                 continue
             if self._modern is None:
@@ -601,18 +615,19 @@ class EraServer(ServerGroup):
             self._modern.take_over([item])
 
     async def _started(self) -> None:
+        if self._retired:  # (a second reload took what it held, or answered it)
+            return
         if self._modern is not None and self._modern not in self._scopes:  # (take_over's)
             await self._start(self._modern)
             self._log.info("server.instance_started", era="modern")
 
     async def send(self, item: InboxItem) -> None:
         session = item.session
-        identity = self._catalog.identity  # (modern: a modern-only server, shared)
         if (
             isinstance(item, Attach)
             and item.modern
             and not self._retired
-            and not (identity is not None and identity.modern)
+            and not self._shares_catalog()
         ):
             self._modern_sessions.add(session)
             if self._modern is None:

@@ -1277,6 +1277,8 @@ async def test_a_reload_hands_a_per_client_servers_modern_sessions_to_its_modern
     legacy, modern = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
 
     class Old:
+        identity = None  # (not open: see the next test for a modern one)
+
         def asked(self) -> Fanout:
             asked = Fanout()
             for session, uri in ((legacy, "mem://l"), (modern, "mem://m")):
@@ -1313,6 +1315,8 @@ async def test_a_reload_gives_a_per_client_servers_new_instances_what_never_was_
     legacy, modern = (SessionHandle(outbox, trio.CancelScope()) for _ in range(2))
 
     class Old:
+        identity = None
+
         def asked(self) -> Any:
             from broker.fanout import Fanout
 
@@ -1340,6 +1344,45 @@ async def test_a_reload_gives_a_per_client_servers_new_instances_what_never_was_
             messages, _ = await delivered.receive()
             answered |= {m.id for m in messages if isinstance(m, Answer) and not m.is_error()}
     assert answered == {1, 2}
+
+
+async def test_a_reload_of_a_modern_only_per_client_server_starts_no_second_instance(
+    nursery: trio.Nursery, scripts: Scripts
+) -> None:
+    """A per-client server whose catalog instance came up modern (a
+    modern-only server: its modern clients share that instance) is
+    restarted by a reload: a modern session's request it never sent, and
+    that session's Attach as the new one opens, go to the new catalog
+    instance; no second (modern) instance is made for them."""
+    config = scripts.config("b")
+    group = EraServer("b", attrs.evolve(config.servers["b"], era="per-client"), config.broker)
+    outbox, _ = trio.open_memory_channel[Any](10)
+    modern = SessionHandle(outbox, trio.CancelScope())
+
+    class Old:
+        identity = attrs.make_class("Identity", {"modern": attrs.field()})(True)
+
+        def asked(self) -> Any:
+            from broker.fanout import Fanout
+
+            return Fanout()
+
+        def modern_sessions(self) -> set[Any]:
+            return {modern}
+
+        def statistics(self) -> UpstreamStatistics:
+            return UpstreamStatistics(
+                "b", "ready", "ready", None, 0, 1, 0, 0, None, share="per-era"
+            )
+
+    echo = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo"}}
+    group.inherit(Old())  # type: ignore[arg-type]
+    group.take_over([ClientRequest(modern, [echo], 10)])
+    with trio.fail_after(5):
+        await group.send(Attach(modern, {}, modern=True))
+    assert group._modern is None
+    assert group._catalog.statistics().parked == 1
+    assert group._catalog.statistics().inbox == 1  # (the Attach)
 
 
 async def test_a_per_client_servers_modern_start_cut_short_leaves_no_dead_instance(
