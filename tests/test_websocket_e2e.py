@@ -172,38 +172,31 @@ async def test_a_foreign_host_name_is_refused(socket_path: str) -> None:
             assert b"rebound.example" in answer
 
 
-async def test_a_message_over_the_limit_closes_with_1009(socket_path: str) -> None:
-    broker = {"websocket": "127.0.0.1:0", "maxMessageBytes": 32768}
-    with trio.fail_after(60):
-        async with running_daemon({"sdk": sdk_server()}, socket_path, broker=broker) as d:
-            assert d.websocket_url is not None
-            async with ws_client(d.websocket_url) as big, ws_client(d.websocket_url) as small:
-                await big.initialize()
-                await small.initialize()
-                with pytest.raises(trio_websocket.ConnectionClosed) as caught:
-                    await big.call("sdk__echo", text="x" * 40_000)
-                assert caught.value.reason.code == 1009
-                assert caught.value.reason.reason
-                assert text(await small.call("sdk__echo", text="fine")) == "fine"
-
-
-async def test_a_message_over_the_limit_in_bytes_not_characters_closes_with_1009(
-    socket_path: str,
+@pytest.mark.parametrize(
+    "big, small",
+    [
+        ("x" * 40_000, "fine"),
+        # The limit counts bytes (UTF-8): 10,000 four-byte characters are
+        # 40,000 bytes, over 32,768, though trio-websocket counts them as 10,000.
+        ("\U0001f600" * 10_000, "\u00e9" * 1000),
+    ],
+    ids=["ascii", "four-byte characters"],
+)
+async def test_a_message_over_the_limit_in_bytes_closes_with_1009(
+    socket_path: str, big: str, small: str
 ) -> None:
-    """The limit counts bytes (UTF-8): 10,000 four-byte characters are 40,000
-    bytes, over 32,768, though trio-websocket counts them as 10,000."""
     broker = {"websocket": "127.0.0.1:0", "maxMessageBytes": 32768}
     with trio.fail_after(60):
         async with running_daemon({"sdk": sdk_server()}, socket_path, broker=broker) as d:
             assert d.websocket_url is not None
-            async with ws_client(d.websocket_url) as big, ws_client(d.websocket_url) as small:
-                await big.initialize()
-                await small.initialize()
+            async with ws_client(d.websocket_url) as over, ws_client(d.websocket_url) as other:
+                await over.initialize()
+                await other.initialize()
                 with pytest.raises(trio_websocket.ConnectionClosed) as caught:
-                    await big.call("sdk__echo", text="\U0001f600" * 10_000)
+                    await over.call("sdk__echo", text=big)
                 assert caught.value.reason.code == 1009
                 assert caught.value.reason.reason == "Exceeded maximum message size: 32768 bytes"
-                assert text(await small.call("sdk__echo", text="\u00e9" * 1000)) == "\u00e9" * 1000
+                assert text(await other.call("sdk__echo", text=small)) == small
 
 
 async def test_a_burst_of_notifications_reaches_reading_clients_whole(socket_path: str) -> None:
