@@ -939,17 +939,7 @@ async def test_keep_alive_comments_on_an_idle_stream_are_never_held_against_the_
             return Reply(response(200, head, endpoint + pings + message, sized=False), hold=True)
         return status_reply(202)
 
-    with trio.fail_after(15):
-        async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
-            got = Received()
-            config = ServerConfig(url=server.url, type="sse")
-            link = await launch_http(config, LinkContext(nursery, LIMIT, got.log))
-            nursery.start_soon(got.read, link)
-            await got.until(lambda: "x" in got.answers or got.ended is not None)
-            assert got.ended is None, f"the link ended{got.ended}"
-            assert answered_ok(got.answers["x"])
-            await link.close()
-            nursery.cancel_scope.cancel()
+    await _sse_link_answers_x(script)
 
 
 async def test_a_proxy_that_gzips_event_streams_is_asked_not_to() -> None:
@@ -975,6 +965,12 @@ async def test_a_proxy_that_gzips_event_streams_is_asked_not_to() -> None:
             head["content-encoding"] = "gzip"
         return Reply(response(200, head, b"".join(body), sized=False), hold=True)
 
+    await _sse_link_answers_x(script)
+
+
+async def _sse_link_answers_x(script: Callable[[Request], Reply]) -> None:
+    """An HTTP+SSE link to ``script``'s server lives on and hands up the
+    answer to "x" (the server's stream carries it)."""
     with trio.fail_after(15):
         async with open_hostile_server(script) as server, trio.open_nursery() as nursery:
             got = Received()
