@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from actors.daemon import RULES
 from broker import jsonrpc
 from broker.eras.upstream import REPROBE_INTERVAL
 from broker.eras.versions import (
@@ -125,6 +126,11 @@ def test_a_pools_instance_remembers_the_request_states_it_gives_modern_clients()
     assert fresh.minted == {} and not fresh.mints("blob-1")
 
 
+@pytest.mark.skipif(
+    RULES == "compiled",
+    reason="the compiled rules call ends_round directly: a patch of the module cannot reach it "
+    "(what is tested is the same code in both builds)",
+)
 def test_a_pools_instance_searches_a_legacy_clients_answer_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
