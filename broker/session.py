@@ -63,6 +63,10 @@ DEFAULT_MAX_IN_FLIGHT = 4096
 # The URIs one (aggregated) session may hold subscriptions of at once
 # (docs/rules/subscriptions.md).
 MAX_SUBSCRIPTIONS = 4096
+# The longest URI any session may subscribe to: with MAX_SUBSCRIPTIONS, what
+# its notes (and a shared server's table of subscribers) hold is bounded in
+# bytes, not only in URIs (docs/rules/subscriptions.md).
+MAX_SUBSCRIBED_URI = 8192
 
 # Requests answered from the catalog, and requests routed to the server that owns them.
 LIST_METHODS = KIND_BY_METHOD
@@ -489,7 +493,7 @@ class SessionProtocol:
 
     def _forward(self, request: Message, settled: bool) -> list[Action]:
         self._admit(request["id"])
-        if request["method"] == "resources/subscribe" and not self.transparent:
+        if request["method"] == "resources/subscribe":
             self._room_for(request)  # (before the try: no wait for the view changes it)
         catalog = self.catalogs.current
         try:
@@ -524,11 +528,18 @@ class SessionProtocol:
         return held, request
 
     def _room_for(self, request: Message) -> None:
-        """Refuse a subscribe of a new URI past MAX_SUBSCRIPTIONS (the notes
-        of servers that left the view are let go first)."""
+        """Refuse a subscribe of a URI over MAX_SUBSCRIBED_URI long (any
+        session's), or of a new URI past MAX_SUBSCRIPTIONS (an aggregated
+        session's; the notes of servers that left the view are let go first)."""
         uri = (request.get("params") or {}).get("uri")
+        if isinstance(uri, str) and len(uri) > MAX_SUBSCRIBED_URI:
+            raise JsonRpcError(
+                INVALID_PARAMS,
+                f"mcpbroker: a URI of over {MAX_SUBSCRIBED_URI} characters is not subscribed to",
+            )
         if (
-            not isinstance(uri, str)
+            self.transparent
+            or not isinstance(uri, str)
             or uri in self.subscribed
             or len(self.subscribed) < MAX_SUBSCRIPTIONS
         ):

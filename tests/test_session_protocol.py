@@ -639,6 +639,27 @@ def test_a_sessions_subscriptions_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     assert proto.subscribed == {"file:///x": "files", "file:///w": "files", "file:///v": "files"}
 
 
+@pytest.mark.parametrize("transparent", [False, True])
+def test_a_subscribed_uri_is_bounded_in_length(
+    monkeypatch: pytest.MonkeyPatch, transparent: bool
+) -> None:
+    """MAX_SUBSCRIPTIONS bounded a session's notes in URIs, not in bytes: one
+    URI may be as long as a message. A subscribe of a URI past
+    MAX_SUBSCRIBED_URI is refused, by any session (a shared server keeps
+    its subscribers' URIs too)."""
+    monkeypatch.setattr("broker.session.MAX_SUBSCRIBED_URI", 16)
+    files = server("files", capabilities=SUBSCRIBABLE, resources=({"uri": "file:///x"},))
+    view = ("files",) if transparent else ("files", "b")
+    b = server("b", capabilities=SUBSCRIBABLE, resources=({"uri": "b://z"},))
+    proto = SessionProtocol(view, Catalogs(Catalog([files, b])), transparent=transparent)
+    proto.receive(initialize(), settled=True)
+    long = "file:///" + "y" * 9
+    refused = error_object(proto.receive(req(1, "resources/subscribe", {"uri": long})))
+    assert refused["code"] == INVALID_PARAMS and "over 16 characters" in refused["message"]
+    ok = proto.receive(req(2, "resources/subscribe", {"uri": "file:///x"}))
+    assert isinstance(ok[0], Forward)
+
+
 def test_unknown_resource() -> None:
     assert error_object(session().receive(read(2, "nope://x"))) == {
         "id": 2,
