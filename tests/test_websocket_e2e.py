@@ -250,10 +250,7 @@ async def test_connections_past_the_cap_are_refused_503_and_the_rest_go_on(
     policy = Policy(frozenset(), frozenset(), None)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
-                open_session,
-            )  # fmt: skip
+            port = await _listen(nursery, policy, open_session)
             url = f"ws://127.0.0.1:{port}/mcp"
             async with (
                 trio_websocket.open_websocket_url(url, subprotocols=["mcp"]),
@@ -287,7 +284,6 @@ async def test_a_handshake_wsproto_cannot_decode_is_refused_400_and_the_listener
     """A header field wsproto cannot decode raised out of trio-websocket's
     reader and ended the daemon, before any check (token included): now that
     client alone gets 400 saying why, and the next client is served."""
-    from actors.downstream import websocket as listener
     from broker.wire.websocket import Policy
 
     sessions = 0
@@ -299,16 +295,9 @@ async def test_a_handshake_wsproto_cannot_decode_is_refused_400_and_the_listener
     policy = Policy(frozenset(), frozenset(), "s3cret")
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
-                open_session,
-            )  # fmt: skip
+            port = await _listen(nursery, policy, open_session)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(
-                b"GET /mcp HTTP/1.1\r\n" + field + b"Upgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                b"Sec-WebSocket-Version: 13\r\n\r\n"
-            )
+            await stream.send_all(_upgrade(field))
             answer = b""
             while chunk := await stream.receive_some():
                 answer += chunk
@@ -321,6 +310,24 @@ async def test_a_handshake_wsproto_cannot_decode_is_refused_400_and_the_listener
                 pass
             nursery.cancel_scope.cancel()
     assert sessions == 1
+
+
+async def _listen(nursery: trio.Nursery, policy: Any, open_session: Any) -> int:
+    """The WebSocket listener alone (no daemon) on a free port, for server "s"."""
+    from actors.downstream import websocket as listener
+
+    port: int = await nursery.start(
+        listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20, open_session
+    )
+    return port
+
+
+def _upgrade(fields: bytes) -> bytes:
+    """A client's upgrade request for /mcp, written by hand, with ``fields``."""
+    return (
+        b"GET /mcp HTTP/1.1\r\n" + fields + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
 
 
 def _frame(opcode: int, payload: bytes, *, mask: bool = True, rsv: int = 0) -> bytes:
@@ -347,7 +354,6 @@ async def test_a_client_breaking_the_protocol_gets_a_close_frame_saying_why(
     """RFC 6455 7.1.7: the endpoint failing the connection sends a Close frame
     with a status code (1007 for bad UTF-8, 1002 for a protocol error). Before,
     the TCP connection was cut with no Close frame, and nothing said why."""
-    from actors.downstream import websocket as listener
     from broker.wire.websocket import Policy
 
     async def open_session(connection: Any, view: Any, transparent: bool) -> None:
@@ -357,16 +363,9 @@ async def test_a_client_breaking_the_protocol_gets_a_close_frame_saying_why(
     policy = Policy(frozenset(), frozenset(), None)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
-                open_session,
-            )  # fmt: skip
+            port = await _listen(nursery, policy, open_session)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(
-                b"GET /mcp HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
-                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                b"Sec-WebSocket-Version: 13\r\n\r\n"
-            )
+            await stream.send_all(_upgrade(b"Host: localhost\r\n"))
             received = b""
             while b"\r\n\r\n" not in received:
                 received += await stream.receive_some()
@@ -384,7 +383,6 @@ async def test_a_client_breaking_the_protocol_gets_a_close_frame_saying_why(
 async def test_an_error_after_the_handshake_ends_that_connection_only() -> None:
     """The guard holds after the handshake too: an exception out of one
     connection's session closes it, and the listener serves the next."""
-    from actors.downstream import websocket as listener
     from broker.wire.websocket import Policy
 
     sessions = 0
@@ -398,10 +396,7 @@ async def test_an_error_after_the_handshake_ends_that_connection_only() -> None:
     policy = Policy(frozenset(), frozenset(), None)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(
-                listener.serve_websocket, "127.0.0.1", 0, lambda: policy, ("s",), 1 << 20,
-                open_session,
-            )  # fmt: skip
+            port = await _listen(nursery, policy, open_session)
             url = f"ws://127.0.0.1:{port}/mcp"
             for _ in range(2):
                 async with trio_websocket.open_websocket_url(url, subprotocols=["mcp"]) as ws:
