@@ -608,11 +608,16 @@ class EraServer(ServerGroup):
             if session not in self._modern_before or self._shared_before:
                 self._catalog.take_over([item])
                 continue
-            if self._modern is None:
-                self._modern = self._instance(1)
-                self._modern.adopt(self._inherited_modern)
             self._modern_sessions.add(session)
-            self._modern.take_over([item])
+            self._made_modern().take_over([item])
+
+    def _made_modern(self) -> Upstream:
+        """The modern instance, made now (not started) if there is none, with
+        what its sessions asked of the server a reload replaced."""
+        if self._modern is None:
+            self._modern = self._instance(1)
+            self._modern.adopt(self._inherited_modern)
+        return self._modern
 
     async def _started(self) -> None:
         if self._retired:  # (a second reload took what it held, or answered it)
@@ -631,10 +636,8 @@ class EraServer(ServerGroup):
         ):
             self._modern_sessions.add(session)
             if self._modern is None:
-                self._modern = self._instance(1)
-                self._modern.adopt(self._inherited_modern)
                 try:
-                    await self._start(self._modern)
+                    await self._start(self._made_modern())
                 except BaseException:  # (cancelled: the session is closing)
                     self._modern = None  # (it never ran: the next modern client starts one)
                     self._modern_sessions.discard(session)
